@@ -1,0 +1,81 @@
+# gonixl — build, test and demo. The two commands a fresh machine needs: `make demo` and `make test`.
+SHELL := /bin/bash
+
+# NIXL is pinned here and only here. NIXL_CUDA selects the wheel: nixl-cu12 or nixl-cu13.
+NIXL_VERSION ?= 1.5.1
+NIXL_CUDA    ?= 12
+NIXL_HOME    ?= $(CURDIR)/.nixl
+NIXL_LIB_DIR ?= $(NIXL_HOME)/current/lib
+
+# Python is used only by test-vector generation and interop tests.
+PYTHON       ?= python3
+VENV         ?= $(CURDIR)/.venv
+VENV_PY      := $(VENV)/bin/python
+
+GO           ?= go
+FUZZTIME     ?= 30s
+BENCHTIME    ?= 1x
+TEST_FLAGS   ?= -race -count=1 -timeout 25m
+
+export NIXL_LIB_DIR
+export GONIXL_PYTHON := $(VENV_PY)
+
+.PHONY: all build vet nixl pydeps deps test test-pure test-go demo fuzz bench vectors clean help
+
+all: build
+
+help:
+	@echo "make demo   - fetch NIXL, build and run the disaggregated prefill/decode demo"
+	@echo "make test   - fetch NIXL and Python test deps, run every test with the race detector"
+	@echo "make nixl   - download the pinned NIXL wheel ($(NIXL_VERSION), cu$(NIXL_CUDA)) and unpack its libraries"
+	@echo "make fuzz   - run every fuzz target for FUZZTIME (default $(FUZZTIME)) each"
+	@echo "make bench  - run the benchmarks (ratios against in-run baselines)"
+
+build:
+	$(GO) build ./...
+
+vet:
+	$(GO) vet ./...
+
+nixl: $(NIXL_HOME)/cu$(NIXL_CUDA)-$(NIXL_VERSION)/.complete
+	@ln -sfn cu$(NIXL_CUDA)-$(NIXL_VERSION) $(NIXL_HOME)/current
+
+$(NIXL_HOME)/cu$(NIXL_CUDA)-$(NIXL_VERSION)/.complete:
+	@NIXL_VERSION=$(NIXL_VERSION) NIXL_CUDA=$(NIXL_CUDA) NIXL_HOME=$(NIXL_HOME) PYTHON=$(PYTHON) bash scripts/fetch-nixl.sh
+
+# The test virtualenv: the same NIXL wheel (its Python API), msgspec and pyzmq, pinned in python/requirements.txt.
+pydeps: $(VENV)/.complete
+
+$(VENV)/.complete: python/requirements.txt $(NIXL_HOME)/cu$(NIXL_CUDA)-$(NIXL_VERSION)/.complete
+	@test -x $(VENV_PY) || $(PYTHON) -m venv $(VENV)
+	@$(VENV_PY) -m pip install -q --disable-pip-version-check -r python/requirements.txt
+	@$(VENV_PY) -m pip install -q --disable-pip-version-check --no-deps $(NIXL_HOME)/cu$(NIXL_CUDA)-$(NIXL_VERSION)/wheel/*.whl
+	@touch $@
+
+deps: nixl pydeps
+
+# Pure-Go packages must build and pass without cgo.
+test-pure:
+	CGO_ENABLED=0 $(GO) build ./layout/... ./connector/protocol/...
+	CGO_ENABLED=0 $(GO) test -count=1 ./layout/...
+
+test-go:
+	$(GO) vet ./...
+	$(GO) test $(TEST_FLAGS) ./...
+
+test: deps test-pure test-go
+
+demo: deps
+	$(GO) run ./examples/disagg
+
+fuzz:
+	@bash scripts/fuzz.sh $(FUZZTIME)
+
+bench: deps
+	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) ./...
+
+vectors: pydeps
+	$(VENV_PY) python/gen_vectors.py
+
+clean:
+	rm -rf $(NIXL_HOME) $(VENV) bin

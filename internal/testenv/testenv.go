@@ -1,0 +1,106 @@
+// Package testenv locates the real dependencies that gonixl's tests run against — NIXL's libraries from the
+// pinned wheel, the Python interpreter of the test virtualenv — and applies the project's rule for them:
+// under CI=true a missing dependency is a test failure, elsewhere the test is skipped with the reason.
+package testenv
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"sync"
+	"testing"
+)
+
+// InCI reports whether the tests run under CI (CI=true), where missing dependencies fail instead of skip.
+func InCI() bool {
+	v := os.Getenv("CI")
+	return v == "true" || v == "1"
+}
+
+// Missing fails the test under CI and skips it elsewhere; what and fix say what is missing and how to get it.
+func Missing(tb testing.TB, what, fix string) {
+	tb.Helper()
+	if InCI() {
+		tb.Fatalf("%s is missing (CI=true makes this a failure): %s", what, fix)
+	}
+	tb.Skipf("%s is missing: %s", what, fix)
+}
+
+var (
+	rootOnce sync.Once
+	root     string
+)
+
+// RepoRoot returns the module root (the folder holding go.mod), or "" when it cannot be found.
+func RepoRoot() string {
+	rootOnce.Do(func() {
+		_, file, _, ok := runtime.Caller(0)
+		if !ok {
+			return
+		}
+		dir := filepath.Dir(file)
+		for {
+			if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+				root = dir
+				return
+			}
+			parent := filepath.Dir(dir)
+			if parent == dir {
+				return
+			}
+			dir = parent
+		}
+	})
+	return root
+}
+
+// NIXLLibDir returns the folder holding libnixl_capi.so: $NIXL_LIB_DIR if set, else the repo's .nixl/current/lib
+// that `make nixl` fills. It returns "" when neither holds the library.
+func NIXLLibDir() string {
+	for _, dir := range []string{os.Getenv("NIXL_LIB_DIR"), filepath.Join(RepoRoot(), ".nixl", "current", "lib")} {
+		if dir == "" {
+			continue
+		}
+		if _, err := os.Stat(filepath.Join(dir, "libnixl_capi.so")); err == nil {
+			return dir
+		}
+	}
+	return ""
+}
+
+// RequireNIXLLibDir returns NIXLLibDir or fails/skips the test.
+func RequireNIXLLibDir(tb testing.TB) string {
+	tb.Helper()
+	dir := NIXLLibDir()
+	if dir == "" {
+		Missing(tb, "NIXL (libnixl_capi.so)", "run `make nixl` (downloads the pinned nixl wheel) or set NIXL_LIB_DIR")
+	}
+	return dir
+}
+
+// Python returns the interpreter of the test virtualenv ($GONIXL_PYTHON, else the repo's .venv), which has the
+// NIXL wheel's Python API, msgspec and pyzmq; it fails/skips the test when there is none.
+func Python(tb testing.TB) string {
+	tb.Helper()
+	for _, p := range []string{os.Getenv("GONIXL_PYTHON"), filepath.Join(RepoRoot(), ".venv", "bin", "python")} {
+		if p == "" {
+			continue
+		}
+		if _, err := os.Stat(p); err == nil {
+			return p
+		}
+	}
+	Missing(tb, "the Python test environment (.venv with nixl, msgspec, pyzmq)", "run `make pydeps`")
+	return ""
+}
+
+// PythonModules checks that the interpreter imports every module, failing/skipping the test otherwise.
+func PythonModules(tb testing.TB, python string, modules ...string) {
+	tb.Helper()
+	for _, m := range modules {
+		if out, err := exec.Command(python, "-c", "import "+m).CombinedOutput(); err != nil {
+			Missing(tb, "Python module "+m, "run `make pydeps` ("+string(out)+")")
+		}
+	}
+}
