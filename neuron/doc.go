@@ -1,0 +1,26 @@
+// Package neuron is gonixl's AWS Neuron (Trainium/Inferentia) backend: a libnrt binding loaded with dlopen,
+// and a Stager that copies a prefill request's KV cache from NxDI's device tensors into a pinned host arena
+// registered with NIXL as DRAM, at the block ids the scheduler assigned and in the layout the decode peer
+// expects, so that a vLLM NixlConnector decode peer can READ it.
+//
+// # libnrt
+//
+// Open loads libnrt.so.1 — from Options.Path, else $GONIXL_NRT_LIB, else the loader path, else
+// /opt/aws/neuron/lib — resolves the C functions (declared in this package; no Neuron SDK is needed to
+// build) and calls nrt_init. Optional functions (nrt_tensor_read_batch, nrt_get_status_as_str) are used when
+// present. NRT_STATUS codes become *Error values matching sentinels such as ErrTimeout or ErrResource with
+// errors.Is.
+//
+// The Neuron runtime gives one process exclusive use of its NeuronCores: a core claimed by nrt_init in one
+// process cannot be used by another, so a separate Go process can never read the KV tensors of a
+// vLLM/NxDI process. Either the Go program is the process that owns the device tensors (stage them with
+// NewDeviceSource), or it is handed host copies of the BHSD tensors (NewHostSource). The Stager reads from
+// either through the Source interface.
+//
+// # Testing without hardware
+//
+// BuildFakeNRT compiles a small C library implementing the used part of the libnrt API over host memory
+// (several NeuronCores, tracked allocations, DMA alignment/granularity/maximum-transfer constraints,
+// counters and fault injection). It is loaded through the same dlopen path as the real runtime; the tests
+// and the demo use it when no Neuron device is present.
+package neuron
