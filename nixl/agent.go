@@ -1,0 +1,508 @@
+package nixl
+
+/*
+#include <stdlib.h>
+#include "gx.h"
+*/
+import "C"
+
+import (
+	"fmt"
+	"runtime"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"go.uber.org/zap"
+)
+
+// ThreadSync is NIXL's agent locking mode.
+type ThreadSync int
+
+// Locking modes. SyncDefault (the zero value) selects SyncRW, which lets goroutines share an agent.
+const (
+	SyncDefault ThreadSync = iota
+	SyncNone               // no locking: only one goroutine may use the agent
+	SyncStrict             // one mutex serializes every agent call
+	SyncRW                 // transfer calls share a lock; registration and metadata changes take it exclusively
+)
+
+func (s ThreadSync) capi() C.int {
+	switch s {
+	case SyncNone:
+		return 0
+	case SyncStrict:
+		return 1
+	}
+	return 2
+}
+
+// AgentConfig configures NewAgent. The zero value is a good default for Go programs: progress thread on,
+// RW locking, no telemetry, no backends (create them with CreateBackend or list them in Backends).
+type AgentConfig struct {
+	// NoProgressThread turns NIXL's progress thread off; then the application must drive progress by
+	// polling (GetNotifications, Xfer.Status) on both sides.
+	NoProgressThread bool
+	// ProgressDelay is the progress thread's loop delay (0 = NIXL's default).
+	ProgressDelay time.Duration
+	// Sync selects NIXL's locking mode.
+	Sync ThreadSync
+	// CaptureTelemetry makes Xfer.Telemetry work.
+	CaptureTelemetry bool
+	// Backends are created, in order (the order is NIXL's preference order), by NewAgent.
+	Backends []BackendSpec
+	// Logger receives the agent's diagnostics (leaks, closes); nil means no logging.
+	Logger *zap.Logger
+}
+
+// BackendSpec names a NIXL plugin ("UCX", "LIBFABRIC", "POSIX", ...) and its init parameters.
+type BackendSpec struct {
+	Plugin string
+	Params map[string]string
+}
+
+// Agent is a NIXL agent. Its methods are safe for concurrent use by several goroutines (NIXL runs in RW
+// locking mode unless AgentConfig.Sync says otherwise). Close releases every child handle still open
+// (transfer requests first, then prepared descriptor lists, then registrations) and then the agent:
+// children closed by the agent's Close report ErrClosed afterwards, and their own Close is a no-op.
+type Agent struct {
+	name string
+	lib  *Library
+	log  *zap.Logger
+
+	mu       sync.RWMutex // RLock: native calls; Lock: Close
+	h        C.gx_h
+	closed   bool
+	closedAt *atomic.Bool // shared with the leak cleanup
+
+	childMu  sync.Mutex
+	children map[uint64]*child
+	nextID   atomic.Uint64
+
+	backendMu sync.Mutex
+	backends  []*Backend
+
+	notifMu  sync.Mutex
+	notifMap C.gx_h
+}
+
+type childKind int
+
+const (
+	kindXfer childKind = iota
+	kindPrepped
+	kindRegistration
+)
+
+func (k childKind) String() string {
+	return [...]string{"transfer request", "prepared descriptor list", "memory registration"}[k]
+}
+
+// child is the native side of a handle owned by the agent. It holds no reference to the Go wrapper, so a
+// wrapper that is dropped without Close can be collected, and its cleanup reports the leak.
+type child struct {
+	kind childKind
+	h    C.gx_h // request, prepped list, or registration list
+	desc string
+}
+
+// NewAgent creates a NIXL agent. The name must be non-empty and unique among the agents that exchange
+// metadata.
+func (l *Library) NewAgent(name string, cfg AgentConfig) (*Agent, error) {
+	if l == nil {
+		return nil, goErr("create agent", ErrNotLoaded, "nil Library: call nixl.Load first")
+	}
+	if name == "" || strings.IndexByte(name, 0) >= 0 {
+		return nil, goErr("create agent", ErrInvalidParam, "agent name must be non-empty and contain no NUL byte")
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = zap.NewNop()
+	}
+	ccfg := C.gx_agent_config{
+		enable_prog_thread: C.bool(!cfg.NoProgressThread),
+		listen_port:        8888,
+		thread_sync:        cfg.Sync.capi(),
+		pthr_delay_us:      C.uint64_t(cfg.ProgressDelay / time.Microsecond),
+		lthr_delay_us:      100000,
+		capture_telemetry:  C.bool(cfg.CaptureTelemetry),
+	}
+	cname := C.CString(name)
+	defer C.free(unsafe.Pointer(cname))
+	var h C.gx_h
+	if err := check("create agent", C.gx_create_agent(cname, &ccfg, &h), "agent "+name); err != nil {
+		return nil, err
+	}
+	a := &Agent{name: name, lib: l, log: log.With(zap.String("nixl_agent", name)), h: h, children: map[uint64]*child{}, closedAt: new(atomic.Bool)}
+	runtime.AddCleanup(a, func(closed *atomic.Bool) {
+		if !closed.Load() {
+			reportLeak(Leak{Kind: "agent", Agent: name, What: "agent dropped without Close"})
+		}
+	}, a.closedAt)
+	for _, spec := range cfg.Backends {
+		if _, err := a.CreateBackend(spec.Plugin, spec.Params); err != nil {
+			a.Close()
+			return nil, err
+		}
+	}
+	return a, nil
+}
+
+// Name returns the agent's name.
+func (a *Agent) Name() string { return a.name }
+
+// Library returns the library the agent runs on.
+func (a *Agent) Library() *Library { return a.lib }
+
+// use takes the agent's read lock for one native call sequence; the returned func releases it.
+func (a *Agent) use(op string) (func(), error) {
+	a.mu.RLock()
+	if a.closed {
+		a.mu.RUnlock()
+		return nil, goErr(op, ErrClosed, "agent "+a.name+" is closed")
+	}
+	return a.mu.RUnlock, nil
+}
+
+// Close releases every child handle still open, then destroys the agent. It is idempotent.
+func (a *Agent) Close() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed {
+		return nil
+	}
+	a.closed = true
+	a.closedAt.Store(true)
+	var firstErr error
+	a.childMu.Lock()
+	kids := make([]*child, 0, len(a.children))
+	for _, c := range a.children {
+		kids = append(kids, c)
+	}
+	a.children = map[uint64]*child{}
+	a.childMu.Unlock()
+	sort.SliceStable(kids, func(i, j int) bool { return kids[i].kind < kids[j].kind })
+	for _, c := range kids {
+		a.log.Debug("closing child with its agent", zap.String("kind", c.kind.String()), zap.String("what", c.desc))
+		if err := a.releaseChild(c); err != nil && firstErr == nil {
+			firstErr = err
+		}
+	}
+	a.backendMu.Lock()
+	for _, b := range a.backends {
+		C.gx_destroy_backend(b.h)
+		b.h = nil
+	}
+	a.backends = nil
+	a.backendMu.Unlock()
+	if a.notifMap != nil {
+		C.gx_destroy_notif_map(a.notifMap)
+		a.notifMap = nil
+	}
+	if err := check("destroy agent", C.gx_destroy_agent(a.h), a.name); err != nil && firstErr == nil {
+		firstErr = err
+	}
+	a.h = nil
+	runtime.KeepAlive(a)
+	return firstErr
+}
+
+// releaseChild frees a child's native handle; the caller holds a.mu (read or write).
+func (a *Agent) releaseChild(c *child) error {
+	switch c.kind {
+	case kindXfer:
+		return check("release transfer request", C.gx_release_xfer(a.h, c.h), c.desc)
+	case kindPrepped:
+		return check("release prepared descriptor list", C.gx_release_xfer_dlist_handle(a.h, c.h), c.desc)
+	case kindRegistration:
+		err := check("deregister memory", C.gx_deregister_mem(a.h, c.h, nil), c.desc)
+		C.gx_destroy_reg_dlist(c.h)
+		return err
+	}
+	return nil
+}
+
+func (a *Agent) addChild(c *child) uint64 {
+	id := a.nextID.Add(1)
+	a.childMu.Lock()
+	a.children[id] = c
+	a.childMu.Unlock()
+	return id
+}
+
+// closeChild releases child id if the agent still owns it. It is idempotent.
+func (a *Agent) closeChild(id uint64, op string) error {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	if a.closed {
+		return nil // the agent's Close released it
+	}
+	a.childMu.Lock()
+	c, ok := a.children[id]
+	a.childMu.Unlock()
+	if !ok {
+		return nil
+	}
+	if err := a.releaseChild(c); err != nil {
+		return err // still owned: a later Close (or the agent's) retries
+	}
+	a.childMu.Lock()
+	delete(a.children, id)
+	a.childMu.Unlock()
+	return nil
+}
+
+// childAlive returns the native handle of child id, or an ErrClosed error.
+func (a *Agent) childHandle(id uint64, op string) (C.gx_h, error) {
+	a.childMu.Lock()
+	c, ok := a.children[id]
+	a.childMu.Unlock()
+	if !ok {
+		return nil, goErr(op, ErrClosed, "handle already closed")
+	}
+	return c.h, nil
+}
+
+type childRef struct {
+	a  *Agent
+	id uint64
+}
+
+// leaked is the cleanup of a child wrapper that became unreachable without Close.
+func (r childRef) leaked() {
+	r.a.childMu.Lock()
+	c, ok := r.a.children[r.id]
+	r.a.childMu.Unlock()
+	if !ok {
+		return
+	}
+	reportLeak(Leak{Kind: c.kind.String(), Agent: r.a.name, What: c.desc})
+	r.a.log.Warn("NIXL handle leaked (dropped without Close); releasing it", zap.String("kind", c.kind.String()), zap.String("what", c.desc))
+	_ = r.a.closeChild(r.id, "release leaked handle")
+}
+
+// Leak describes a handle that was garbage-collected without Close.
+type Leak struct {
+	Kind  string // "agent", "transfer request", "prepared descriptor list", "memory registration", "host memory"
+	Agent string
+	What  string
+}
+
+var leakHandler atomic.Pointer[func(Leak)]
+
+// OnLeak installs a function called (from a cleanup goroutine) for every handle that was dropped without
+// Close; tests use it to fail on leaks. Pass nil to remove it.
+func OnLeak(f func(Leak)) {
+	if f == nil {
+		leakHandler.Store(nil)
+		return
+	}
+	leakHandler.Store(&f)
+}
+
+func reportLeak(l Leak) {
+	if f := leakHandler.Load(); f != nil {
+		(*f)(l)
+	}
+}
+
+// Backend is a NIXL backend (an instantiated plugin) of an agent. It is owned by its agent and valid until
+// the agent is closed.
+type Backend struct {
+	agent  *Agent
+	plugin string
+	h      C.gx_h
+}
+
+// Plugin returns the plugin name ("UCX", ...).
+func (b *Backend) Plugin() string { return b.plugin }
+
+// CreateBackend instantiates plugin with params (nil = the plugin's defaults, see PluginParams). At most
+// one backend per plugin per agent.
+func (a *Agent) CreateBackend(plugin string, params map[string]string) (*Backend, error) {
+	op := "create backend " + plugin
+	done, err := a.use(op)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	var p C.gx_h
+	if err := check(op, C.gx_create_params(&p), ""); err != nil {
+		return nil, err
+	}
+	defer C.gx_destroy_params(p)
+	keys := make([]string, 0, len(params))
+	for k := range params {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		ck, cv := C.CString(k), C.CString(params[k])
+		st := C.gx_params_add(p, ck, cv)
+		C.free(unsafe.Pointer(ck))
+		C.free(unsafe.Pointer(cv))
+		if err := check(op, st, "param "+k); err != nil {
+			return nil, err
+		}
+	}
+	cp := C.CString(plugin)
+	defer C.free(unsafe.Pointer(cp))
+	var h C.gx_h
+	if err := check(op, C.gx_create_backend(a.h, cp, p, &h), fmt.Sprintf(
+		"agent %s; check the plugin name (AvailablePlugins), its params (PluginParams) and that no %s backend exists yet", a.name, plugin)); err != nil {
+		return nil, err
+	}
+	b := &Backend{agent: a, plugin: plugin, h: h}
+	a.backendMu.Lock()
+	a.backends = append(a.backends, b)
+	a.backendMu.Unlock()
+	return b, nil
+}
+
+// Backend returns the agent's backend of the plugin, or nil.
+func (a *Agent) Backend(plugin string) *Backend {
+	a.backendMu.Lock()
+	defer a.backendMu.Unlock()
+	for _, b := range a.backends {
+		if b.plugin == plugin {
+			return b
+		}
+	}
+	return nil
+}
+
+// Backends returns the agent's backends in creation (preference) order.
+func (a *Agent) Backends() []*Backend {
+	a.backendMu.Lock()
+	defer a.backendMu.Unlock()
+	return append([]*Backend(nil), a.backends...)
+}
+
+// AvailablePlugins lists the plugins NIXL found in its plugin folder.
+func (a *Agent) AvailablePlugins() ([]string, error) {
+	done, err := a.use("list plugins")
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	var out *C.char
+	var n C.size_t
+	if err := check("list plugins", C.gx_plugins(a.h, &out, &n), ""); err != nil {
+		return nil, err
+	}
+	s := string(goBytesFree(unsafe.Pointer(out), n))
+	return strings.Fields(s), nil
+}
+
+// PluginParams returns the memory types a plugin supports and its default init parameters.
+func (a *Agent) PluginParams(plugin string) ([]MemType, map[string]string, error) {
+	op := "plugin params " + plugin
+	done, err := a.use(op)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer done()
+	cp := C.CString(plugin)
+	defer C.free(unsafe.Pointer(cp))
+	var mems [8]C.int
+	var nm C.size_t
+	var out *C.char
+	var n C.size_t
+	if err := check(op, C.gx_plugin_params(a.h, cp, &mems[0], 8, &nm, &out, &n), "is the plugin in AvailablePlugins?"); err != nil {
+		return nil, nil, err
+	}
+	return memTypes(mems[:], nm), parseParams(goBytesFree(unsafe.Pointer(out), n)), nil
+}
+
+// Params returns the memory types the backend serves and its effective parameters.
+func (b *Backend) Params() ([]MemType, map[string]string, error) {
+	op := "backend params " + b.plugin
+	done, err := b.agent.use(op)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer done()
+	var mems [8]C.int
+	var nm C.size_t
+	var out *C.char
+	var n C.size_t
+	if err := check(op, C.gx_backend_params(b.agent.h, b.h, &mems[0], 8, &nm, &out, &n), ""); err != nil {
+		return nil, nil, err
+	}
+	return memTypes(mems[:], nm), parseParams(goBytesFree(unsafe.Pointer(out), n)), nil
+}
+
+// Option adjusts one call (backends to use, a notification to send).
+type Option func(*callOpts)
+
+type callOpts struct {
+	backends []*Backend
+	notif    []byte
+	hasNotif bool
+	custom   []byte
+}
+
+// WithBackends restricts the call to these backends (default: every backend that can serve it).
+func WithBackends(b ...*Backend) Option {
+	return func(o *callOpts) { o.backends = append(o.backends, b...) }
+}
+
+// WithNotification attaches a notification to a transfer: NIXL delivers msg (arbitrary bytes, NULs
+// allowed; empty is still sent) to the remote agent once the transfer is complete.
+func WithNotification(msg []byte) Option {
+	return func(o *callOpts) { o.notif = msg; o.hasNotif = true }
+}
+
+// WithCustomParam passes a backend-specific blob (only with NIXL versions whose C API has it; see
+// Library.HasCustomParams).
+func WithCustomParam(p []byte) Option {
+	return func(o *callOpts) { o.custom = p }
+}
+
+// buildOpts makes the C optional-args object (nil when no option is set); free it with freeOpts.
+func buildOpts(op string, opts []Option) (C.gx_h, error) {
+	if len(opts) == 0 {
+		return nil, nil
+	}
+	var o callOpts
+	for _, f := range opts {
+		f(&o)
+	}
+	var bs []C.gx_h
+	for _, b := range o.backends {
+		if b == nil || b.h == nil {
+			return nil, goErr(op, ErrInvalidParam, "nil or closed backend in WithBackends")
+		}
+		bs = append(bs, b.h)
+	}
+	var bp *C.gx_h
+	if len(bs) > 0 {
+		bp = &bs[0]
+	}
+	var np, cp unsafe.Pointer
+	if len(o.notif) > 0 {
+		np = unsafe.Pointer(&o.notif[0])
+	}
+	if len(o.custom) > 0 {
+		cp = unsafe.Pointer(&o.custom[0])
+	}
+	hn := C.int(0)
+	if o.hasNotif {
+		hn = 1
+	}
+	var h C.gx_h
+	if err := check(op, C.gx_build_opt(&h, bp, C.size_t(len(bs)), np, C.size_t(len(o.notif)), hn, cp, C.size_t(len(o.custom))), "building call options"); err != nil {
+		return nil, err
+	}
+	runtime.KeepAlive(o)
+	return h, nil
+}
+
+func freeOpts(h C.gx_h) {
+	if h != nil {
+		C.gx_destroy_opt_args(h)
+	}
+}

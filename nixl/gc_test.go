@@ -1,0 +1,5 @@
+package nixl_test
+
+import "runtime"
+
+func runtimeGC() { runtime.GC() }

@@ -1,0 +1,230 @@
+package nixl
+
+/*
+#include <stdlib.h>
+#include "gx.h"
+*/
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"unsafe"
+
+	"go.uber.org/zap"
+)
+
+// LibraryName is the file name of NIXL's C API library.
+const LibraryName = "libnixl_capi.so"
+
+// StandardPrefixes are the folders searched last, where NIXL's own installers put it.
+var StandardPrefixes = []string{
+	"/opt/nvidia/nvda_nixl/lib/x86_64-linux-gnu",
+	"/opt/nvidia/nvda_nixl/lib64",
+	"/opt/nvidia/nvda_nixl/lib",
+}
+
+// LoadOptions tell Load where NIXL is. The zero value searches, in order: $NIXL_LIB_DIR, the dynamic
+// loader's search path (LD_LIBRARY_PATH, ld.so.cache), then StandardPrefixes.
+type LoadOptions struct {
+	// LibDir is the folder holding libnixl_capi.so; when set it is tried first.
+	LibDir string
+	// PluginDir overrides the plugin folder. When empty and NIXL_PLUGIN_DIR is unset, it is set to the
+	// "plugins" folder beside the library found (where NIXL itself would look).
+	PluginDir string
+	// Logger receives load diagnostics; nil means no logging.
+	Logger *zap.Logger
+}
+
+// Library is NIXL's C API, loaded into the process. NIXL is process-wide (its plugin manager is a
+// singleton), so there is at most one Library per process; it is never unloaded. A Library is safe for
+// concurrent use.
+type Library struct {
+	path      string
+	pluginDir string
+	custom    bool
+	log       *zap.Logger
+}
+
+// Path returns the absolute path of the loaded libnixl_capi.so.
+func (l *Library) Path() string { return l.path }
+
+// Dir returns the folder of the loaded library.
+func (l *Library) Dir() string { return filepath.Dir(l.path) }
+
+// PluginDir returns the plugin folder NIXL uses (NIXL_PLUGIN_DIR at load time).
+func (l *Library) PluginDir() string { return l.pluginDir }
+
+// HasCustomParams reports whether this NIXL's C API has the optional custom-parameter call.
+func (l *Library) HasCustomParams() bool { return l.custom }
+
+// Version returns NIXL's version when it can be read from the library's folder layout (the wheel's
+// dist-info or the folder name given by the Makefile), else "".
+func (l *Library) Version() string {
+	// .nixl/cuXX-<version>/lib/libnixl_capi.so as unpacked by scripts/fetch-nixl.sh
+	base := filepath.Base(filepath.Dir(l.Dir()))
+	if i := strings.IndexByte(base, '-'); i > 0 && strings.HasPrefix(base, "cu") {
+		return base[i+1:]
+	}
+	return ""
+}
+
+var (
+	loadMu  sync.Mutex
+	loaded  *Library
+	loadErr error
+)
+
+// Loaded returns the library loaded by an earlier successful Load, or nil.
+func Loaded() *Library {
+	loadMu.Lock()
+	defer loadMu.Unlock()
+	return loaded
+}
+
+// LoadError is returned when NIXL cannot be loaded. It lists every candidate tried and why it failed.
+type LoadError struct {
+	Tried []string // "path: reason" per candidate
+}
+
+func (e *LoadError) Error() string {
+	var b strings.Builder
+	b.WriteString("nixl: cannot load " + LibraryName + "; tried:")
+	for _, t := range e.Tried {
+		b.WriteString("\n  - " + t)
+	}
+	b.WriteString("\nfix: run `make nixl` (downloads the pinned nixl wheel from PyPI and unpacks it into .nixl/), " +
+		"then set NIXL_LIB_DIR=$PWD/.nixl/current/lib, or pass LoadOptions.LibDir")
+	return b.String()
+}
+
+// Unwrap makes errors.Is(err, ErrNotLoaded) true.
+func (e *LoadError) Unwrap() error { return ErrNotLoaded }
+
+// Load loads NIXL's C API library once per process and returns it. Later calls return the same Library
+// (an explicit LibDir that names another folder is an error: one process has one NIXL).
+func Load(opts LoadOptions) (*Library, error) {
+	loadMu.Lock()
+	defer loadMu.Unlock()
+	log := opts.Logger
+	if log == nil {
+		log = zap.NewNop()
+	}
+	if loaded != nil {
+		if opts.LibDir != "" && !sameDir(opts.LibDir, loaded.Dir()) {
+			return nil, goErr("load", ErrInvalidState, fmt.Sprintf(
+				"NIXL is already loaded from %s; a process can load only one NIXL (asked for %s)", loaded.Dir(), opts.LibDir))
+		}
+		return loaded, nil
+	}
+	var tried []string
+	for _, cand := range candidates(opts.LibDir) {
+		path := cand.path
+		if cand.dir != "" {
+			path = filepath.Join(cand.dir, LibraryName)
+			if _, err := os.Stat(path); err != nil {
+				tried = append(tried, fmt.Sprintf("%s (%s): no such file", path, cand.source))
+				continue
+			}
+		}
+		pluginDir := opts.PluginDir
+		if pluginDir == "" {
+			pluginDir = os.Getenv("NIXL_PLUGIN_DIR")
+		}
+		if pluginDir == "" && cand.dir != "" {
+			if st, err := os.Stat(filepath.Join(cand.dir, "plugins")); err == nil && st.IsDir() {
+				pluginDir = filepath.Join(cand.dir, "plugins")
+			}
+		}
+		if pluginDir != "" {
+			// NIXL reads NIXL_PLUGIN_DIR when its plugin manager starts (the first agent); with cgo,
+			// os.Setenv also updates the C environment.
+			if err := os.Setenv("NIXL_PLUGIN_DIR", pluginDir); err != nil {
+				return nil, goErr("load", ErrInvalidParam, "setting NIXL_PLUGIN_DIR: "+err.Error())
+			}
+		}
+		var errBuf [1024]C.char
+		cpath := C.CString(path)
+		rc := C.gx_open(cpath, &errBuf[0], C.size_t(len(errBuf)))
+		C.free(unsafe.Pointer(cpath))
+		if rc != 0 {
+			tried = append(tried, fmt.Sprintf("%s (%s): %s", path, cand.source, C.GoString(&errBuf[0])))
+			continue
+		}
+		abs := path
+		if cand.dir != "" {
+			if a, err := filepath.Abs(path); err == nil {
+				abs = a
+			}
+		} else if p := resolvedPath(); p != "" {
+			abs = p
+		}
+		loaded = &Library{path: abs, pluginDir: os.Getenv("NIXL_PLUGIN_DIR"), custom: C.gx_has_custom_param() != 0, log: log}
+		log.Info("NIXL loaded", zap.String("path", abs), zap.String("source", cand.source), zap.String("plugin_dir", loaded.pluginDir))
+		loadErr = nil
+		return loaded, nil
+	}
+	loadErr = &LoadError{Tried: tried}
+	return nil, loadErr
+}
+
+type candidate struct {
+	dir    string // folder to look in; empty means "let the dynamic loader search for path"
+	path   string
+	source string
+}
+
+func candidates(explicit string) []candidate {
+	var out []candidate
+	if explicit != "" {
+		out = append(out, candidate{dir: explicit, source: "LoadOptions.LibDir"})
+	}
+	if env := os.Getenv("NIXL_LIB_DIR"); env != "" {
+		out = append(out, candidate{dir: env, source: "NIXL_LIB_DIR"})
+	}
+	out = append(out, candidate{path: LibraryName, source: "dynamic loader search path"})
+	for _, p := range StandardPrefixes {
+		out = append(out, candidate{dir: p, source: "standard prefix"})
+	}
+	return out
+}
+
+func sameDir(a, b string) bool {
+	ra, errA := filepath.EvalSymlinks(a)
+	rb, errB := filepath.EvalSymlinks(b)
+	if errA != nil || errB != nil {
+		return filepath.Clean(a) == filepath.Clean(b)
+	}
+	return ra == rb
+}
+
+// resolvedPath finds where the dynamic loader found the library, from /proc/self/maps.
+func resolvedPath() string {
+	data, err := os.ReadFile("/proc/self/maps")
+	if err != nil {
+		return ""
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if i := strings.Index(line, "/"); i >= 0 && strings.HasSuffix(line, "/"+LibraryName) {
+			return line[i:]
+		}
+	}
+	return ""
+}
+
+// mustLoaded returns the loaded library or an ErrNotLoaded error.
+func mustLoaded() error {
+	loadMu.Lock()
+	defer loadMu.Unlock()
+	if loaded == nil {
+		if loadErr != nil {
+			return loadErr
+		}
+		return errors.Join(ErrNotLoaded, errors.New("call nixl.Load first"))
+	}
+	return nil
+}

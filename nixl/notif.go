@@ -1,0 +1,146 @@
+package nixl
+
+/*
+#include <stdlib.h>
+#include "gx.h"
+*/
+import "C"
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"runtime"
+	"time"
+	"unsafe"
+)
+
+// Notification is a message from a peer agent: a transfer's notification or one sent with
+// SendNotification. Msg is arbitrary bytes (NULs allowed).
+type Notification struct {
+	Agent string
+	Msg   []byte
+}
+
+// GetNotifications returns the notifications that arrived since the last call (NIXL keeps none once
+// returned) and drives the backends' progress. Safe for concurrent use; concurrent callers each get
+// different notifications.
+func (a *Agent) GetNotifications(opts ...Option) ([]Notification, error) {
+	op := "get notifications"
+	done, err := a.use(op)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	o, err := buildOpts(op, opts)
+	if err != nil {
+		return nil, err
+	}
+	defer freeOpts(o)
+	a.notifMu.Lock()
+	defer a.notifMu.Unlock()
+	if a.notifMap == nil {
+		if err := check(op, C.gx_create_notif_map(&a.notifMap), ""); err != nil {
+			return nil, err
+		}
+	}
+	var buf *C.char
+	var n, count C.size_t
+	if err := check(op, C.gx_get_notifs(a.h, a.notifMap, o, &buf, &n, &count), a.name); err != nil {
+		return nil, err
+	}
+	if count == 0 {
+		return nil, nil
+	}
+	raw := goBytesFree(unsafe.Pointer(buf), n)
+	return parseNotifs(raw, int(count))
+}
+
+// parseNotifs decodes gx_get_notifs' records: [u32 agent_len][agent][u32 msg_len][msg].
+func parseNotifs(raw []byte, count int) ([]Notification, error) {
+	out := make([]Notification, 0, count)
+	for len(raw) > 0 {
+		if len(raw) < 4 {
+			return out, goErr("get notifications", ErrBackend, "truncated notification record")
+		}
+		nl := int(binary.NativeEndian.Uint32(raw))
+		raw = raw[4:]
+		if len(raw) < nl+4 {
+			return out, goErr("get notifications", ErrBackend, "truncated notification record")
+		}
+		agent := string(raw[:nl])
+		raw = raw[nl:]
+		ml := int(binary.NativeEndian.Uint32(raw))
+		raw = raw[4:]
+		if len(raw) < ml {
+			return out, goErr("get notifications", ErrBackend, "truncated notification record")
+		}
+		msg := make([]byte, ml)
+		copy(msg, raw[:ml])
+		raw = raw[ml:]
+		out = append(out, Notification{Agent: agent, Msg: msg})
+	}
+	return out, nil
+}
+
+// SendNotification sends msg (arbitrary bytes) to a peer whose metadata is loaded, outside any transfer.
+func (a *Agent) SendNotification(remote string, msg []byte, opts ...Option) error {
+	op := "send notification"
+	done, err := a.use(op)
+	if err != nil {
+		return err
+	}
+	defer done()
+	o, err := buildOpts(op, opts)
+	if err != nil {
+		return err
+	}
+	defer freeOpts(o)
+	cr := C.CString(remote)
+	defer C.free(unsafe.Pointer(cr))
+	var p unsafe.Pointer
+	var empty [1]byte
+	if len(msg) > 0 {
+		p = unsafe.Pointer(&msg[0])
+	} else {
+		p = unsafe.Pointer(&empty[0])
+	}
+	err = check(op, C.gx_gen_notif(a.h, cr, p, C.size_t(len(msg)), o), fmt.Sprintf("to %s: is its metadata loaded?", remote))
+	runtime.KeepAlive(msg)
+	return err
+}
+
+// WaitNotification polls GetNotifications until match accepts one, or ctx ends. Notifications that do
+// not match are passed to other (may be nil; they are then dropped).
+func (a *Agent) WaitNotification(ctx context.Context, match func(Notification) bool, other func(Notification)) (Notification, error) {
+	delay := 10 * time.Microsecond
+	for {
+		ns, err := a.GetNotifications()
+		if err != nil {
+			return Notification{}, err
+		}
+		var found *Notification
+		for i := range ns {
+			if found == nil && match(ns[i]) {
+				found = &ns[i]
+				continue
+			}
+			if other != nil {
+				other(ns[i])
+			}
+		}
+		if found != nil {
+			return *found, nil
+		}
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return Notification{}, fmt.Errorf("nixl: waiting for a notification on %s: %w", a.name, ctx.Err())
+		case <-t.C:
+		}
+		if delay < 2*time.Millisecond {
+			delay *= 2
+		}
+	}
+}

@@ -1,0 +1,406 @@
+package nixl
+
+/*
+#include <stdlib.h>
+#include "gx.h"
+*/
+import "C"
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"sync"
+	"time"
+	"unsafe"
+)
+
+// Op is a transfer direction, seen from the initiating (local) agent.
+type Op int
+
+// Read pulls remote bytes into local memory; Write pushes local bytes to remote memory.
+const (
+	Read  Op = 0
+	Write Op = 1
+)
+
+func (o Op) String() string {
+	if o == Write {
+		return "WRITE"
+	}
+	return "READ"
+}
+
+// Prepped is a descriptor list prepared once (prepXferDlist) so that many transfers can be made from it by
+// index (MakeXfer). A Prepped is safe for concurrent use; Close releases it (idempotent).
+type Prepped struct {
+	ref    childRef
+	agent  string // "" for local
+	mem    MemType
+	n      int
+	remote bool
+}
+
+// Len returns the number of descriptors.
+func (p *Prepped) Len() int { return p.n }
+
+// MemType returns the list's memory type.
+func (p *Prepped) MemType() MemType { return p.mem }
+
+// Remote returns the peer agent the list describes, or "" for a local list.
+func (p *Prepped) Remote() string { return p.agent }
+
+// Close releases the prepared list.
+func (p *Prepped) Close() error {
+	return p.ref.a.closeChild(p.ref.id, "release prepared descriptor list")
+}
+
+// Prep prepares descs for transfers. remote is "" for the local side, or the name of a peer whose metadata
+// is loaded (the remote side; descriptors must lie inside memory the peer registered). The whole list goes
+// to NIXL in one call.
+func (a *Agent) Prep(remote string, mem MemType, descs []Desc, opts ...Option) (*Prepped, error) {
+	op := "prepare descriptor list"
+	done, err := a.use(op)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	l, err := buildXferList(op, mem, descs, false)
+	if err != nil {
+		return nil, err
+	}
+	defer C.gx_destroy_xfer_dlist(l)
+	o, err := buildOpts(op, opts)
+	if err != nil {
+		return nil, err
+	}
+	defer freeOpts(o)
+	cr := C.CString(remote)
+	defer C.free(unsafe.Pointer(cr))
+	var h C.gx_h
+	side := "local"
+	if remote != "" {
+		side = "remote agent " + remote
+	}
+	if err := check(op, C.gx_prep_xfer_dlist(a.h, cr, l, &h, o),
+		fmt.Sprintf("%d %s descriptors for %s: is the memory registered (and the remote metadata loaded)?", len(descs), mem, side)); err != nil {
+		return nil, err
+	}
+	id := a.addChild(&child{kind: kindPrepped, h: h, desc: fmt.Sprintf("%d %s descriptors (%s)", len(descs), mem, side)})
+	p := &Prepped{ref: childRef{a, id}, agent: remote, mem: mem, n: len(descs), remote: remote != ""}
+	runtime.AddCleanup(p, func(ref childRef) { ref.leaked() }, p.ref)
+	return p, nil
+}
+
+// State is a transfer's progress.
+type State int
+
+// InProgress: posted and running. Done: complete (the data is in place).
+const (
+	InProgress State = iota
+	Done
+)
+
+func (s State) String() string {
+	if s == Done {
+		return "DONE"
+	}
+	return "IN_PROGRESS"
+}
+
+// Xfer is a transfer request. It can be posted again after it completed (optionally with a new
+// notification). Its methods are safe for concurrent use; Close releases it (idempotent; if the transfer
+// is still running NIXL tries to cancel it, and when it cannot, Close returns an error and the request
+// stays owned by the agent, which retries when it is closed).
+type Xfer struct {
+	ref    childRef
+	op     Op
+	remote string
+	count  int
+	mu     sync.Mutex
+}
+
+// Op returns the transfer direction.
+func (x *Xfer) Op() Op { return x.op }
+
+// Remote returns the peer agent.
+func (x *Xfer) Remote() string { return x.remote }
+
+// Len returns the number of descriptor pairs.
+func (x *Xfer) Len() int { return x.count }
+
+var idxPool = sync.Pool{New: func() any { s := make([]C.int, 0, 1024); return &s }}
+
+// toCIndices validates indices against a list length and converts them to C ints in a pooled buffer.
+func toCIndices(op, side string, idx []int, n int, buf *[]C.int) error {
+	out := (*buf)[:0]
+	for i, v := range idx {
+		if v < 0 || v >= n {
+			return goErr(op, ErrIndexOutOfRange, fmt.Sprintf("%s index %d at position %d is outside the prepared list of %d descriptors", side, v, i, n))
+		}
+		out = append(out, C.int(v))
+	}
+	*buf = out
+	return nil
+}
+
+// MakeXfer makes a transfer from prepared lists: pair i moves local descriptor localIdx[i] and remote
+// descriptor remoteIdx[i] (their lengths must match). Indices are checked against the lists before NIXL is
+// called; the whole index arrays go to NIXL in one call.
+func (a *Agent) MakeXfer(op Op, local *Prepped, localIdx []int, remote *Prepped, remoteIdx []int, opts ...Option) (*Xfer, error) {
+	name := "make transfer request"
+	if local == nil || remote == nil {
+		return nil, goErr(name, ErrInvalidParam, "nil prepared list")
+	}
+	if local.ref.a != a || remote.ref.a != a {
+		return nil, goErr(name, ErrInvalidParam, "prepared lists belong to another agent")
+	}
+	if len(localIdx) != len(remoteIdx) || len(localIdx) == 0 {
+		return nil, goErr(name, ErrInvalidParam, fmt.Sprintf("need as many local as remote indices, at least one (got %d and %d)", len(localIdx), len(remoteIdx)))
+	}
+	lb, rb := idxPool.Get().(*[]C.int), idxPool.Get().(*[]C.int)
+	defer idxPool.Put(lb)
+	defer idxPool.Put(rb)
+	if err := toCIndices(name, "local", localIdx, local.n, lb); err != nil {
+		return nil, err
+	}
+	if err := toCIndices(name, "remote", remoteIdx, remote.n, rb); err != nil {
+		return nil, err
+	}
+	done, err := a.use(name)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	lh, err := a.childHandle(local.ref.id, name)
+	if err != nil {
+		return nil, err
+	}
+	rh, err := a.childHandle(remote.ref.id, name)
+	if err != nil {
+		return nil, err
+	}
+	o, err := buildOpts(name, opts)
+	if err != nil {
+		return nil, err
+	}
+	defer freeOpts(o)
+	var h C.gx_h
+	if err := check(name, C.gx_make_xfer_req(a.h, C.int(op), lh, &(*lb)[0], C.size_t(len(*lb)), rh, &(*rb)[0], C.size_t(len(*rb)), &h, o),
+		fmt.Sprintf("%s of %d descriptors from %s: do the paired lengths match?", op, len(localIdx), remote.agent)); err != nil {
+		return nil, err
+	}
+	return a.newXfer(h, op, remote.agent, len(localIdx)), nil
+}
+
+// CreateXfer makes a transfer from two descriptor lists (prepared internally; pair i moves local[i] and
+// remote[i], whose lengths must match) to or from the agent remote.
+func (a *Agent) CreateXfer(op Op, localMem MemType, local []Desc, remoteMem MemType, remote []Desc, remoteAgent string, opts ...Option) (*Xfer, error) {
+	name := "create transfer request"
+	if len(local) != len(remote) {
+		return nil, goErr(name, ErrInvalidParam, fmt.Sprintf("local and remote lists differ in length (%d vs %d)", len(local), len(remote)))
+	}
+	for i := range local {
+		if local[i].Len != remote[i].Len {
+			return nil, goErr(name, ErrInvalidParam, fmt.Sprintf("pair %d: local length %d != remote length %d", i, local[i].Len, remote[i].Len))
+		}
+	}
+	done, err := a.use(name)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	lh, err := buildXferList(name, localMem, local, false)
+	if err != nil {
+		return nil, err
+	}
+	defer C.gx_destroy_xfer_dlist(lh)
+	rh, err := buildXferList(name, remoteMem, remote, false)
+	if err != nil {
+		return nil, err
+	}
+	defer C.gx_destroy_xfer_dlist(rh)
+	o, err := buildOpts(name, opts)
+	if err != nil {
+		return nil, err
+	}
+	defer freeOpts(o)
+	cr := C.CString(remoteAgent)
+	defer C.free(unsafe.Pointer(cr))
+	var h C.gx_h
+	if err := check(name, C.gx_create_xfer_req(a.h, C.int(op), lh, rh, cr, &h, o),
+		fmt.Sprintf("%s of %d descriptors with %s: is its metadata loaded and are both sides registered?", op, len(local), remoteAgent)); err != nil {
+		return nil, err
+	}
+	return a.newXfer(h, op, remoteAgent, len(local)), nil
+}
+
+func (a *Agent) newXfer(h C.gx_h, op Op, remote string, n int) *Xfer {
+	id := a.addChild(&child{kind: kindXfer, h: h, desc: fmt.Sprintf("%s of %d descriptors with %s", op, n, remote)})
+	x := &Xfer{ref: childRef{a, id}, op: op, remote: remote, count: n}
+	runtime.AddCleanup(x, func(ref childRef) { ref.leaked() }, x.ref)
+	return x
+}
+
+func (x *Xfer) handle(op string) (C.gx_h, func(), error) {
+	done, err := x.ref.a.use(op)
+	if err != nil {
+		return nil, nil, err
+	}
+	h, err := x.ref.a.childHandle(x.ref.id, op)
+	if err != nil {
+		done()
+		return nil, nil, err
+	}
+	return h, done, nil
+}
+
+// Post starts (or restarts, once complete) the transfer. A notification given here replaces the one given
+// at creation.
+func (x *Xfer) Post(opts ...Option) (State, error) {
+	op := "post transfer"
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	h, done, err := x.handle(op)
+	if err != nil {
+		return InProgress, err
+	}
+	defer done()
+	o, err := buildOpts(op, opts)
+	if err != nil {
+		return InProgress, err
+	}
+	defer freeOpts(o)
+	st := C.gx_post_xfer_req(x.ref.a.h, h, o)
+	if err := check(op, st, fmt.Sprintf("%s with %s (a request still in progress cannot be reposted)", x.op, x.remote)); err != nil {
+		return InProgress, err
+	}
+	if Status(st) == StatusSuccess {
+		return Done, nil
+	}
+	return InProgress, nil
+}
+
+// Status polls the transfer: InProgress, Done, or an error (the transfer failed; e.g. the peer went away).
+func (x *Xfer) Status() (State, error) {
+	op := "transfer status"
+	h, done, err := x.handle(op)
+	if err != nil {
+		return InProgress, err
+	}
+	defer done()
+	st := C.gx_get_xfer_status(x.ref.a.h, h)
+	if err := check(op, st, fmt.Sprintf("%s with %s", x.op, x.remote)); err != nil {
+		return InProgress, err
+	}
+	if Status(st) == StatusSuccess {
+		return Done, nil
+	}
+	return InProgress, nil
+}
+
+// Wait polls Status until the transfer is done, fails, or ctx ends (then it returns ctx's error and the
+// transfer may still be running: Close it to cancel). Polling backs off from a busy spin to 1 ms.
+func (x *Xfer) Wait(ctx context.Context) error {
+	delay := time.Duration(0)
+	for spins := 0; ; spins++ {
+		st, err := x.Status()
+		if err != nil {
+			return err
+		}
+		if st == Done {
+			return nil
+		}
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("nixl: waiting for %s with %s: %w", x.op, x.remote, err)
+		}
+		if spins < 64 {
+			runtime.Gosched()
+			continue
+		}
+		if delay == 0 {
+			delay = 5 * time.Microsecond
+		} else if delay < time.Millisecond {
+			delay *= 2
+		}
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+		case <-t.C:
+		}
+	}
+}
+
+// Close releases the request.
+func (x *Xfer) Close() error {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return x.ref.a.closeChild(x.ref.id, "release transfer request")
+}
+
+// EstimateCost asks the backend for an estimate of the transfer's duration and its error margin.
+func (x *Xfer) EstimateCost() (duration, margin time.Duration, err error) {
+	op := "estimate transfer cost"
+	h, done, err := x.handle(op)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer done()
+	var d, e C.int64_t
+	var m C.int
+	if err := check(op, C.gx_estimate_xfer_cost(x.ref.a.h, h, nil, &d, &e, &m), ""); err != nil {
+		return 0, 0, err
+	}
+	return time.Duration(d) * time.Microsecond, time.Duration(e) * time.Microsecond, nil
+}
+
+// Telemetry is NIXL's per-request telemetry (AgentConfig.CaptureTelemetry must be set).
+type Telemetry struct {
+	Start        time.Time
+	PostDuration time.Duration
+	XferDuration time.Duration
+	Bytes        uint64
+	Descs        uint64
+}
+
+// Telemetry returns the request's telemetry.
+func (x *Xfer) Telemetry() (Telemetry, error) {
+	op := "transfer telemetry"
+	h, done, err := x.handle(op)
+	if err != nil {
+		return Telemetry{}, err
+	}
+	defer done()
+	var t C.gx_telemetry
+	if err := check(op, C.gx_get_xfer_telemetry(x.ref.a.h, h, &t), "create the agent with CaptureTelemetry"); err != nil {
+		return Telemetry{}, err
+	}
+	return Telemetry{
+		Start:        time.UnixMicro(int64(t.start_time_us)),
+		PostDuration: time.Duration(t.post_duration_us) * time.Microsecond,
+		XferDuration: time.Duration(t.xfer_duration_us) * time.Microsecond,
+		Bytes:        uint64(t.total_bytes),
+		Descs:        uint64(t.desc_count),
+	}, nil
+}
+
+// Backend returns the backend NIXL chose for the request.
+func (x *Xfer) Backend() (*Backend, error) {
+	op := "query transfer backend"
+	h, done, err := x.handle(op)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	var inner unsafe.Pointer
+	if err := check(op, C.gx_query_xfer_backend(x.ref.a.h, h, &inner), ""); err != nil {
+		return nil, err
+	}
+	for _, b := range x.ref.a.Backends() {
+		if C.gx_backend_inner(b.h) == inner {
+			return b, nil
+		}
+	}
+	return nil, goErr(op, ErrNotFound, "NIXL named a backend this agent does not know")
+}
