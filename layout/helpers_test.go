@@ -1,0 +1,117 @@
+package layout
+
+import (
+	"encoding/binary"
+	"math/rand/v2"
+	"testing"
+)
+
+// enc is neuron-staging.md §6's value code: c·10000 + b·1000 + h·100 + p·10 + d (unique while b,h,p,d < 10).
+func enc(c, b, h, p, d int) uint16 { return uint16(c*10000 + b*1000 + h*100 + p*10 + d) }
+
+// encSource builds a bf16-sized (uint16) BHSD tensor (or BHDS when transposed) filled with enc values.
+func encSource(c int, s Source) []byte {
+	out := make([]byte, s.Batch*s.Heads*s.SeqLen*s.HeadDim*2)
+	for b := range s.Batch {
+		for h := range s.Heads {
+			for p := range s.SeqLen {
+				for d := range s.HeadDim {
+					var i int
+					if s.Transposed {
+						i = ((b*s.Heads+h)*s.HeadDim+d)*s.SeqLen + p
+					} else {
+						i = ((b*s.Heads+h)*s.SeqLen+p)*s.HeadDim + d
+					}
+					binary.LittleEndian.PutUint16(out[2*i:], enc(c, b, h, p, d))
+				}
+			}
+		}
+	}
+	return out
+}
+
+func u16(b []byte) []uint16 {
+	out := make([]uint16, len(b)/2)
+	for i := range out {
+		out[i] = binary.LittleEndian.Uint16(b[2*i:])
+	}
+	return out
+}
+
+// blockU16 returns block b of a region as uint16 values.
+func blockU16(g Geometry, region []byte, b int) []uint16 {
+	bl := g.BlockLen()
+	return u16(region[int64(b)*bl : int64(b+1)*bl])
+}
+
+func filled(n int, v byte) []byte {
+	out := make([]byte, n)
+	for i := range out {
+		out[i] = v
+	}
+	return out
+}
+
+func randBytes(r *rand.Rand, n int) []byte {
+	out := make([]byte, n)
+	for i := range out {
+		out[i] = byte(r.Uint32())
+	}
+	return out
+}
+
+// refToPaged is an independent, element-by-element implementation of neuron-staging.md §2.6 extended to
+// the three region plans; property tests compare the fast converters with it.
+func refToPaged(g Geometry, dst []byte, kv KV, src []byte, s Source, q Seq) {
+	e := g.ElemSize()
+	H, D, bs := g.NumKVHeads, g.HeadDim, g.BlockSize
+	for j, blk := range q.BlockIDs {
+		for t := range bs {
+			p := j*bs + t
+			for h := range H {
+				for d := range D {
+					var inner int // element index inside the block
+					switch g.Plan {
+					case PlanSplitKV, PlanKVHalves:
+						if g.Order == NHD {
+							inner = (t*H+h)*D + d
+						} else {
+							inner = (h*bs+t)*D + d
+						}
+						if g.Plan == PlanKVHalves {
+							inner += int(kv) * bs * H * D
+						}
+					case PlanPackedKV:
+						if g.Order == NHD {
+							inner = (t*H+h)*2*D + int(kv)*D + d
+						} else {
+							inner = (h*bs+t)*2*D + int(kv)*D + d
+						}
+					}
+					do := int(int64(blk)*g.BlockLen()) + inner*e
+					if p >= q.Tokens {
+						for i := range e {
+							dst[do+i] = 0
+						}
+						continue
+					}
+					sh := q.Row*s.Heads + q.FirstHead + h
+					var si int
+					if s.Transposed {
+						si = (sh*D+d)*s.SeqLen + p
+					} else {
+						si = (sh*s.SeqLen+p)*D + d
+					}
+					copy(dst[do:do+e], src[si*e:si*e+e])
+				}
+			}
+		}
+	}
+}
+
+func mustNoErr(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}

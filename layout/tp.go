@@ -1,0 +1,231 @@
+package layout
+
+import (
+	"fmt"
+	"slices"
+)
+
+// HeadsPerRank is the number of KV heads each of tp ranks holds for a model with totalKVHeads KV heads,
+// following NxDI's REPLICATE_TO_TP_DEGREE and vLLM: totalKVHeads/tp when tp divides it, 1 (replicated)
+// when tp > totalKVHeads and totalKVHeads divides tp. Other combinations are refused.
+func HeadsPerRank(totalKVHeads, tp int) (int, error) {
+	if totalKVHeads <= 0 || tp <= 0 || totalKVHeads > MaxKVHeads*tp {
+		return 0, fmt.Errorf("%w: %d KV heads over TP %d", ErrInvalidGeometry, totalKVHeads, tp)
+	}
+	if tp <= totalKVHeads {
+		if totalKVHeads%tp != 0 {
+			return 0, fmt.Errorf("%w: %d KV heads do not split evenly over TP %d", ErrIncompatible, totalKVHeads, tp)
+		}
+		return totalKVHeads / tp, nil
+	}
+	if tp%totalKVHeads != 0 {
+		return 0, fmt.Errorf("%w: TP %d is not a multiple of %d KV heads (NxDI would convert to MHA)", ErrIncompatible, tp, totalKVHeads)
+	}
+	return 1, nil
+}
+
+// RankHeads returns the global KV heads [first, first+n) held by rank of a tp-way sharded model: heads
+// [rank·H/tp, (rank+1)·H/tp) when tp ≤ H, the single replicated head rank·H/tp (= rank // (tp/H)) when tp > H.
+// Pass first as Seq.FirstHead to convert a rank's slice out of a tensor that holds all heads.
+func RankHeads(totalKVHeads, tp, rank int) (first, n int, err error) {
+	n, err = HeadsPerRank(totalKVHeads, tp)
+	if err != nil {
+		return 0, 0, err
+	}
+	if rank < 0 || rank >= tp {
+		return 0, 0, fmt.Errorf("%w: rank %d of TP %d", ErrOutOfBounds, rank, tp)
+	}
+	return rank * totalKVHeads / tp, n, nil
+}
+
+// DistinctRanks lists, in rank order, one rank per distinct head set: all ranks when tp ≤ totalKVHeads,
+// otherwise the first rank of each replica group (0, tp/H, 2·tp/H, ...). Shipping from these ranks covers
+// every head exactly once.
+func DistinctRanks(totalKVHeads, tp int) ([]int, error) {
+	if _, err := HeadsPerRank(totalKVHeads, tp); err != nil {
+		return nil, err
+	}
+	step := max(1, tp/totalKVHeads)
+	out := make([]int, 0, tp/step)
+	for r := 0; r < tp; r += step {
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+// ReadPlan is one decode (local, D) rank's view of reading from a prefill (remote, P) engine, following
+// vLLM's NixlConnector (add_remote_agent / _read_blocks in 0.16.x, compute_tp_mapping / _build_fa_remote
+// in 0.33.x): which P ranks to read, the descriptor lists on both sides, and the descriptor indices of a
+// request. It covers homogeneous TP, D_tp > P_tp (D reads its head slice of a P block), P_tp > D_tp (D's
+// block is filled in chunks from several P ranks) and a block-size ratio r = D_bs / P_bs ≥ 1.
+//
+// A ReadPlan is immutable after NewReadPlan and safe for concurrent use.
+type ReadPlan struct {
+	Local, Remote                            Geometry
+	LocalTP, LocalRank, RemoteTP, TotalHeads int
+
+	ratio        int   // D_bs / P_bs
+	sources      []int // P ranks read, in slot order
+	offsetFactor int   // head-slice offset inside a P block, in units of D's per-rank kv block
+}
+
+// NewReadPlan checks that local (D's rank localRank of localTP) can read remote (a P engine of remoteTP
+// ranks) for a model with totalKVHeads KV heads, and precomputes the mapping. Both geometries must share
+// plan, dtype, head_dim, layer count and block order (vLLM refuses mismatched kv_cache_layout); each side's
+// NumKVHeads must be HeadsPerRank of its TP; D's block size must be a multiple of P's; with P_tp > D_tp the
+// block sizes must be equal. Violations wrap ErrIncompatible (or ErrBlockLenMismatch for head counts).
+func NewReadPlan(local Geometry, localTP, localRank int, remote Geometry, remoteTP, totalKVHeads int) (*ReadPlan, error) {
+	if err := local.Validate(); err != nil {
+		return nil, fmt.Errorf("local: %w", err)
+	}
+	if err := remote.Validate(); err != nil {
+		return nil, fmt.Errorf("remote: %w", err)
+	}
+	if local.Plan != remote.Plan || local.DType != remote.DType || local.HeadDim != remote.HeadDim ||
+		local.NumLayers != remote.NumLayers {
+		return nil, fmt.Errorf("%w: local %v vs remote %v: plan, dtype, head_dim and layers must match", ErrIncompatible, local, remote)
+	}
+	if local.Order != remote.Order {
+		return nil, fmt.Errorf("%w: local order %v vs remote %v (vLLM: \"Heterogeneous TP expects same kv_cache_layout\")",
+			ErrIncompatible, local.Order, remote.Order)
+	}
+	if localRank < 0 || localRank >= localTP {
+		return nil, fmt.Errorf("%w: local rank %d of TP %d", ErrOutOfBounds, localRank, localTP)
+	}
+	hl, err := HeadsPerRank(totalKVHeads, localTP)
+	if err != nil {
+		return nil, fmt.Errorf("local: %w", err)
+	}
+	hr, err := HeadsPerRank(totalKVHeads, remoteTP)
+	if err != nil {
+		return nil, fmt.Errorf("remote: %w", err)
+	}
+	if local.NumKVHeads != hl || remote.NumKVHeads != hr {
+		return nil, fmt.Errorf("%w: heads per rank local %d (want %d for TP %d), remote %d (want %d for TP %d)",
+			ErrBlockLenMismatch, local.NumKVHeads, hl, localTP, remote.NumKVHeads, hr, remoteTP)
+	}
+	if local.BlockSize%remote.BlockSize != 0 {
+		return nil, fmt.Errorf("%w: local block size %d is not a multiple of remote %d (vLLM rejects P_bs > D_bs)",
+			ErrIncompatible, local.BlockSize, remote.BlockSize)
+	}
+	p := &ReadPlan{Local: local, Remote: remote, LocalTP: localTP, LocalRank: localRank, RemoteTP: remoteTP,
+		TotalHeads: totalKVHeads, ratio: local.BlockSize / remote.BlockSize}
+	if localTP >= remoteTP {
+		if localTP%remoteTP != 0 {
+			return nil, fmt.Errorf("%w: local TP %d is not a multiple of remote TP %d", ErrIncompatible, localTP, remoteTP)
+		}
+		p.sources = []int{localRank * remoteTP / localTP}
+		p.offsetFactor = headOffset(localRank, localTP, remoteTP, totalKVHeads)
+	} else {
+		if remoteTP%localTP != 0 {
+			return nil, fmt.Errorf("%w: remote TP %d is not a multiple of local TP %d", ErrIncompatible, remoteTP, localTP)
+		}
+		if p.ratio != 1 {
+			return nil, fmt.Errorf("%w: block sizes must match when remote TP %d > local TP %d", ErrIncompatible, remoteTP, localTP)
+		}
+		k := remoteTP / localTP
+		seen := -1
+		for i := range k {
+			r := localRank*k + i
+			if h := r * totalKVHeads / remoteTP; h != seen { // replicated P ranks: read each head once
+				seen = h
+				p.sources = append(p.sources, r)
+			}
+		}
+	}
+	return p, nil
+}
+
+// headOffset is vLLM 0.33's compute_head_offset: where D rank's heads start inside its source P block,
+// in units of D's per-rank heads. (vLLM 0.16 used rank % (D_tp/P_tp) here, which differs only when D
+// replicates heads that P does not; such a pairing reads the wrong head on 0.16.)
+func headOffset(rank, tp, remoteTP, heads int) int {
+	if tp <= remoteTP {
+		return 0
+	}
+	if tp > heads {
+		rr := rank * remoteTP / tp
+		return rank*heads/tp - rr*heads/remoteTP
+	}
+	return rank % (tp / remoteTP)
+}
+
+// BlockSizeRatio is D_bs / P_bs (1 when the block sizes match).
+func (p *ReadPlan) BlockSizeRatio() int { return p.ratio }
+
+// SourceRanks returns the P ranks this D rank reads, in slot order (a copy).
+func (p *ReadPlan) SourceRanks() []int { return slices.Clone(p.sources) }
+
+// HeadOffset is the byte offset of this D rank's head slice inside each remote K/V block (or half):
+// factor · (D's per-rank kv block length / ratio). Zero unless D_tp > P_tp with distinct heads.
+func (p *ReadPlan) HeadOffset() uint64 {
+	return uint64(p.offsetFactor) * uint64(p.Local.DescLen()) / uint64(p.ratio)
+}
+
+// xferLen is the length of every descriptor on both sides: D's descriptor length, divided by the block
+// size ratio and by the number of P ranks that fill one D block.
+func (p *ReadPlan) xferLen() uint64 {
+	return uint64(p.Local.DescLen()) / uint64(p.ratio) / uint64(len(p.sources))
+}
+
+// RemoteDescs returns the remote descriptor list for one source rank's kv_caches_base_addr, as vLLM
+// prepares it (prep_xfer_dlist(remote_agent, ...)): per remote region, per remote block b (and in
+// PlanKVHalves then per V half at +P_block_len/2): (base + b·P_block_len + HeadOffset, xfer length,
+// devID). devID is the remote's advertised device_id.
+func (p *ReadPlan) RemoteDescs(remoteBases []uint64, devID uint64) ([]Desc, error) {
+	if err := p.Remote.checkBases(remoteBases); err != nil {
+		return nil, fmt.Errorf("remote: %w", err)
+	}
+	out := make([]Desc, 0, p.Remote.NumDescs())
+	return appendBlockDescs(out, p.Remote, remoteBases, 1, p.HeadOffset(), p.xferLen(), 1, 0, devID), nil
+}
+
+// LocalDescs returns the local descriptor list to pair with reads from sourceRank: D's blocks split into
+// ratio sub-blocks (stride BlockLen/ratio) and, when several P ranks fill one D block, cut to this source's
+// chunk at +slot·length. With one source and ratio 1 it equals Local.Descs.
+func (p *ReadPlan) LocalDescs(localBases []uint64, devID uint64, sourceRank int) ([]Desc, error) {
+	slot := slices.Index(p.sources, sourceRank)
+	if slot < 0 {
+		return nil, fmt.Errorf("%w: rank %d is not a source of local rank %d (sources %v)", ErrOutOfBounds,
+			sourceRank, p.LocalRank, p.sources)
+	}
+	if err := p.Local.checkBases(localBases); err != nil {
+		return nil, fmt.Errorf("local: %w", err)
+	}
+	out := make([]Desc, 0, p.Local.NumDescs()*p.ratio)
+	dlen := uint64(p.Local.DescLen()) / uint64(p.ratio)
+	return appendBlockDescs(out, p.Local, localBases, p.ratio, 0, dlen, len(p.sources), slot, devID), nil
+}
+
+// Indices computes the paired descriptor indices of one READ, as vLLM's _read_blocks: local ids are
+// expanded to sub-blocks (b·ratio .. b·ratio+ratio-1) and clipped to the remote count; when fewer local
+// than remote blocks remain (prefix-cache hit) the remote list keeps its last entries; then, region-major,
+// local index = r·(Local.NumBlocks·ratio) + id, remote index = r·Remote.NumBlocks + id. Element i of the
+// two results is one transfer pair. Remote ids are checked against the remote geometry, local ids against
+// the local one, before anything is computed. Results are appended to localDst[:0] and remoteDst[:0].
+func (p *ReadPlan) Indices(localIDs, remoteIDs []int, localDst, remoteDst []int) (local, remote []int, err error) {
+	local, remote = localDst[:0], remoteDst[:0]
+	if err := p.Local.CheckBlockIDs(localIDs, 0); err != nil {
+		return local, remote, fmt.Errorf("local: %w", err)
+	}
+	if err := p.Remote.CheckBlockIDs(remoteIDs, 0); err != nil {
+		return local, remote, fmt.Errorf("remote: %w", err)
+	}
+	nLocal := min(len(localIDs)*p.ratio, len(remoteIDs))
+	if nLocal < len(remoteIDs) {
+		remoteIDs = remoteIDs[len(remoteIDs)-nLocal:]
+	}
+	regions := p.Local.NumDescRegions()
+	lstride := p.Local.NumBlocks * p.ratio
+	for r := range regions {
+		for i := range nLocal {
+			local = append(local, r*lstride+localIDs[i/p.ratio]*p.ratio+i%p.ratio)
+		}
+	}
+	remote = appendIndices(remote, regions, p.Remote.NumBlocks, remoteIDs)
+	return local, remote, nil
+}
+
+// NotifsExpected is how many notifications each P rank waits for per request from this D engine:
+// D_tp/P_tp when D_tp > P_tp, else 1.
+func (p *ReadPlan) NotifsExpected() int { return max(1, p.LocalTP/p.RemoteTP) }
