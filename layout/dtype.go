@@ -172,3 +172,59 @@ func (c KV) String() string {
 	}
 	return fmt.Sprintf("KV(%d)", uint8(c))
 }
+
+// ParseRegionPlan accepts "split-kv", "kv-halves" or "packed-kv" (also "A", "B", "C" for the eras).
+func ParseRegionPlan(s string) (RegionPlan, error) {
+	k := strings.ToLower(strings.TrimSpace(s))
+	for p := PlanSplitKV; p.Valid(); p++ {
+		if k == plans[p].name || k == strings.ToLower(string(rune('A'+int(p)-1))) {
+			return p, nil
+		}
+	}
+	return 0, fmt.Errorf("%w: unknown region plan %q (want split-kv, kv-halves or packed-kv)", ErrInvalidGeometry, s)
+}
+
+// MarshalText implements encoding.TextMarshaler (the canonical name).
+func (t DType) MarshalText() ([]byte, error) {
+	if !t.Valid() {
+		return nil, fmt.Errorf("%w: cannot marshal %v", ErrInvalidGeometry, t)
+	}
+	return []byte(t.String()), nil
+}
+
+// UnmarshalText implements encoding.TextUnmarshaler via ParseDType.
+func (t *DType) UnmarshalText(b []byte) error {
+	v, err := ParseDType(string(b))
+	*t = v
+	return err
+}
+
+// MarshalText implements encoding.TextMarshaler ("NHD" or "HND").
+func (o BlockOrder) MarshalText() ([]byte, error) {
+	if !o.Valid() {
+		return nil, fmt.Errorf("%w: cannot marshal %v", ErrInvalidGeometry, o)
+	}
+	return []byte(o.String()), nil
+}
+
+// UnmarshalText implements encoding.TextUnmarshaler via ParseBlockOrder.
+func (o *BlockOrder) UnmarshalText(b []byte) error {
+	v, err := ParseBlockOrder(string(b))
+	*o = v
+	return err
+}
+
+// MarshalText implements encoding.TextMarshaler ("split-kv", "kv-halves", "packed-kv").
+func (p RegionPlan) MarshalText() ([]byte, error) {
+	if !p.Valid() {
+		return nil, fmt.Errorf("%w: cannot marshal %v", ErrInvalidGeometry, p)
+	}
+	return []byte(p.String()), nil
+}
+
+// UnmarshalText implements encoding.TextUnmarshaler via ParseRegionPlan.
+func (p *RegionPlan) UnmarshalText(b []byte) error {
+	v, err := ParseRegionPlan(string(b))
+	*p = v
+	return err
+}
