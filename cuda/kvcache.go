@@ -1,0 +1,297 @@
+package cuda
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/gonixl/gonixl/layout"
+	"github.com/gonixl/gonixl/nixl"
+)
+
+// Regions is the part of a KV cache that block copies need: its geometry and where each registered
+// region starts. KVCache and HostKVCache implement it, and so can any other cache (a connector's host
+// buffer, a staging arena) whose regions are plain host or device memory.
+type Regions interface {
+	Geometry() layout.Geometry
+	MemType() nixl.MemType
+	RegionBases() []uint64
+}
+
+// cache is what KVCache and HostKVCache share: a geometry, one allocation holding every region back to
+// back (region r at base + r·RegionLen), and the NIXL registrations made of it.
+type cache struct {
+	g     layout.Geometry
+	mem   nixl.MemType
+	devID uint64
+	base  uint64
+	bases []uint64
+
+	mu     sync.Mutex
+	closed bool
+	regs   []*nixl.Registration
+}
+
+func newCache(g layout.Geometry, mem nixl.MemType, devID, base uint64) cache {
+	bases := make([]uint64, g.NumRegions())
+	for r := range bases {
+		bases[r] = base + uint64(g.RegionOffset(r))
+	}
+	return cache{g: g, mem: mem, devID: devID, base: base, bases: bases}
+}
+
+// Geometry is the cache's geometry.
+func (c *cache) Geometry() layout.Geometry { return c.g }
+
+// MemType is the NIXL memory type the cache registers as.
+func (c *cache) MemType() nixl.MemType { return c.mem }
+
+// DeviceID is the NIXL device id of the cache's descriptors (the CUDA ordinal for VRAM, 0 for DRAM,
+// as vLLM advertises device_id).
+func (c *cache) DeviceID() uint64 { return c.devID }
+
+// RegionBases returns one base address per registered region, in region order (vLLM's
+// kv_caches_base_addr). The slice is a copy.
+func (c *cache) RegionBases() []uint64 { return append([]uint64(nil), c.bases...) }
+
+// BlockLens returns the block length of every region (vLLM's block_lens).
+func (c *cache) BlockLens() []int64 {
+	out := make([]int64, len(c.bases))
+	for i := range out {
+		out[i] = c.g.BlockLen()
+	}
+	return out
+}
+
+// RegionDescs returns one registration descriptor per region: (base, RegionLen, DeviceID), as vLLM
+// registers its caches.
+func (c *cache) RegionDescs() []nixl.Desc {
+	out := make([]nixl.Desc, len(c.bases))
+	for i, b := range c.bases {
+		out[i] = nixl.Desc{Addr: b, Len: uint64(c.g.RegionLen()), DevID: c.devID}
+	}
+	return out
+}
+
+// Descs returns the full local transfer descriptor list (layout.Geometry.Descs over RegionBases).
+func (c *cache) Descs() ([]nixl.Desc, error) {
+	ds, err := c.g.Descs(c.bases, c.devID)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]nixl.Desc, len(ds))
+	for i, d := range ds {
+		out[i] = nixl.Desc(d)
+	}
+	return out, nil
+}
+
+func (c *cache) addReg(reg *nixl.Registration) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return errors.Join(closedErr("KV cache"), reg.Close())
+	}
+	c.regs = append(c.regs, reg)
+	return nil
+}
+
+// closeRegs marks the cache closed and deregisters what it registered (children before the memory).
+func (c *cache) closeRegs() (bool, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return false, nil
+	}
+	c.closed = true
+	var errs []error
+	for i := len(c.regs) - 1; i >= 0; i-- {
+		errs = append(errs, c.regs[i].Close())
+	}
+	c.regs = nil
+	return true, errors.Join(errs...)
+}
+
+// KVCache is a paged KV cache in device memory (VRAM), laid out by a layout.Geometry: every region in one
+// cuMemAlloc_v2 allocation, back to back. It provides what a connector needs for the handshake
+// (RegionBases, BlockLens, MemType, DeviceID), registers itself with NIXL agents, and copies blocks to and
+// from a host cache for vLLM's host-buffered decode mode (kv_buffer_device="cpu").
+//
+// A KVCache is safe for concurrent use; concurrent copies into the same blocks are the caller's to order.
+// Close deregisters it from every agent it registered with, then frees the memory.
+type KVCache struct {
+	cache
+	dev *Device
+	m   *DeviceMem
+}
+
+// NewKVCache allocates a zeroed VRAM cache of g.TotalBytes() bytes on dev.
+func NewKVCache(dev *Device, g layout.Geometry) (*KVCache, error) {
+	if err := g.Validate(); err != nil {
+		return nil, fmt.Errorf("cuda: new KV cache: %w", err)
+	}
+	m, err := dev.Alloc(uint64(g.TotalBytes()))
+	if err != nil {
+		return nil, err
+	}
+	if err := m.Memset(0, m.Len(), 0); err != nil {
+		return nil, errors.Join(err, m.Close())
+	}
+	return &KVCache{cache: newCache(g, nixl.VRAM, uint64(dev.Ordinal()), m.Ptr()), dev: dev, m: m}, nil
+}
+
+// Device is the device holding the cache.
+func (c *KVCache) Device() *Device { return c.dev }
+
+// Mem is the allocation holding every region.
+func (c *KVCache) Mem() *DeviceMem { return c.m }
+
+// Register registers every region with agent a as VRAM (one descriptor per region, DevID = the CUDA
+// ordinal). It runs with the device's context current on the calling thread, as UCX expects for VRAM. The
+// registration is closed by Close, or earlier by the caller.
+func (c *KVCache) Register(a *nixl.Agent, opts ...nixl.Option) (*nixl.Registration, error) {
+	var reg *nixl.Registration
+	err := c.dev.Do(func() error {
+		var err error
+		reg, err = a.RegisterMem(nixl.VRAM, c.RegionDescs(), opts...)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return reg, c.addReg(reg)
+}
+
+// Close deregisters the cache from every agent it was registered with, then frees the device memory.
+// It is idempotent.
+func (c *KVCache) Close() error {
+	first, err := c.closeRegs()
+	if !first {
+		return nil
+	}
+	return errors.Join(err, c.m.Close())
+}
+
+// HostKVCache is a paged KV cache in pinned host memory (cuMemHostAlloc), laid out like KVCache: the host
+// buffer of vLLM's host-buffered mode, registered with NIXL as DRAM. Safe for concurrent use like KVCache.
+type HostKVCache struct {
+	cache
+	h *HostMem
+}
+
+// NewHostKVCache allocates a zeroed pinned host cache of g.TotalBytes() bytes through dev's context
+// (pinned for every context).
+func NewHostKVCache(dev *Device, g layout.Geometry) (*HostKVCache, error) {
+	if err := g.Validate(); err != nil {
+		return nil, fmt.Errorf("cuda: new host KV cache: %w", err)
+	}
+	h, err := dev.AllocHost(uint64(g.TotalBytes()))
+	if err != nil {
+		return nil, err
+	}
+	clear(h.Bytes())
+	return &HostKVCache{cache: newCache(g, nixl.DRAM, 0, uint64(h.Addr())), h: h}, nil
+}
+
+// Bytes views the whole cache (every region back to back). Invalid after Close.
+func (c *HostKVCache) Bytes() []byte { return c.h.Bytes() }
+
+// Block views block b of region r. Invalid after Close.
+func (c *HostKVCache) Block(r, b int) []byte {
+	off := c.g.RegionOffset(r) + int64(b)*c.g.BlockLen()
+	return c.h.Bytes()[off : off+c.g.BlockLen()]
+}
+
+// Register registers every region with agent a as DRAM (one descriptor per region).
+func (c *HostKVCache) Register(a *nixl.Agent, opts ...nixl.Option) (*nixl.Registration, error) {
+	reg, err := a.RegisterMem(nixl.DRAM, c.RegionDescs(), opts...)
+	if err != nil {
+		return nil, err
+	}
+	return reg, c.addReg(reg)
+}
+
+// Close deregisters the cache from every agent it was registered with, then frees the pinned memory.
+// It is idempotent.
+func (c *HostKVCache) Close() error {
+	first, err := c.closeRegs()
+	if !first {
+		return nil
+	}
+	return errors.Join(err, c.h.Close())
+}
+
+// BlockCopies builds the copy list that moves blocks srcIDs[i] of src to dstIDs[i] of dst in every region,
+// region-major, with runs of consecutive blocks merged (Coalesce). The geometries must have the same
+// regions and block length (their NumBlocks may differ); ids are checked against each side's NumBlocks.
+// It touches no memory.
+func BlockCopies(dst, src Regions, dstIDs, srcIDs []int) ([]Copy, error) {
+	const op = "block copies"
+	if len(dstIDs) != len(srcIDs) {
+		return nil, invalid(op, "%d destination block ids for %d source block ids", len(dstIDs), len(srcIDs))
+	}
+	dg, sg := dst.Geometry(), src.Geometry()
+	if dg.NumRegions() != sg.NumRegions() || dg.BlockLen() != sg.BlockLen() {
+		return nil, invalid(op, "geometries differ: destination %v (%d regions × %d-byte blocks), source %v (%d regions × %d-byte blocks)",
+			dg, dg.NumRegions(), dg.BlockLen(), sg, sg.NumRegions(), sg.BlockLen())
+	}
+	db, sb := dst.RegionBases(), src.RegionBases()
+	if len(db) != dg.NumRegions() || len(sb) != sg.NumRegions() {
+		return nil, invalid(op, "region bases: destination has %d, source %d, geometry %d", len(db), len(sb), dg.NumRegions())
+	}
+	for i := range dstIDs {
+		if dstIDs[i] < 0 || dstIDs[i] >= dg.NumBlocks {
+			return nil, invalid(op, "destination block id %d (index %d) outside 0..%d", dstIDs[i], i, dg.NumBlocks-1)
+		}
+		if srcIDs[i] < 0 || srcIDs[i] >= sg.NumBlocks {
+			return nil, invalid(op, "source block id %d (index %d) outside 0..%d", srcIDs[i], i, sg.NumBlocks-1)
+		}
+	}
+	bl := uint64(dg.BlockLen())
+	ops := make([]Copy, 0, len(db)*len(dstIDs))
+	for r := range db {
+		for i := range dstIDs {
+			ops = append(ops, Copy{Dst: db[r] + uint64(dstIDs[i])*bl, Src: sb[r] + uint64(srcIDs[i])*bl, Len: bl})
+		}
+	}
+	return Coalesce(ops), nil
+}
+
+// CopyFromHost copies blocks srcIDs[i] of host cache src into blocks dstIDs[i] of the device cache, in
+// every region, as one batch (one cgo call; consecutive blocks merged). With s nil it returns when the
+// copies are done; with a stream it only enqueues them (wait with s.Wait or an Event). src must be host
+// memory (MemType DRAM) that stays valid until the copies complete.
+func (c *KVCache) CopyFromHost(src Regions, srcIDs, dstIDs []int, s *Stream) error {
+	if src.MemType() != nixl.DRAM {
+		return invalid("copy blocks from host", "source is %v, want DRAM", src.MemType())
+	}
+	ops, err := BlockCopies(c, src, dstIDs, srcIDs)
+	if err != nil {
+		return err
+	}
+	return c.run(HostToDevice, ops, s)
+}
+
+// CopyToHost copies blocks srcIDs[i] of the device cache into blocks dstIDs[i] of host cache dst, in every
+// region, as one batch; s as for CopyFromHost.
+func (c *KVCache) CopyToHost(dst Regions, srcIDs, dstIDs []int, s *Stream) error {
+	if dst.MemType() != nixl.DRAM {
+		return invalid("copy blocks to host", "destination is %v, want DRAM", dst.MemType())
+	}
+	ops, err := BlockCopies(dst, c, dstIDs, srcIDs)
+	if err != nil {
+		return err
+	}
+	return c.run(DeviceToHost, ops, s)
+}
+
+func (c *KVCache) run(dir Direction, ops []Copy, s *Stream) error {
+	if err := c.m.r.use(); err != nil {
+		return err
+	}
+	defer c.m.r.done()
+	if s == nil {
+		return c.dev.CopyBatch(dir, ops, nil)
+	}
+	return s.Enqueue(dir, ops)
+}

@@ -1,0 +1,98 @@
+package cuda_test
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/gonixl/gonixl/cuda"
+	"github.com/gonixl/gonixl/internal/testenv"
+	"github.com/gonixl/gonixl/nixl"
+)
+
+// runner closes the package's shared device after the tests, before goleak looks.
+type runner struct{ m *testing.M }
+
+func (r runner) Run() int {
+	code := r.m.Run()
+	if shared.dev != nil {
+		if err := shared.dev.Close(); err != nil {
+			fmt.Fprintln(os.Stderr, "closing the shared device:", err)
+			code = 1
+		}
+	}
+	return code
+}
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(runner{m})
+}
+
+// requireGPU makes GPU tests fail instead of skip (set on the GPU machine, where a skip would hide a
+// broken setup). CI never has a GPU, so there the GPU tests skip, also under CI=true.
+const requireGPU = "GONIXL_REQUIRE_GPU"
+
+var shared struct {
+	once sync.Once
+	drv  *cuda.Driver
+	dev  *cuda.Device
+	skip string
+	err  error
+}
+
+// gpu returns device 0, opened once for the package, or skips the test saying why there is none.
+func gpu(tb testing.TB) *cuda.Device {
+	tb.Helper()
+	shared.once.Do(func() {
+		drv, err := cuda.Load(cuda.LoadOptions{})
+		switch {
+		case errors.Is(err, cuda.ErrNotLoaded):
+			shared.skip = "no CUDA driver: " + err.Error()
+			return
+		case errors.Is(err, cuda.ErrNoDevice):
+			shared.skip = "no CUDA device: " + err.Error()
+			return
+		case err != nil:
+			shared.err = err
+			return
+		}
+		shared.drv = drv
+		n, err := drv.DeviceCount()
+		if err != nil {
+			shared.err = err
+			return
+		}
+		if n == 0 {
+			shared.skip = "no CUDA device: the driver reports 0 devices"
+			return
+		}
+		shared.dev, shared.err = drv.Open(0)
+	})
+	if shared.skip != "" {
+		if os.Getenv(requireGPU) != "" {
+			tb.Fatalf("%s is set but: %s", requireGPU, shared.skip)
+		}
+		tb.Skip(shared.skip)
+	}
+	require.NoError(tb, shared.err)
+	return shared.dev
+}
+
+var nixlLib struct {
+	once sync.Once
+	lib  *nixl.Library
+	err  error
+}
+
+func loadNIXL(tb testing.TB) *nixl.Library {
+	tb.Helper()
+	dir := testenv.RequireNIXLLibDir(tb)
+	nixlLib.once.Do(func() { nixlLib.lib, nixlLib.err = nixl.Load(nixl.LoadOptions{LibDir: dir}) })
+	require.NoError(tb, nixlLib.err)
+	return nixlLib.lib
+}
