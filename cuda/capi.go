@@ -149,7 +149,9 @@ func cHostAlloc(ctx ctxHandle, n uint64, flags uint32) (uintptr, Result) {
 	return uintptr(p), Result(r)
 }
 
-func cHostFree(ctx ctxHandle, p uintptr) Result { return Result(C.gcu_host_free(ctx.c(), C.uintptr_t(p))) }
+func cHostFree(ctx ctxHandle, p uintptr) Result {
+	return Result(C.gcu_host_free(ctx.c(), C.uintptr_t(p)))
+}
 
 func cHostRegister(ctx ctxHandle, p uintptr, n uint64, flags uint32) Result {
 	return Result(C.gcu_host_register(ctx.c(), C.uintptr_t(p), C.size_t(n), C.unsigned(flags)))
@@ -203,7 +205,6 @@ func cStreamCreate(ctx ctxHandle, flags uint32) (uintptr, Result) {
 	r := C.gcu_stream_create(ctx.c(), &s, C.unsigned(flags))
 	return uintptr(s), Result(r)
 }
-
 
 func cStreamDestroy(ctx ctxHandle, s uintptr) Result {
 	return Result(C.gcu_stream_destroy(ctx.c(), C.gcu_stream(s)))

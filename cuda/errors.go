@@ -16,26 +16,26 @@ const Success Result = 0
 
 // Sentinel errors, one per driver status that callers act on. Every *Error unwraps to its Result.
 var (
-	ErrInvalidValue       error = Result(1)   // CUDA_ERROR_INVALID_VALUE
-	ErrOutOfMemory        error = Result(2)   // CUDA_ERROR_OUT_OF_MEMORY
-	ErrNotInitialized     error = Result(3)   // CUDA_ERROR_NOT_INITIALIZED
-	ErrDeinitialized      error = Result(4)   // CUDA_ERROR_DEINITIALIZED
-	ErrStubLibrary        error = Result(34)  // CUDA_ERROR_STUB_LIBRARY
-	ErrDeviceUnavailable  error = Result(46)  // CUDA_ERROR_DEVICE_UNAVAILABLE
-	ErrNoDevice           error = Result(100) // CUDA_ERROR_NO_DEVICE
-	ErrInvalidDevice      error = Result(101) // CUDA_ERROR_INVALID_DEVICE
-	ErrInvalidContext     error = Result(201) // CUDA_ERROR_INVALID_CONTEXT
-	ErrInvalidHandle      error = Result(400) // CUDA_ERROR_INVALID_HANDLE
-	ErrNotFound           error = Result(500) // CUDA_ERROR_NOT_FOUND
-	ErrNotReady           error = Result(600) // CUDA_ERROR_NOT_READY
-	ErrIllegalAddress     error = Result(700) // CUDA_ERROR_ILLEGAL_ADDRESS
-	ErrAlreadyRegistered  error = Result(712) // CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED
-	ErrNotRegistered      error = Result(713) // CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED
-	ErrNotPermitted       error = Result(800) // CUDA_ERROR_NOT_PERMITTED
-	ErrNotSupported       error = Result(801) // CUDA_ERROR_NOT_SUPPORTED
-	ErrSystemNotReady     error = Result(802) // CUDA_ERROR_SYSTEM_NOT_READY
-	ErrDriverMismatch     error = Result(803) // CUDA_ERROR_SYSTEM_DRIVER_MISMATCH
-	ErrUnknown            error = Result(999) // CUDA_ERROR_UNKNOWN
+	ErrInvalidValue      error = Result(1)   // CUDA_ERROR_INVALID_VALUE
+	ErrOutOfMemory       error = Result(2)   // CUDA_ERROR_OUT_OF_MEMORY
+	ErrNotInitialized    error = Result(3)   // CUDA_ERROR_NOT_INITIALIZED
+	ErrDeinitialized     error = Result(4)   // CUDA_ERROR_DEINITIALIZED
+	ErrStubLibrary       error = Result(34)  // CUDA_ERROR_STUB_LIBRARY
+	ErrDeviceUnavailable error = Result(46)  // CUDA_ERROR_DEVICE_UNAVAILABLE
+	ErrNoDevice          error = Result(100) // CUDA_ERROR_NO_DEVICE
+	ErrInvalidDevice     error = Result(101) // CUDA_ERROR_INVALID_DEVICE
+	ErrInvalidContext    error = Result(201) // CUDA_ERROR_INVALID_CONTEXT
+	ErrInvalidHandle     error = Result(400) // CUDA_ERROR_INVALID_HANDLE
+	ErrNotFound          error = Result(500) // CUDA_ERROR_NOT_FOUND
+	ErrNotReady          error = Result(600) // CUDA_ERROR_NOT_READY
+	ErrIllegalAddress    error = Result(700) // CUDA_ERROR_ILLEGAL_ADDRESS
+	ErrAlreadyRegistered error = Result(712) // CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED
+	ErrNotRegistered     error = Result(713) // CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED
+	ErrNotPermitted      error = Result(800) // CUDA_ERROR_NOT_PERMITTED
+	ErrNotSupported      error = Result(801) // CUDA_ERROR_NOT_SUPPORTED
+	ErrSystemNotReady    error = Result(802) // CUDA_ERROR_SYSTEM_NOT_READY
+	ErrDriverMismatch    error = Result(803) // CUDA_ERROR_SYSTEM_DRIVER_MISMATCH
+	ErrUnknown           error = Result(999) // CUDA_ERROR_UNKNOWN
 )
 
 // Errors of this package that are not driver statuses.
