@@ -1,0 +1,471 @@
+package neuron
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"syscall"
+
+	"go.uber.org/zap"
+
+	"github.com/gonixl/gonixl/layout"
+	"github.com/gonixl/gonixl/nixl"
+)
+
+// LockPolicy says whether the staging arena must be pinned in RAM (mlock).
+type LockPolicy int
+
+const (
+	// LockRequired pins the arena and fails if mlock is refused (raise RLIMIT_MEMLOCK).
+	LockRequired LockPolicy = iota
+	// LockBestEffort pins the arena when mlock succeeds and logs a warning otherwise.
+	LockBestEffort
+	// LockOff never pins the arena.
+	LockOff
+)
+
+// StagerConfig configures NewStager.
+type StagerConfig struct {
+	// Geometry is the cache layout the decode peer expects (region plan, NHD/HND order, block size, dtype,
+	// KV heads of this rank). NumBlocks may be left 0 to take SchedulerBlocks.
+	Geometry layout.Geometry
+	// SchedulerBlocks is the prefill scheduler's block pool size (vLLM's num_blocks, null block included).
+	// The arena must hold every id it can hand out, so Geometry.NumBlocks must be ≥ it.
+	SchedulerBlocks int
+	// Source is where the KV is read from (NewDeviceSource or NewHostSource).
+	Source Source
+	// FirstHead is the first source head this rank's geometry holds (0 when the source holds exactly this
+	// rank's heads).
+	FirstHead int
+	// Agent registers the arena as DRAM once, for the lifetime of the Stager. nil: not registered.
+	Agent *nixl.Agent
+	// Workers is the number of (layer, K|V) units processed at once by one Stage: device reads of one unit
+	// overlap the layout work of another. 0: min(GOMAXPROCS, 8); 1: serial.
+	Workers int
+	// MaxArenaBytes refuses larger arenas (0: three quarters of the machine's RAM).
+	MaxArenaBytes int64
+	// Lock is the mlock policy (default LockRequired). Huge pages are used when available.
+	Lock LockPolicy
+	// Pool configures the block pool (lease timeout, clock).
+	Pool PoolOptions
+	// Logger receives diagnostics; nil logs nothing.
+	Logger *zap.Logger
+}
+
+// Request is one prefill request to stage.
+type Request struct {
+	// ID names the request (vLLM's request id); Ready reports on it.
+	ID string
+	// Row is the NxDI batch row (seq_id) holding the request.
+	Row int
+	// Tokens is the number of valid positions (the prompt length at the end of prefill).
+	Tokens int
+	// BlockIDs are the block ids the scheduler assigned, in request order; they must be reserved in the
+	// Stager's pool. BlockIDs[j] receives positions [j·BlockSize, (j+1)·BlockSize).
+	BlockIDs []int
+}
+
+type readyEntry struct {
+	blocks []int
+}
+
+// Stager stages prefill KV caches from a Source into one pinned host arena registered with NIXL as DRAM, at
+// the block ids the scheduler assigned and in the layout the decode peer expects. The arena holds every
+// region of the geometry back to back, in the plan's region order; its base addresses never change, so
+// they can be published once in the handshake (RegionBases, Geometry, MemType, DeviceID).
+//
+// Concurrency: all methods are safe for concurrent use. Stage calls for different requests (disjoint block
+// ids, guaranteed by the pool) run in parallel; Close waits for running Stage calls.
+type Stager struct {
+	g         layout.Geometry
+	src       Source
+	firstHead int
+	workers   int
+	log       *zap.Logger
+	pool      *BlockPool
+
+	mem   *nixl.HostMem
+	arena []byte
+	reg   *nixl.Registration
+	bases []uint64
+
+	mu     sync.RWMutex // Stage holds it shared, Close exclusively
+	closed bool
+
+	reqMu    sync.Mutex
+	inflight map[string]struct{}
+	ready    map[string]readyEntry
+	owner    []string // owner[block] = id of the ready request holding it
+
+	bufs sync.Pool // *[]byte fetch buffers
+
+	// counters
+	staged, failed atomic.Int64
+}
+
+// physicalRAM returns the machine's RAM in bytes (0 if unknown).
+func physicalRAM() int64 {
+	var si syscall.Sysinfo_t
+	if err := syscall.Sysinfo(&si); err != nil {
+		return 0
+	}
+	return int64(si.Totalram) * int64(si.Unit)
+}
+
+// NewStager checks the configuration, allocates the arena (page-aligned mmap, huge pages when available,
+// mlock per Lock) and registers it with the agent.
+func NewStager(cfg StagerConfig) (*Stager, error) {
+	g := cfg.Geometry
+	if g.NumBlocks == 0 {
+		g.NumBlocks = cfg.SchedulerBlocks
+	}
+	if err := g.Validate(); err != nil {
+		return nil, fmt.Errorf("neuron: staging geometry: %w", err)
+	}
+	if cfg.SchedulerBlocks > 0 {
+		if err := g.CoversScheduler(cfg.SchedulerBlocks); err != nil {
+			return nil, fmt.Errorf("neuron: %w", err)
+		}
+	}
+	if g.NumBlocks < 2 {
+		return nil, fmt.Errorf("%w: %d blocks leave none besides the null block", ErrBadArgument, g.NumBlocks)
+	}
+	if cfg.Source == nil {
+		return nil, fmt.Errorf("%w: StagerConfig.Source is nil", ErrBadArgument)
+	}
+	spec := cfg.Source.Spec()
+	switch {
+	case spec.NumLayers != g.NumLayers:
+		return nil, fmt.Errorf("%w: source has %d layers, geometry %d", ErrBadArgument, spec.NumLayers, g.NumLayers)
+	case spec.DType != g.DType:
+		return nil, fmt.Errorf("%w: source dtype %v differs from the geometry's %v (the decode peer reads %v)", ErrBadArgument, spec.DType, g.DType, g.DType)
+	case spec.Shape.HeadDim != g.HeadDim:
+		return nil, fmt.Errorf("%w: source head_dim %d, geometry %d", ErrBadArgument, spec.Shape.HeadDim, g.HeadDim)
+	case cfg.FirstHead < 0 || cfg.FirstHead+g.NumKVHeads > spec.Shape.Heads:
+		return nil, fmt.Errorf("%w: heads [%d, %d) of this rank, source has %d", ErrBadArgument, cfg.FirstHead, cfg.FirstHead+g.NumKVHeads, spec.Shape.Heads)
+	}
+	total := g.TotalBytes()
+	limit := cfg.MaxArenaBytes
+	if limit <= 0 {
+		limit = physicalRAM() / 4 * 3
+		if limit <= 0 {
+			limit = 64 << 30
+		}
+	}
+	if total > limit {
+		return nil, fmt.Errorf("%w: the staging arena for %v would be %d bytes (%.1f GiB: %d regions × %d blocks × %d bytes), above the limit of %.1f GiB; "+
+			"bound the scheduler's block pool (e.g. --num-gpu-blocks-override) or raise StagerConfig.MaxArenaBytes",
+			ErrTooLarge, g, total, float64(total)/(1<<30), g.NumRegions(), g.NumBlocks, g.BlockLen(), float64(limit)/(1<<30))
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = zap.NewNop()
+	}
+	mem, err := allocArena(total, limit, cfg.Lock, log)
+	if err != nil {
+		return nil, err
+	}
+	pool, err := NewBlockPool(g.NumBlocks, cfg.Pool)
+	if err != nil {
+		_ = mem.Close()
+		return nil, err
+	}
+	workers := cfg.Workers
+	if workers <= 0 {
+		workers = min(runtime.GOMAXPROCS(0), 8)
+	}
+	s := &Stager{
+		g: g, src: cfg.Source, firstHead: cfg.FirstHead, workers: workers, log: log, pool: pool,
+		mem: mem, arena: mem.Bytes(),
+		inflight: map[string]struct{}{}, ready: map[string]readyEntry{}, owner: make([]string, g.NumBlocks),
+	}
+	s.bases = make([]uint64, g.NumRegions())
+	descs := make([]nixl.Desc, g.NumRegions())
+	for r := range s.bases {
+		s.bases[r] = mem.Addr() + uint64(g.RegionOffset(r))
+		descs[r] = nixl.Desc{Addr: s.bases[r], Len: uint64(g.RegionLen()), DevID: 0}
+	}
+	if cfg.Agent != nil {
+		if s.reg, err = cfg.Agent.RegisterMem(nixl.DRAM, descs); err != nil {
+			_ = mem.Close()
+			return nil, fmt.Errorf("neuron: register the %d-byte staging arena with NIXL agent %s: %w", total, cfg.Agent.Name(), err)
+		}
+	}
+	log.Debug("staging arena ready", zap.Stringer("geometry", g), zap.Int64("bytes", total),
+		zap.Bool("locked", mem.Locked()), zap.Bool("huge_pages", mem.HugePages()), zap.Int("workers", workers))
+	return s, nil
+}
+
+func allocArena(total, limit int64, lock LockPolicy, log *zap.Logger) (*nixl.HostMem, error) {
+	opts := nixl.HostOptions{Lock: lock != LockOff, HugePages: true, MaxBytes: limit}
+	mem, err := nixl.AllocHost(total, opts)
+	if err != nil && lock == LockBestEffort {
+		log.Warn("staging arena not pinned: mlock refused", zap.Error(err))
+		opts.Lock = false
+		mem, err = nixl.AllocHost(total, opts)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("neuron: allocate the %d-byte staging arena: %w", total, err)
+	}
+	return mem, nil
+}
+
+// Geometry is the arena's cache geometry (what the handshake advertises).
+func (s *Stager) Geometry() layout.Geometry { return s.g }
+
+// MemType is the arena's NIXL memory type: DRAM.
+func (s *Stager) MemType() nixl.MemType { return nixl.DRAM }
+
+// DeviceID is the arena's device id in descriptors: 0 (host memory; vLLM's device "cpu").
+func (s *Stager) DeviceID() uint64 { return 0 }
+
+// DeviceType is vLLM's device type string for this cache: "cpu".
+func (s *Stager) DeviceType() string { return "cpu" }
+
+// RegionBases are the regions' base addresses in the layout plan's region order (kv_caches_base_addr).
+func (s *Stager) RegionBases() []uint64 { return append([]uint64(nil), s.bases...) }
+
+// BlockLens are the per-region block lengths (block_lens).
+func (s *Stager) BlockLens() []int64 { return s.g.BlockLens() }
+
+// Descs returns the full local descriptor list (layout.Geometry.Descs over RegionBases).
+func (s *Stager) Descs() ([]nixl.Desc, error) {
+	ld, err := s.g.Descs(s.bases, 0)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]nixl.Desc, len(ld))
+	for i, d := range ld {
+		out[i] = nixl.Desc(d)
+	}
+	return out, nil
+}
+
+// Region returns region r of the arena (read it only while no Stage writes the blocks you look at).
+func (s *Stager) Region(r int) []byte {
+	off := s.g.RegionOffset(r)
+	return s.arena[off : off+s.g.RegionLen() : off+s.g.RegionLen()]
+}
+
+// Pool returns the block pool.
+func (s *Stager) Pool() *BlockPool { return s.pool }
+
+// Reserve hands out n block ids for a new request (never block 0).
+func (s *Stager) Reserve(n int) ([]int, error) {
+	s.Reclaim()
+	return s.pool.Reserve(n)
+}
+
+// Release returns blocks to the pool (on the decode peer's notification); a request staged into any of them
+// is no longer Ready.
+func (s *Stager) Release(ids []int) error {
+	s.reqMu.Lock()
+	defer s.reqMu.Unlock()
+	if err := s.pool.Release(ids); err != nil {
+		return err
+	}
+	s.forgetLocked(ids)
+	return nil
+}
+
+// Reclaim releases blocks whose lease expired (no notification from the decode peer in time) and returns
+// their ids.
+func (s *Stager) Reclaim() []int {
+	s.reqMu.Lock()
+	defer s.reqMu.Unlock()
+	ids := s.pool.Reclaim()
+	s.forgetLocked(ids)
+	if len(ids) > 0 {
+		s.log.Info("reclaimed staged blocks after lease timeout", zap.Ints("blocks", ids))
+	}
+	return ids
+}
+
+func (s *Stager) forgetLocked(ids []int) {
+	for _, b := range ids {
+		if id := s.owner[b]; id != "" {
+			for _, ob := range s.ready[id].blocks {
+				s.owner[ob] = ""
+			}
+			delete(s.ready, id)
+		}
+	}
+}
+
+// Ready reports whether request id was staged completely and its blocks are still reserved.
+func (s *Stager) Ready(id string) bool {
+	s.reqMu.Lock()
+	defer s.reqMu.Unlock()
+	_, ok := s.ready[id]
+	return ok
+}
+
+// Stats returns how many Stage calls succeeded and failed.
+func (s *Stager) Stats() (staged, failed int64) { return s.staged.Load(), s.failed.Load() }
+
+// Stage copies request req's KV — every layer, K and V — from the source into the arena at req.BlockIDs, in
+// the geometry's layout, with the unused tail of the last block (and any extra block) zeroed. Work is
+// pipelined over the Stager's workers. Stage returns only when every block of the request is complete (then
+// Ready(req.ID) is true and the blocks' lease restarts), or with an error after every worker stopped (then
+// the request is not Ready; its blocks stay reserved for the caller to release or to Stage again).
+func (s *Stager) Stage(ctx context.Context, req Request) error {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.closed {
+		return fmt.Errorf("%w: Stage on a closed Stager", ErrClosed)
+	}
+	if err := s.checkRequest(req); err != nil {
+		s.failed.Add(1)
+		return err
+	}
+	s.reqMu.Lock()
+	if _, busy := s.inflight[req.ID]; busy {
+		s.reqMu.Unlock()
+		return fmt.Errorf("%w: request %q is already being staged", ErrBadArgument, req.ID)
+	}
+	if err := s.pool.beginStaging(req.BlockIDs); err != nil {
+		s.reqMu.Unlock()
+		s.failed.Add(1)
+		return fmt.Errorf("stage request %q: %w", req.ID, err)
+	}
+	s.inflight[req.ID] = struct{}{}
+	// Whatever was ready in these blocks (or under this id) is about to be overwritten: not ready anymore.
+	if old, ok := s.ready[req.ID]; ok {
+		s.forgetLocked(old.blocks[:1])
+	}
+	s.forgetLocked(req.BlockIDs)
+	s.reqMu.Unlock()
+
+	err := s.run(ctx, req)
+
+	s.reqMu.Lock()
+	defer s.reqMu.Unlock()
+	delete(s.inflight, req.ID)
+	s.pool.endStaging(req.BlockIDs, err == nil)
+	if err != nil {
+		s.failed.Add(1)
+		return err
+	}
+	blocks := append([]int(nil), req.BlockIDs...)
+	for _, b := range blocks {
+		s.owner[b] = req.ID
+	}
+	s.ready[req.ID] = readyEntry{blocks: blocks}
+	s.staged.Add(1)
+	return nil
+}
+
+func (s *Stager) checkRequest(req Request) error {
+	spec := s.src.Spec()
+	switch {
+	case req.ID == "":
+		return fmt.Errorf("%w: request without ID", ErrBadArgument)
+	case req.Tokens <= 0:
+		return fmt.Errorf("%w: request %q has %d tokens; nothing to stage", ErrBadArgument, req.ID, req.Tokens)
+	case req.Tokens > spec.Shape.SeqLen:
+		return fmt.Errorf("%w: request %q has %d tokens, the source holds %d positions", ErrBadArgument, req.ID, req.Tokens, spec.Shape.SeqLen)
+	case req.Row < 0 || req.Row >= spec.Shape.Batch:
+		return fmt.Errorf("%w: request %q is in batch row %d, the source has %d rows", ErrBadArgument, req.ID, req.Row, spec.Shape.Batch)
+	}
+	if err := s.g.CheckBlockIDs(req.BlockIDs, req.Tokens); err != nil {
+		return fmt.Errorf("stage request %q: %w", req.ID, err)
+	}
+	return nil
+}
+
+func (s *Stager) getBuf(n int64) *[]byte {
+	p, _ := s.bufs.Get().(*[]byte)
+	if p == nil {
+		p = new([]byte)
+	}
+	if int64(cap(*p)) < n {
+		*p = make([]byte, n)
+	}
+	*p = (*p)[:n]
+	return p
+}
+
+// run stages the 2·NumLayers (layer, kv) units over the worker pool.
+func (s *Stager) run(ctx context.Context, req Request) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	units := 2 * s.g.NumLayers
+	workers := min(s.workers, units)
+	need := s.src.Spec().FetchLen(s.g.NumKVHeads, req.Tokens)
+	e := s.g.ElemSize()
+	var (
+		next     atomic.Int64
+		errMu    sync.Mutex
+		firstErr error
+		wg       sync.WaitGroup
+	)
+	fail := func(err error) {
+		errMu.Lock()
+		if firstErr == nil {
+			firstErr = err
+		}
+		errMu.Unlock()
+		cancel()
+	}
+	for range workers {
+		wg.Go(func() {
+			bp := s.getBuf(need)
+			defer s.bufs.Put(bp)
+			buf := *bp
+			for {
+				if ctx.Err() != nil {
+					fail(fmt.Errorf("stage request %q: %w", req.ID, context.Cause(ctx)))
+					return
+				}
+				u := int(next.Add(1) - 1)
+				if u >= units {
+					return
+				}
+				layer, kv := u/2, layout.KV(u%2)
+				sh, err := s.src.Fetch(layer, kv, req.Row, s.firstHead, s.g.NumKVHeads, req.Tokens, buf)
+				if err != nil {
+					fail(fmt.Errorf("stage request %q: read layer %d %v: %w", req.ID, layer, kv, err))
+					return
+				}
+				n, err := sh.Bytes(e)
+				if err != nil {
+					fail(fmt.Errorf("stage request %q: layer %d %v: %w", req.ID, layer, kv, err))
+					return
+				}
+				r, err := s.g.Region(layer, kv)
+				if err == nil {
+					err = s.g.ToPaged(s.Region(r), kv, buf[:n], sh, layout.Seq{Row: 0, Tokens: req.Tokens, BlockIDs: req.BlockIDs})
+				}
+				if err != nil {
+					fail(fmt.Errorf("stage request %q: convert layer %d %v: %w", req.ID, layer, kv, err))
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if firstErr != nil {
+		return firstErr
+	}
+	return nil
+}
+
+// Close deregisters the arena from NIXL and unmaps it, after running Stage calls returned. It is idempotent.
+func (s *Stager) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil
+	}
+	s.closed = true
+	var errs []error
+	if s.reg != nil {
+		errs = append(errs, s.reg.Close())
+	}
+	errs = append(errs, s.mem.Close())
+	s.arena = nil
+	return errors.Join(errs...)
+}

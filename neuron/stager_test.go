@@ -1,0 +1,570 @@
+package neuron
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"fmt"
+	"os"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/gonixl/gonixl/internal/testenv"
+	"github.com/gonixl/gonixl/layout"
+	"github.com/gonixl/gonixl/nixl"
+)
+
+var (
+	nixlOnce sync.Once
+	nixlLib  *nixl.Library
+	nixlErr  error
+	agentSeq atomic.Int64
+)
+
+func newAgent(tb testing.TB, prefix string) *nixl.Agent {
+	tb.Helper()
+	dir := testenv.RequireNIXLLibDir(tb)
+	nixlOnce.Do(func() { nixlLib, nixlErr = nixl.Load(nixl.LoadOptions{LibDir: dir}) })
+	require.NoError(tb, nixlErr)
+	name := fmt.Sprintf("%s-%d-%d", prefix, os.Getpid(), agentSeq.Add(1))
+	a, err := nixlLib.NewAgent(name, nixl.AgentConfig{Backends: []nixl.BackendSpec{{Plugin: "UCX"}}})
+	require.NoError(tb, err)
+	tb.Cleanup(func() { require.NoError(tb, a.Close()) })
+	return a
+}
+
+// testCache is a small NxDI-like cache: host copies of every K/V tensor (the golden source) and the same
+// bytes on fake Neuron devices.
+type testCache struct {
+	spec SourceSpec
+	k, v [][]byte
+}
+
+// newTestCache fills every tensor with distinct 16-bit values: element i of tensor (l, c) holds
+// i + 1 + (2l+c)·stride, so any misplaced element shows.
+func newTestCache(spec SourceSpec) *testCache {
+	n, err := spec.TensorBytes()
+	if err != nil {
+		panic(err)
+	}
+	c := &testCache{spec: spec}
+	stride := int(n/2) + 1
+	for l := range spec.NumLayers {
+		for kv := range 2 {
+			b := make([]byte, n)
+			for i := range int(n / 2) {
+				binary.LittleEndian.PutUint16(b[2*i:], uint16(i+1+(2*l+kv)*stride))
+			}
+			if kv == 0 {
+				c.k = append(c.k, b)
+			} else {
+				c.v = append(c.v, b)
+			}
+		}
+	}
+	return c
+}
+
+func (c *testCache) host(tb testing.TB) *HostSource {
+	s, err := NewHostSource(c.spec, c.k, c.v)
+	require.NoError(tb, err)
+	return s
+}
+
+// device uploads the cache to tensors on the fake Neuron cores of r.
+func (c *testCache) device(tb testing.TB, r *Runtime) *DeviceSource {
+	var k, v []*Tensor
+	for l := range c.spec.NumLayers {
+		for kv, dst := range []*[]*Tensor{&k, &v} {
+			src := c.k[l]
+			if kv == 1 {
+				src = c.v[l]
+			}
+			t, err := r.Allocate(PlacementDevice, l%2, uint64(len(src)), fmt.Sprintf("kv_mgr.past_key_values.%d", 2*l+kv))
+			require.NoError(tb, err)
+			require.NoError(tb, t.Write(src, 0))
+			*dst = append(*dst, t)
+		}
+	}
+	s, err := NewDeviceSource(c.spec, k, v)
+	require.NoError(tb, err)
+	return s
+}
+
+// expectBlock computes, with a naive loop independent of package layout, the bytes that block slot j of a
+// request must hold in the region part of (layer, kv) — the whole block for PlanSplitKV.
+func (c *testCache) expectBlock(g layout.Geometry, layer int, kv layout.KV, firstHead int, req Request, j int) []byte {
+	out := make([]byte, g.BlockLen())
+	sh := c.spec.shape(kv)
+	src := c.k[layer]
+	if kv == layout.V {
+		src = c.v[layer]
+	}
+	H, D, bs := g.NumKVHeads, g.HeadDim, g.BlockSize
+	for t := range bs {
+		p := j*bs + t
+		for h := range H {
+			for d := range D {
+				var idx int
+				if g.Order == NHDorder() {
+					idx = (t*H+h)*D + d
+				} else {
+					idx = (h*bs+t)*D + d
+				}
+				var off int
+				switch g.Plan {
+				case layout.PlanSplitKV:
+					off = idx
+				case layout.PlanKVHalves:
+					off = int(kv)*bs*H*D + idx
+				case layout.PlanPackedKV:
+					off = (idx/D)*2*D + int(kv)*D + d
+				}
+				if p >= req.Tokens {
+					continue // zero
+				}
+				sb := req.Row*sh.Heads + firstHead + h
+				var si int
+				if sh.Transposed {
+					si = (sb*D+d)*sh.SeqLen + p
+				} else {
+					si = (sb*sh.SeqLen+p)*D + d
+				}
+				copy(out[2*off:2*off+2], src[2*si:2*si+2])
+			}
+		}
+	}
+	return out
+}
+
+func NHDorder() layout.BlockOrder { return layout.NHD }
+
+// checkArena verifies every block of every request and that all other blocks still hold fill.
+func checkArena(t *testing.T, s *Stager, c *testCache, firstHead int, reqs []Request, fill byte) {
+	t.Helper()
+	g := s.Geometry()
+	owned := map[int]bool{}
+	for _, req := range reqs {
+		for _, b := range req.BlockIDs {
+			owned[b] = true
+		}
+	}
+	blen := int(g.BlockLen())
+	for layer := range g.NumLayers {
+		for _, kv := range []layout.KV{layout.K, layout.V} {
+			r, err := g.Region(layer, kv)
+			require.NoError(t, err)
+			region := s.Region(r)
+			for _, req := range reqs {
+				for j, b := range req.BlockIDs {
+					want := c.expectBlock(g, layer, kv, firstHead, req, j)
+					got := region[b*blen : (b+1)*blen]
+					if g.Plan != layout.PlanSplitKV { // compare only this kv's bytes: the other kv is checked in its turn
+						got, want = kvBytes(g, kv, got), kvBytes(g, kv, want)
+					}
+					if !bytes.Equal(want, got) {
+						t.Fatalf("%v: request %s layer %d %v block slot %d (id %d) holds wrong bytes", g, req.ID, layer, kv, j, b)
+					}
+				}
+			}
+			if kv == layout.V || g.Plan == layout.PlanSplitKV {
+				for b := range g.NumBlocks {
+					if !owned[b] && !bytes.Equal(region[b*blen:(b+1)*blen], bytes.Repeat([]byte{fill}, blen)) {
+						t.Fatalf("%v: block %d of region %d belongs to no request but was written", g, b, r)
+					}
+				}
+			}
+		}
+	}
+}
+
+// kvBytes extracts kv's bytes of one block in the shared-region plans.
+func kvBytes(g layout.Geometry, kv layout.KV, blk []byte) []byte {
+	row := g.RowBytes()
+	var out []byte
+	switch g.Plan {
+	case layout.PlanKVHalves:
+		half := len(blk) / 2
+		return blk[int(kv)*half : int(kv+1)*half]
+	case layout.PlanPackedKV:
+		for o := 0; o < len(blk); o += 2 * row {
+			out = append(out, blk[o+int(kv)*row:o+int(kv+1)*row]...)
+		}
+	}
+	return out
+}
+
+func fillArena(s *Stager, v byte) {
+	for r := range s.Geometry().NumRegions() {
+		reg := s.Region(r)
+		for i := range reg {
+			reg[i] = v
+		}
+	}
+}
+
+func ctxT(tb testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	tb.Cleanup(cancel)
+	return ctx
+}
+
+// smallSpec: 4 layers, 3 source rows, 3 source heads (the rank holds heads 1..2), S' = 20, D = 8, bf16.
+func smallSpec(kTransposed bool) SourceSpec {
+	return SourceSpec{DType: layout.BF16, Shape: layout.Source{Batch: 3, Heads: 3, SeqLen: 20, HeadDim: 8}, KTransposed: kTransposed, NumLayers: 4}
+}
+
+func smallGeometry(order layout.BlockOrder, plan layout.RegionPlan) layout.Geometry {
+	return layout.Geometry{NumLayers: 4, NumBlocks: 32, BlockSize: 4, NumKVHeads: 2, HeadDim: 8, DType: layout.BF16, Order: order, Plan: plan}
+}
+
+func newStager(tb testing.TB, cfg StagerConfig) *Stager {
+	tb.Helper()
+	s, err := NewStager(cfg)
+	require.NoError(tb, err)
+	tb.Cleanup(func() { require.NoError(tb, s.Close()) })
+	return s
+}
+
+// stageBatch reserves blocks for three sequences of different lengths with partial last blocks (one with an
+// extra block), stages them concurrently and returns the requests.
+func stageBatch(t *testing.T, s *Stager) []Request {
+	t.Helper()
+	specs := []struct{ row, tokens, blocks int }{{0, 7, 2}, {2, 13, 5}, {1, 20, 5}}
+	var reqs []Request
+	for i, sp := range specs {
+		ids, err := s.Reserve(sp.blocks)
+		require.NoError(t, err)
+		reqs = append(reqs, Request{ID: fmt.Sprintf("req-%d", i), Row: sp.row, Tokens: sp.tokens, BlockIDs: ids})
+	}
+	// Non-contiguous, non-sorted ids: swap the first request's ids.
+	reqs[0].BlockIDs[0], reqs[0].BlockIDs[1] = reqs[0].BlockIDs[1], reqs[0].BlockIDs[0]
+	var wg sync.WaitGroup
+	errs := make([]error, len(reqs))
+	for i := range reqs {
+		wg.Go(func() { errs[i] = s.Stage(ctxT(t), reqs[i]) })
+	}
+	wg.Wait()
+	for i, err := range errs {
+		require.NoError(t, err, reqs[i].ID)
+		assert.True(t, s.Ready(reqs[i].ID))
+	}
+	return reqs
+}
+
+func TestStageExactBytes(t *testing.T) {
+	for _, kT := range []bool{false, true} {
+		for _, order := range []layout.BlockOrder{layout.NHD, layout.HND} {
+			for _, plan := range []layout.RegionPlan{layout.PlanSplitKV, layout.PlanKVHalves, layout.PlanPackedKV} {
+				for _, workers := range []int{1, 4} {
+					name := fmt.Sprintf("%v/%v/kT=%v/workers=%d", order, plan, kT, workers)
+					t.Run(name, func(t *testing.T) {
+						rt := openFake(t, Options{})
+						c := newTestCache(smallSpec(kT))
+						s := newStager(t, StagerConfig{Geometry: smallGeometry(order, plan), Source: c.device(t, rt), FirstHead: 1, Workers: workers})
+						fillArena(s, 0xAA)
+						reqs := stageBatch(t, s)
+						checkArena(t, s, c, 1, reqs, 0xAA)
+						// Per (layer, kv) one native call with one read per head.
+						assert.EqualValues(t, 3*2*4*2, ctl(t, rt, "reads"))
+					})
+				}
+			}
+		}
+	}
+}
+
+func TestStageHostSourceMatchesDevice(t *testing.T) {
+	rt := openFake(t, Options{})
+	c := newTestCache(smallSpec(false))
+	g := smallGeometry(layout.HND, layout.PlanSplitKV)
+	sd := newStager(t, StagerConfig{Geometry: g, Source: c.device(t, rt), FirstHead: 1})
+	sh := newStager(t, StagerConfig{Geometry: g, Source: c.host(t), FirstHead: 1})
+	fillArena(sh, 0xAA)
+	fillArena(sd, 0xAA)
+	reqs := stageBatch(t, sd)
+	for _, r := range reqs {
+		_, err := sh.Reserve(len(r.BlockIDs))
+		require.NoError(t, err)
+	}
+	for _, r := range reqs {
+		require.NoError(t, sh.Stage(ctxT(t), r))
+	}
+	for r := range g.NumRegions() {
+		require.Equal(t, sd.Region(r), sh.Region(r), "region %d", r)
+	}
+}
+
+func TestStageValidation(t *testing.T) {
+	c := newTestCache(smallSpec(false))
+	s := newStager(t, StagerConfig{Geometry: smallGeometry(layout.HND, layout.PlanSplitKV), Source: c.host(t), FirstHead: 1})
+	fillArena(s, 0xAA)
+	ids, err := s.Reserve(3)
+	require.NoError(t, err)
+	assert.NotContains(t, ids, 0)
+	cases := []struct {
+		name string
+		req  Request
+		is   error
+	}{
+		{"null block", Request{ID: "a", Tokens: 4, BlockIDs: []int{0}}, layout.ErrNullBlock},
+		{"out of range", Request{ID: "a", Tokens: 4, BlockIDs: []int{32}}, layout.ErrBlockOutOfRange},
+		{"duplicate", Request{ID: "a", Tokens: 8, BlockIDs: []int{ids[0], ids[0]}}, layout.ErrDuplicateBlock},
+		{"too few", Request{ID: "a", Tokens: 9, BlockIDs: ids[:2]}, layout.ErrTooFewBlocks},
+		{"not reserved", Request{ID: "a", Tokens: 4, BlockIDs: []int{31}}, ErrNotReserved},
+		{"too many tokens", Request{ID: "a", Tokens: 21, BlockIDs: ids}, ErrBadArgument},
+		{"no tokens", Request{ID: "a", Tokens: 0, BlockIDs: ids}, ErrBadArgument},
+		{"bad row", Request{ID: "a", Row: 3, Tokens: 4, BlockIDs: ids}, ErrBadArgument},
+		{"no id", Request{Tokens: 4, BlockIDs: ids}, ErrBadArgument},
+	}
+	for _, tc := range cases {
+		err := s.Stage(ctxT(t), tc.req)
+		require.ErrorIs(t, err, tc.is, tc.name)
+		assert.False(t, s.Ready(tc.req.ID))
+	}
+	checkArena(t, s, c, 1, nil, 0xAA) // nothing written
+	_, failed := s.Stats()
+	assert.EqualValues(t, len(cases), failed)
+}
+
+func TestStageFaultReportsNothingReady(t *testing.T) {
+	for _, workers := range []int{1, 4} {
+		t.Run(fmt.Sprint("workers=", workers), func(t *testing.T) {
+			rt := openFake(t, Options{})
+			c := newTestCache(smallSpec(false))
+			s := newStager(t, StagerConfig{Geometry: smallGeometry(layout.NHD, layout.PlanSplitKV), Source: c.device(t, rt), FirstHead: 1, Workers: workers})
+			ids, err := s.Reserve(4)
+			require.NoError(t, err)
+			req := Request{ID: "r", Row: 1, Tokens: 15, BlockIDs: ids}
+			setCtl(t, rt, "fail_read", ctl(t, rt, "reads")+7) // the 7th read of this Stage times out
+			err = s.Stage(ctxT(t), req)
+			require.ErrorIs(t, err, ErrTimeout)
+			assert.Contains(t, err.Error(), "NRT_TIMEOUT")
+			assert.Contains(t, err.Error(), `"r"`)
+			assert.False(t, s.Ready("r"))
+			for _, b := range ids {
+				assert.True(t, s.Pool().Reserved(b), "the blocks stay reserved for the caller")
+			}
+			// A retry without the fault completes.
+			require.NoError(t, s.Stage(ctxT(t), req))
+			assert.True(t, s.Ready("r"))
+			checkArena(t, s, c, 1, []Request{req}, 0)
+			require.NoError(t, s.Release(ids))
+			assert.False(t, s.Ready("r"))
+		})
+	}
+}
+
+func TestStageCancelled(t *testing.T) {
+	rt := openFake(t, Options{})
+	c := newTestCache(smallSpec(false))
+	s := newStager(t, StagerConfig{Geometry: smallGeometry(layout.NHD, layout.PlanSplitKV), Source: c.device(t, rt), FirstHead: 1, Workers: 2})
+	setCtl(t, rt, "read_delay_us", 2000)
+	ids, err := s.Reserve(2)
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Millisecond)
+	defer cancel()
+	err = s.Stage(ctx, Request{ID: "slow", Tokens: 8, BlockIDs: ids})
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.False(t, s.Ready("slow"))
+	assert.Less(t, ctl(t, rt, "reads"), int64(2*4*2), "stopped before reading everything")
+}
+
+// TestReadyNeverEarly polls Ready while staging runs with random device latency: whenever it reports true,
+// every byte of the request must already be in place.
+func TestReadyNeverEarly(t *testing.T) {
+	rt := openFake(t, Options{})
+	c := newTestCache(smallSpec(false))
+	s := newStager(t, StagerConfig{Geometry: smallGeometry(layout.HND, layout.PlanSplitKV), Source: c.device(t, rt), FirstHead: 1, Workers: 3})
+	setCtl(t, rt, "read_delay_us", 200)
+	for i := range 5 {
+		ids, err := s.Reserve(4)
+		require.NoError(t, err)
+		req := Request{ID: fmt.Sprint("q", i), Row: i % 3, Tokens: 13 + i%4, BlockIDs: ids}
+		done := make(chan struct{})
+		var sawReady atomic.Bool
+		go func() {
+			defer close(done)
+			for !s.Ready(req.ID) {
+				time.Sleep(50 * time.Microsecond)
+			}
+			sawReady.Store(true)
+			checkArena(t, s, c, 1, []Request{req}, 0) // must be complete the moment it is Ready
+		}()
+		require.NoError(t, s.Stage(ctxT(t), req))
+		<-done
+		assert.True(t, sawReady.Load())
+		require.NoError(t, s.Release(ids))
+		fillArena(s, 0)
+	}
+}
+
+func TestStableBasesAcrossRequests(t *testing.T) {
+	c := newTestCache(smallSpec(false))
+	agent := newAgent(t, "stable")
+	s := newStager(t, StagerConfig{Geometry: smallGeometry(layout.HND, layout.PlanSplitKV), Source: c.host(t), FirstHead: 1, Agent: agent})
+	bases := s.RegionBases()
+	for i := range 100 {
+		tokens := 1 + i%20
+		ids, err := s.Reserve((tokens+3)/4 + i%2)
+		require.NoError(t, err)
+		require.NoError(t, s.Stage(ctxT(t), Request{ID: fmt.Sprint(i), Row: i % 3, Tokens: tokens, BlockIDs: ids}))
+		require.NoError(t, s.Release(ids))
+	}
+	assert.Equal(t, bases, s.RegionBases())
+	staged, failed := s.Stats()
+	assert.EqualValues(t, 100, staged)
+	assert.Zero(t, failed)
+}
+
+// TestNIXLReadOfStagedBlocks: a second NIXL agent (the "decode peer") READs the staged blocks into its own
+// block ids, exactly as vLLM's NixlConnector does (prepared full descriptor lists + descriptor indices),
+// and gets identical bytes.
+func TestNIXLReadOfStagedBlocks(t *testing.T) {
+	for _, plan := range []layout.RegionPlan{layout.PlanSplitKV, layout.PlanKVHalves} {
+		t.Run(plan.String(), func(t *testing.T) {
+			rt := openFake(t, Options{})
+			c := newTestCache(smallSpec(true))
+			g := smallGeometry(layout.HND, plan)
+			prefill, decode := newAgent(t, "prefill"), newAgent(t, "decode")
+			s := newStager(t, StagerConfig{Geometry: g, Source: c.device(t, rt), FirstHead: 1, Agent: prefill})
+			assert.Equal(t, nixl.DRAM, s.MemType())
+			assert.Zero(t, s.DeviceID())
+			reqs := stageBatch(t, s)
+
+			// The decode peer's own cache of the same geometry.
+			dmem, err := nixl.AllocHost(g.TotalBytes(), nixl.HostOptions{})
+			require.NoError(t, err)
+			defer dmem.Close()
+			dbases := make([]uint64, g.NumRegions())
+			var dregs []nixl.Desc
+			for r := range dbases {
+				dbases[r] = dmem.Addr() + uint64(g.RegionOffset(r))
+				dregs = append(dregs, nixl.Desc{Addr: dbases[r], Len: uint64(g.RegionLen())})
+			}
+			reg, err := decode.RegisterMem(nixl.DRAM, dregs)
+			require.NoError(t, err)
+			defer reg.Close()
+
+			md, err := prefill.LocalMetadata()
+			require.NoError(t, err)
+			remote, err := decode.LoadRemoteMetadata(md)
+			require.NoError(t, err)
+			rdescs, err := g.Descs(s.RegionBases(), s.DeviceID())
+			require.NoError(t, err)
+			ldescs, err := g.Descs(dbases, 0)
+			require.NoError(t, err)
+			conv := func(ds []layout.Desc) []nixl.Desc {
+				out := make([]nixl.Desc, len(ds))
+				for i, d := range ds {
+					out[i] = nixl.Desc(d)
+				}
+				return out
+			}
+			rp, err := decode.Prep(remote, nixl.DRAM, conv(rdescs))
+			require.NoError(t, err)
+			defer rp.Close()
+			lp, err := decode.Prep("", nixl.DRAM, conv(ldescs))
+			require.NoError(t, err)
+			defer lp.Close()
+
+			for i, req := range reqs {
+				// The decoder's blocks: different ids than the prefill side.
+				local := make([]int, len(req.BlockIDs))
+				for j := range local {
+					local[j] = g.NumBlocks - 1 - (i*6 + j)
+				}
+				ridx, err := g.DescIndices(req.BlockIDs, nil)
+				require.NoError(t, err)
+				lidx, err := g.DescIndices(local, nil)
+				require.NoError(t, err)
+				x, err := decode.MakeXfer(nixl.Read, lp, lidx, rp, ridx, nixl.WithNotification([]byte(req.ID+":1")))
+				require.NoError(t, err)
+				_, err = x.Post()
+				require.NoError(t, err)
+				require.NoError(t, x.Wait(ctxT(t)))
+				require.NoError(t, x.Close())
+				n, err := prefill.WaitNotification(ctxT(t), func(n nixl.Notification) bool { return string(n.Msg) == req.ID+":1" }, nil)
+				require.NoError(t, err)
+				assert.Equal(t, decode.Name(), n.Agent)
+				// The peer's notification releases the blocks.
+				blen := int(g.BlockLen())
+				for r := range g.NumRegions() {
+					dreg := dmem.Bytes()[g.RegionOffset(r) : g.RegionOffset(r)+g.RegionLen()]
+					for j, b := range req.BlockIDs {
+						require.Equal(t, s.Region(r)[b*blen:(b+1)*blen], dreg[local[j]*blen:(local[j]+1)*blen],
+							"request %s region %d block %d", req.ID, r, b)
+					}
+				}
+				require.NoError(t, s.Release(req.BlockIDs))
+				assert.False(t, s.Ready(req.ID))
+			}
+			require.NoError(t, decode.InvalidateRemoteMetadata(remote))
+		})
+	}
+}
+
+func TestStagerConfigErrors(t *testing.T) {
+	c := newTestCache(smallSpec(false))
+	src := c.host(t)
+	g := smallGeometry(layout.HND, layout.PlanSplitKV)
+
+	big := g
+	big.NumBlocks = 1 << 28
+	_, err := NewStager(StagerConfig{Geometry: big, Source: src, FirstHead: 1})
+	require.ErrorIs(t, err, ErrTooLarge)
+	assert.Contains(t, err.Error(), "num-gpu-blocks-override")
+
+	_, err = NewStager(StagerConfig{Geometry: g, Source: src, FirstHead: 1, MaxArenaBytes: g.TotalBytes() - 1})
+	require.ErrorIs(t, err, ErrTooLarge)
+
+	_, err = NewStager(StagerConfig{Geometry: g, SchedulerBlocks: 33, Source: src, FirstHead: 1})
+	require.ErrorIs(t, err, layout.ErrBlockOutOfRange, "the arena must cover every id the scheduler hands out")
+
+	fromSched := g
+	fromSched.NumBlocks = 0
+	s, err := NewStager(StagerConfig{Geometry: fromSched, SchedulerBlocks: 9, Source: src, FirstHead: 1})
+	require.NoError(t, err)
+	assert.Equal(t, 9, s.Geometry().NumBlocks)
+	assert.Equal(t, 9, s.Pool().NumBlocks())
+	require.NoError(t, s.Close())
+	require.NoError(t, s.Close())
+	require.ErrorIs(t, s.Stage(ctxT(t), Request{ID: "x", Tokens: 1, BlockIDs: []int{1}}), ErrClosed)
+
+	_, err = NewStager(StagerConfig{Geometry: g, Source: src, FirstHead: 2})
+	require.ErrorIs(t, err, ErrBadArgument, "heads 2..3 of 3")
+	wrongDType := g
+	wrongDType.DType = layout.FP32
+	_, err = NewStager(StagerConfig{Geometry: wrongDType, Source: src, FirstHead: 1})
+	require.ErrorIs(t, err, ErrBadArgument)
+	_, err = NewStager(StagerConfig{Geometry: g})
+	require.ErrorIs(t, err, ErrBadArgument)
+}
+
+func TestStagerLeaseExpiry(t *testing.T) {
+	var now atomic.Int64
+	clock := func() time.Time { return time.Unix(0, now.Load()) }
+	c := newTestCache(smallSpec(false))
+	g := smallGeometry(layout.HND, layout.PlanSplitKV)
+	g.NumBlocks = 5
+	s := newStager(t, StagerConfig{Geometry: g, Source: c.host(t), FirstHead: 1, Pool: PoolOptions{Now: clock}})
+	ids, err := s.Reserve(4)
+	require.NoError(t, err)
+	require.NoError(t, s.Stage(ctxT(t), Request{ID: "a", Tokens: 16, BlockIDs: ids}))
+	_, err = s.Reserve(1)
+	require.ErrorIs(t, err, ErrNoBlocks)
+	now.Add(int64(DefaultLeaseTimeout - time.Second))
+	assert.Empty(t, s.Reclaim(), "the lease has not run out")
+	assert.True(t, s.Ready("a"))
+	now.Add(int64(2 * time.Second))
+	got, err := s.Reserve(2) // reclaims the expired lease
+	require.NoError(t, err)
+	assert.Len(t, got, 2)
+	assert.False(t, s.Ready("a"), "expired blocks are no longer ready")
+	require.ErrorIs(t, s.Release(ids[:1]), ErrNotReserved, "they were reclaimed")
+}
