@@ -1,0 +1,313 @@
+package protocol
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"math"
+	"math/big"
+	"sort"
+	"strconv"
+	"strings"
+	"unicode/utf8"
+)
+
+// CompatInputs are the values vLLM feeds into compute_nixl_compatibility_hash. A Go peer must use the vLLM
+// side's exact strings: its version string (GET /version), its --model string as typed, str(torch dtype), ...
+type CompatInputs struct {
+	VLLMVersion     string // vllm.__version__ of the side whose hash we reproduce, e.g. "0.16.0"
+	Model           string // model_config.model, exactly as given on the command line
+	Dtype           string // str(model_config.dtype), e.g. "torch.bfloat16"
+	NumKVHeads      int64  // total KV heads (not per rank)
+	HeadSize        int64
+	NumHiddenLayers int64
+	AttnBackendName string // e.g. "FLASH_ATTN"
+	CacheDtype      string // str(cache_config.cache_dtype), e.g. "auto"
+	// CrossLayersBlocks (0.16): true only with enable_cross_layers_blocks and a suitable backend.
+	CrossLayersBlocks bool
+	// HMAEnabled (0.33): not scheduler_config.disable_hybrid_kv_cache_manager.
+	HMAEnabled bool
+	// SpeculativeConfig (0.33): nil (JSON null) unless the vLLM side runs EAGLE/MTP; then the dict vLLM builds
+	// (method, model, revision, code_revision, parallel_drafting, kv_cache_dtype, auxiliary_layer_ids). Values
+	// may be nil, bool, ints, float64, string, []any or map[string]any.
+	SpeculativeConfig map[string]any
+	// TransferMode (0.33): "pull" (the default when empty) or "push".
+	TransferMode string
+}
+
+// hashFactor computes one factor value; factors are data, selected per profile by Profile.HashFactors.
+var hashFactor = map[string]func(p Profile, in CompatInputs) any{
+	"vllm_version":           func(_ Profile, in CompatInputs) any { return in.VLLMVersion },
+	"nixl_connector_version": func(p Profile, _ CompatInputs) any { return int64(p.ConnectorVersion) },
+	"model":                  func(_ Profile, in CompatInputs) any { return in.Model },
+	"dtype":                  func(_ Profile, in CompatInputs) any { return in.Dtype },
+	"num_kv_heads":           func(_ Profile, in CompatInputs) any { return in.NumKVHeads },
+	"head_size":              func(_ Profile, in CompatInputs) any { return in.HeadSize },
+	"num_hidden_layers":      func(_ Profile, in CompatInputs) any { return in.NumHiddenLayers },
+	"attn_backend_name":      func(_ Profile, in CompatInputs) any { return in.AttnBackendName },
+	"cache_dtype":            func(_ Profile, in CompatInputs) any { return in.CacheDtype },
+	"cross_layers_blocks":    func(_ Profile, in CompatInputs) any { return in.CrossLayersBlocks },
+	"is_hma_enabled":         func(_ Profile, in CompatInputs) any { return in.HMAEnabled },
+	"speculative_config": func(_ Profile, in CompatInputs) any {
+		if in.SpeculativeConfig == nil {
+			return nil
+		}
+		return in.SpeculativeConfig
+	},
+	"transfer_mode": func(_ Profile, in CompatInputs) any {
+		if in.TransferMode == "" {
+			return "pull"
+		}
+		return in.TransferMode
+	},
+}
+
+// Factors returns the factor dict of this profile's compute_nixl_compatibility_hash for the inputs. It fails
+// with ErrInvalid when a string input vLLM always has is empty (a hash over "" would silently never match).
+func (p Profile) Factors(in CompatInputs) (map[string]any, error) {
+	for name, v := range map[string]string{"VLLMVersion": in.VLLMVersion, "Model": in.Model, "Dtype": in.Dtype,
+		"AttnBackendName": in.AttnBackendName, "CacheDtype": in.CacheDtype} {
+		if v == "" {
+			return nil, fmt.Errorf("%w: CompatInputs.%s is empty; use the vLLM side's exact value", ErrInvalid, name)
+		}
+	}
+	out := make(map[string]any, len(p.HashFactors))
+	for _, k := range p.HashFactors {
+		f, ok := hashFactor[k]
+		if !ok {
+			return nil, fmt.Errorf("%w: profile %s names unknown hash factor %q", ErrInvalid, p.Name, k)
+		}
+		out[k] = f(p, in)
+	}
+	return out, nil
+}
+
+// CompatHash returns this profile's compatibility hash for the inputs (what the vLLM side would compute).
+func (p Profile) CompatHash(in CompatInputs) (string, error) {
+	f, err := p.Factors(in)
+	if err != nil {
+		return "", err
+	}
+	return CompatHash(f)
+}
+
+// CompatHash returns hashlib.sha256(json.dumps(factors, sort_keys=True).encode()).hexdigest().
+func CompatHash(factors map[string]any) (string, error) {
+	js, err := PyJSONDumps(factors)
+	if err != nil {
+		return "", err
+	}
+	sum := sha256.Sum256([]byte(js))
+	return hex.EncodeToString(sum[:]), nil
+}
+
+// PyJSONDumps reproduces Python's json.dumps(v, sort_keys=True) with its defaults: separators ", " and ": ",
+// ensure_ascii (\uXXXX escapes, lowercase hex, surrogate pairs), float repr ("1e-05", "1e+16", "1.0"),
+// NaN/Infinity, true/false/null. Accepted types: nil, bool, all Go integer types, *big.Int, float32/64,
+// string, []any, []string, []int64, []int, map[string]any.
+func PyJSONDumps(v any) (string, error) {
+	var b strings.Builder
+	if err := pyDump(&b, v, 0); err != nil {
+		return "", err
+	}
+	return b.String(), nil
+}
+
+func pyDump(b *strings.Builder, v any, depth int) error {
+	if depth > 100 {
+		return fmt.Errorf("%w: value nested deeper than 100 levels", ErrInvalid)
+	}
+	switch x := v.(type) {
+	case nil:
+		b.WriteString("null")
+	case bool:
+		if x {
+			b.WriteString("true")
+		} else {
+			b.WriteString("false")
+		}
+	case int:
+		b.WriteString(strconv.FormatInt(int64(x), 10))
+	case int8:
+		b.WriteString(strconv.FormatInt(int64(x), 10))
+	case int16:
+		b.WriteString(strconv.FormatInt(int64(x), 10))
+	case int32:
+		b.WriteString(strconv.FormatInt(int64(x), 10))
+	case int64:
+		b.WriteString(strconv.FormatInt(x, 10))
+	case uint:
+		b.WriteString(strconv.FormatUint(uint64(x), 10))
+	case uint8:
+		b.WriteString(strconv.FormatUint(uint64(x), 10))
+	case uint16:
+		b.WriteString(strconv.FormatUint(uint64(x), 10))
+	case uint32:
+		b.WriteString(strconv.FormatUint(uint64(x), 10))
+	case uint64:
+		b.WriteString(strconv.FormatUint(x, 10))
+	case *big.Int:
+		if x == nil {
+			b.WriteString("null")
+		} else {
+			b.WriteString(x.String())
+		}
+	case float32:
+		b.WriteString(PyFloatRepr(float64(x)))
+	case float64:
+		b.WriteString(PyFloatRepr(x))
+	case string:
+		if err := pyString(b, x); err != nil {
+			return err
+		}
+	case []string:
+		b.WriteByte('[')
+		for i, s := range x {
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			if err := pyString(b, s); err != nil {
+				return err
+			}
+		}
+		b.WriteByte(']')
+	case []int64:
+		b.WriteByte('[')
+		for i, n := range x {
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			b.WriteString(strconv.FormatInt(n, 10))
+		}
+		b.WriteByte(']')
+	case []int:
+		b.WriteByte('[')
+		for i, n := range x {
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			b.WriteString(strconv.Itoa(n))
+		}
+		b.WriteByte(']')
+	case []any:
+		b.WriteByte('[')
+		for i, e := range x {
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			if err := pyDump(b, e, depth+1); err != nil {
+				return err
+			}
+		}
+		b.WriteByte(']')
+	case map[string]any:
+		keys := make([]string, 0, len(x))
+		for k := range x {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys) // byte order of UTF-8 = code point order = Python's str ordering
+		b.WriteByte('{')
+		for i, k := range keys {
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			if err := pyString(b, k); err != nil {
+				return err
+			}
+			b.WriteString(": ")
+			if err := pyDump(b, x[k], depth+1); err != nil {
+				return err
+			}
+		}
+		b.WriteByte('}')
+	default:
+		return fmt.Errorf("%w: json.dumps of Go type %T is not supported", ErrInvalid, v)
+	}
+	return nil
+}
+
+const hexDigits = "0123456789abcdef"
+
+func pyString(b *strings.Builder, s string) error {
+	if !utf8.ValidString(s) {
+		return fmt.Errorf("%w: string %q is not valid UTF-8", ErrInvalid, s)
+	}
+	b.WriteByte('"')
+	for _, r := range s {
+		switch {
+		case r == '"':
+			b.WriteString(`\"`)
+		case r == '\\':
+			b.WriteString(`\\`)
+		case r == '\n':
+			b.WriteString(`\n`)
+		case r == '\r':
+			b.WriteString(`\r`)
+		case r == '\t':
+			b.WriteString(`\t`)
+		case r == '\b':
+			b.WriteString(`\b`)
+		case r == '\f':
+			b.WriteString(`\f`)
+		case r >= 0x20 && r <= 0x7e:
+			b.WriteRune(r)
+		case r > 0xffff:
+			r -= 0x10000
+			writeU(b, 0xd800|(r>>10)&0x3ff)
+			writeU(b, 0xdc00|r&0x3ff)
+		default:
+			writeU(b, r)
+		}
+	}
+	b.WriteByte('"')
+	return nil
+}
+
+func writeU(b *strings.Builder, r rune) {
+	b.WriteString(`\u`)
+	for shift := 12; shift >= 0; shift -= 4 {
+		b.WriteByte(hexDigits[(r>>uint(shift))&0xf])
+	}
+}
+
+// PyFloatRepr returns Python's repr(float): the shortest round-trip digits, in positional notation when the
+// decimal exponent is in [-4, 16), else in scientific notation with a signed, at-least-two-digit exponent.
+func PyFloatRepr(f float64) string {
+	switch {
+	case math.IsNaN(f):
+		return "NaN"
+	case math.IsInf(f, 1):
+		return "Infinity"
+	case math.IsInf(f, -1):
+		return "-Infinity"
+	}
+	s := strconv.FormatFloat(f, 'e', -1, 64) // [-]d[.ddd]e±XX
+	sign := ""
+	if s[0] == '-' {
+		sign, s = "-", s[1:]
+	}
+	e := strings.IndexByte(s, 'e')
+	mant, expStr := s[:e], s[e+1:]
+	exp, _ := strconv.Atoi(expStr)
+	digits := strings.Replace(mant, ".", "", 1)
+	decpt := exp + 1 // value = 0.<digits> × 10^decpt
+	if decpt <= -4 || decpt > 16 {
+		m := digits[:1]
+		if len(digits) > 1 {
+			m += "." + digits[1:]
+		}
+		es := "+"
+		if exp < 0 {
+			es, exp = "-", -exp
+		}
+		return fmt.Sprintf("%s%se%s%02d", sign, m, es, exp)
+	}
+	switch {
+	case decpt <= 0:
+		return sign + "0." + strings.Repeat("0", -decpt) + digits
+	case decpt >= len(digits):
+		return sign + digits + strings.Repeat("0", decpt-len(digits)) + ".0"
+	default:
+		return sign + digits[:decpt] + "." + digits[decpt:]
+	}
+}

@@ -1,0 +1,296 @@
+package protocol
+
+import (
+	"bytes"
+	"math"
+	"unicode/utf8"
+
+	"github.com/vmihailenco/msgpack/v5"
+	"github.com/vmihailenco/msgpack/v5/msgpcode"
+)
+
+// maxSkipDepth bounds the nesting of unknown values we skip, so hostile input cannot exhaust the stack.
+const maxSkipDepth = 64
+
+// reader is a strict msgpack reader with msgspec's typing rules: a str field needs msgpack str, a bytes field
+// needs bin, an int field needs an integer (not bool, not float), and nothing may follow the top-level value.
+type reader struct {
+	buf *bytes.Reader
+	d   *msgpack.Decoder
+	obj string // object being decoded, for error messages
+}
+
+func newReader(b []byte, obj string) *reader {
+	br := bytes.NewReader(b)
+	return &reader{buf: br, d: msgpack.NewDecoder(br), obj: obj}
+}
+
+func (r *reader) peek(field string) (byte, error) {
+	c, err := r.d.PeekCode()
+	if err != nil {
+		return 0, malformed(r.obj, field, "truncated input")
+	}
+	return c, nil
+}
+
+func (r *reader) fail(field, want string, c byte) error {
+	return malformed(r.obj, field, "expected %s, got %s", want, codeName(c))
+}
+
+func (r *reader) mapLen(field string) (int, error) {
+	c, err := r.peek(field)
+	if err != nil {
+		return 0, err
+	}
+	if !msgpcode.IsFixedMap(c) && c != msgpcode.Map16 && c != msgpcode.Map32 {
+		return 0, r.fail(field, "map", c)
+	}
+	n, err := r.d.DecodeMapLen()
+	if err != nil {
+		return 0, malformed(r.obj, field, "bad map header: %v", err)
+	}
+	return n, nil
+}
+
+func (r *reader) arrayLen(field string) (int, error) {
+	c, err := r.peek(field)
+	if err != nil {
+		return 0, err
+	}
+	if !msgpcode.IsFixedArray(c) && c != msgpcode.Array16 && c != msgpcode.Array32 {
+		return 0, r.fail(field, "array", c)
+	}
+	n, err := r.d.DecodeArrayLen()
+	if err != nil {
+		return 0, malformed(r.obj, field, "bad array header: %v", err)
+	}
+	return n, nil
+}
+
+func (r *reader) str(field string) (string, error) {
+	c, err := r.peek(field)
+	if err != nil {
+		return "", err
+	}
+	if !msgpcode.IsFixedString(c) && c != msgpcode.Str8 && c != msgpcode.Str16 && c != msgpcode.Str32 {
+		return "", r.fail(field, "str", c)
+	}
+	s, err := r.d.DecodeString()
+	if err != nil {
+		return "", malformed(r.obj, field, "bad str: %v", err)
+	}
+	if !utf8.ValidString(s) {
+		return "", malformed(r.obj, field, "str is not valid UTF-8")
+	}
+	return s, nil
+}
+
+func (r *reader) bin(field string) ([]byte, error) {
+	c, err := r.peek(field)
+	if err != nil {
+		return nil, err
+	}
+	if c != msgpcode.Bin8 && c != msgpcode.Bin16 && c != msgpcode.Bin32 {
+		return nil, r.fail(field, "bin (Python bytes)", c)
+	}
+	b, err := r.d.DecodeBytes()
+	if err != nil {
+		return nil, malformed(r.obj, field, "bad bin: %v", err)
+	}
+	if len(b) == 0 {
+		return nil, nil // empty bytes decode as nil, like every empty list here
+	}
+	return b, nil
+}
+
+func isIntCode(c byte) bool {
+	return msgpcode.IsFixedNum(c) || (c >= msgpcode.Uint8 && c <= msgpcode.Uint64) ||
+		(c >= msgpcode.Int8 && c <= msgpcode.Int64)
+}
+
+func (r *reader) int64(field string) (int64, error) {
+	c, err := r.peek(field)
+	if err != nil {
+		return 0, err
+	}
+	if !isIntCode(c) {
+		return 0, r.fail(field, "int", c)
+	}
+	if c == msgpcode.Uint64 {
+		u, err := r.d.DecodeUint64()
+		if err != nil {
+			return 0, malformed(r.obj, field, "bad int: %v", err)
+		}
+		if u > math.MaxInt64 {
+			return 0, malformed(r.obj, field, "int %d does not fit int64", u)
+		}
+		return int64(u), nil
+	}
+	n, err := r.d.DecodeInt64()
+	if err != nil {
+		return 0, malformed(r.obj, field, "bad int: %v", err)
+	}
+	return n, nil
+}
+
+func (r *reader) uint64(field string) (uint64, error) {
+	c, err := r.peek(field)
+	if err != nil {
+		return 0, err
+	}
+	if !isIntCode(c) {
+		return 0, r.fail(field, "int", c)
+	}
+	if msgpcode.IsFixedNum(c) && c <= msgpcode.PosFixedNumHigh || (c >= msgpcode.Uint8 && c <= msgpcode.Uint64) {
+		u, err := r.d.DecodeUint64()
+		if err != nil {
+			return 0, malformed(r.obj, field, "bad int: %v", err)
+		}
+		return u, nil
+	}
+	n, err := r.d.DecodeInt64()
+	if err != nil {
+		return 0, malformed(r.obj, field, "bad int: %v", err)
+	}
+	if n < 0 {
+		return 0, malformed(r.obj, field, "negative value %d where an address or size is expected", n)
+	}
+	return uint64(n), nil
+}
+
+// number reads an int or a float as float64 (the clock frame is an untyped msgspec decode).
+func (r *reader) number(field string) (float64, error) {
+	c, err := r.peek(field)
+	if err != nil {
+		return 0, err
+	}
+	switch {
+	case c == msgpcode.Float || c == msgpcode.Double:
+		f, err := r.d.DecodeFloat64()
+		if err != nil {
+			return 0, malformed(r.obj, field, "bad float: %v", err)
+		}
+		return f, nil
+	case isIntCode(c):
+		n, err := r.int64(field)
+		return float64(n), err
+	}
+	return 0, r.fail(field, "float", c)
+}
+
+// isNil consumes a nil if one is next.
+func (r *reader) isNil() bool {
+	c, err := r.d.PeekCode()
+	if err != nil || c != msgpcode.Nil {
+		return false
+	}
+	_ = r.d.DecodeNil()
+	return true
+}
+
+// skip consumes one value of any type, with bounded nesting.
+func (r *reader) skip(field string, depth int) error {
+	if depth > maxSkipDepth {
+		return malformed(r.obj, field, "nesting deeper than %d", maxSkipDepth)
+	}
+	c, err := r.peek(field)
+	if err != nil {
+		return err
+	}
+	switch {
+	case msgpcode.IsFixedMap(c) || c == msgpcode.Map16 || c == msgpcode.Map32:
+		n, err := r.mapLen(field)
+		if err != nil {
+			return err
+		}
+		for i := 0; i < 2*n; i++ {
+			if err := r.skip(field, depth+1); err != nil {
+				return err
+			}
+		}
+		return nil
+	case msgpcode.IsFixedArray(c) || c == msgpcode.Array16 || c == msgpcode.Array32:
+		n, err := r.arrayLen(field)
+		if err != nil {
+			return err
+		}
+		for i := 0; i < n; i++ {
+			if err := r.skip(field, depth+1); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if err := r.d.Skip(); err != nil {
+		return malformed(r.obj, field, "bad value: %v", err)
+	}
+	return nil
+}
+
+// end fails if bytes follow the top-level value (msgspec: "trailing characters").
+func (r *reader) end() error {
+	if n := r.buf.Len(); n != 0 {
+		return malformed(r.obj, "", "%d trailing bytes after the message", n)
+	}
+	return nil
+}
+
+func codeName(c byte) string {
+	switch {
+	case msgpcode.IsFixedNum(c) || (c >= msgpcode.Uint8 && c <= msgpcode.Uint64) || (c >= msgpcode.Int8 && c <= msgpcode.Int64):
+		return "int"
+	case msgpcode.IsFixedMap(c) || c == msgpcode.Map16 || c == msgpcode.Map32:
+		return "map"
+	case msgpcode.IsFixedArray(c) || c == msgpcode.Array16 || c == msgpcode.Array32:
+		return "array"
+	case msgpcode.IsFixedString(c) || c == msgpcode.Str8 || c == msgpcode.Str16 || c == msgpcode.Str32:
+		return "str"
+	case c == msgpcode.Bin8 || c == msgpcode.Bin16 || c == msgpcode.Bin32:
+		return "bin"
+	case c == msgpcode.Nil:
+		return "nil"
+	case c == msgpcode.True || c == msgpcode.False:
+		return "bool"
+	case c == msgpcode.Float || c == msgpcode.Double:
+		return "float"
+	}
+	return "ext/unknown type"
+}
+
+// writer wraps the msgpack encoder; vmihailenco's encoder already picks msgspec's smallest forms
+// (fixint/uint8…, fixstr/str8…, bin8…, fixarray/fixmap…), so encoding is a matter of field order and types.
+type writer struct {
+	buf bytes.Buffer
+	e   *msgpack.Encoder
+	err error
+}
+
+func newWriter() *writer {
+	w := &writer{}
+	w.e = msgpack.NewEncoder(&w.buf)
+	return w
+}
+
+func (w *writer) do(err error) {
+	if w.err == nil && err != nil {
+		w.err = err
+	}
+}
+
+func (w *writer) mapLen(n int)   { w.do(w.e.EncodeMapLen(n)) }
+func (w *writer) arrayLen(n int) { w.do(w.e.EncodeArrayLen(n)) }
+func (w *writer) str(s string)   { w.do(w.e.EncodeString(s)) }
+func (w *writer) bin(b []byte)   { w.do(w.e.EncodeBytesLen(len(b))); _, err := w.buf.Write(b); w.do(err) }
+func (w *writer) int(n int64)    { w.do(w.e.EncodeInt(n)) }
+func (w *writer) uint(n uint64)  { w.do(w.e.EncodeUint(n)) }
+func (w *writer) float(f float64) {
+	w.do(w.e.EncodeFloat64(f))
+}
+func (w *writer) nil() { w.do(w.e.EncodeNil()) }
+
+func (w *writer) bytes() ([]byte, error) {
+	if w.err != nil {
+		return nil, w.err
+	}
+	return w.buf.Bytes(), nil
+}

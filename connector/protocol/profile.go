@@ -1,0 +1,325 @@
+package protocol
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Framing is the side-channel request/reply format (spec eras H1–H4).
+type Framing int
+
+const (
+	// FramingH1: the request is the 12 raw bytes "get_meta_msg" (no rank); one listener per TP rank.
+	FramingH1 Framing = iota + 1
+	// FramingH2: the request is msgpack [bin "get_meta_msg", tp_rank]; the reply is one frame.
+	FramingH2
+	// FramingH3: the request is msgpack [bin "get_meta_msg", pp_rank, tp_rank]; the reply is one frame.
+	FramingH3
+	// FramingH4: H3's request; the reply has a second frame, msgpack float64 of the server's monotonic clock.
+	FramingH4
+)
+
+func (f Framing) String() string {
+	switch f {
+	case FramingH1:
+		return "H1"
+	case FramingH2:
+		return "H2"
+	case FramingH3:
+		return "H3"
+	case FramingH4:
+		return "H4"
+	}
+	return "Framing(" + strconv.Itoa(int(f)) + ")"
+}
+
+// PayloadKind says what the side-channel reply payload is (spec eras M0/M1).
+type PayloadKind int
+
+const (
+	// PayloadM0: the reply is msgpack(NixlAgentMetadata).
+	PayloadM0 PayloadKind = iota + 1
+	// PayloadM1: the reply is msgpack(NixlHandshakePayload{compatibility_hash, agent_metadata_bytes}).
+	PayloadM1
+)
+
+func (k PayloadKind) String() string {
+	switch k {
+	case PayloadM0:
+		return "M0"
+	case PayloadM1:
+		return "M1"
+	}
+	return "PayloadKind(" + strconv.Itoa(int(k)) + ")"
+}
+
+// BlockIDsShape is how kv_transfer_params.remote_block_ids is shaped in JSON.
+type BlockIDsShape int
+
+const (
+	// BlockIDsFlat: [1, 2, 3].
+	BlockIDsFlat BlockIDsShape = iota + 1
+	// BlockIDsGrouped: one list per KV-cache group, [[1, 2, 3]] for a plain model.
+	BlockIDsGrouped
+)
+
+// NotifMeaning says what the number after the last ':' of a transfer notification means.
+type NotifMeaning int
+
+const (
+	// NotifDecodeTPSize: "<remote_request_id>:<D's TP size>"; P derives how many notifications to wait for.
+	NotifDecodeTPSize NotifMeaning = iota + 1
+	// NotifConsumers: "<remote_request_id>:<expected consumers>"; P waits for exactly that many.
+	NotifConsumers
+)
+
+// LayoutEra is the FLASH_ATTN KV-cache layout era of the vLLM side (spec §0): it decides the region plan and
+// the descriptor math. It is carried here so that the whole version-dependent picture lives in one table row.
+type LayoutEra int
+
+const (
+	// LayoutA: per layer (2, num_blocks, block_size, H, D); K and V are separate regions.
+	LayoutA LayoutEra = iota + 1
+	// LayoutB: per layer (num_blocks, 2, block_size, H, D); one region per layer, K/V halves per block.
+	LayoutB
+	// LayoutC: per layer (num_blocks, H, block_size, 2·D); K and V packed in the last dim.
+	LayoutC
+)
+
+func (l LayoutEra) String() string {
+	switch l {
+	case LayoutA:
+		return "A"
+	case LayoutB:
+		return "B"
+	case LayoutC:
+		return "C"
+	}
+	return "LayoutEra(" + strconv.Itoa(int(l)) + ")"
+}
+
+// Profile is everything version-dependent about vLLM's NixlConnector wire protocol, as one value. A Profile is
+// immutable data; it is safe to copy and to use from many goroutines.
+//
+// Supporting another vLLM release means adding a row to Profiles (and vectors under testdata/vllm/<version>/),
+// not new code paths.
+type Profile struct {
+	// Name is the version series, e.g. "0.16".
+	Name string
+	// MinVersion (inclusive) and MaxVersion (exclusive) bound the final releases this profile covers.
+	MinVersion, MaxVersion string
+
+	Framing Framing
+	Payload PayloadKind
+	// Schema lists NixlAgentMetadata's fields in declaration (= wire) order.
+	Schema Schema
+	// ConnectorVersion is vLLM's NIXL_CONNECTOR_VERSION, hashed as "nixl_connector_version".
+	ConnectorVersion int
+	// HashFactors lists the keys of the compatibility-hash factor dict (order is irrelevant: they are sorted).
+	HashFactors []string
+
+	BlockIDs BlockIDsShape
+	// ParamsKeys lists the keys P's kv_transfer_params response carries, in vLLM's dict order.
+	ParamsKeys []string
+	Notif      NotifMeaning
+	// Leases: P frees unread blocks after LeaseDuration unless D sends "HB:" heartbeats; without leases P frees
+	// them after AbortTimeout (VLLM_NIXL_ABORT_REQUEST_TIMEOUT).
+	Leases            bool
+	LeaseDuration     time.Duration // kv_lease_duration default
+	HeartbeatInterval time.Duration // D sends heartbeats this often (kv_lease_duration // 6)
+	LeaseExtension    time.Duration // a heartbeat extends a lease to now + this (kv_lease_duration * 2 // 3)
+	AbortTimeout      time.Duration // without leases
+
+	Layout LayoutEra
+	// SideChannelPort is VLLM_NIXL_SIDE_CHANNEL_PORT's default (the engine adds its DP index).
+	SideChannelPort int
+	// HandshakeTimeout is vLLM's REQ receive timeout (RCVTIMEO) on the decode side.
+	HandshakeTimeout time.Duration
+}
+
+// Profiles is the table of supported vLLM releases, oldest first. Each row was read from that release's wheel
+// (vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py for 0.16, the v1/nixl/ package for 0.33).
+var Profiles = []Profile{
+	{
+		Name: "0.16", MinVersion: "0.16.0", MaxVersion: "0.17.0",
+		Framing:          FramingH2,
+		Payload:          PayloadM1,
+		Schema:           schemaV016,
+		ConnectorVersion: 2,
+		HashFactors: []string{
+			"vllm_version", "nixl_connector_version", "model", "dtype", "num_kv_heads", "head_size",
+			"num_hidden_layers", "attn_backend_name", "cache_dtype", "cross_layers_blocks",
+		},
+		BlockIDs: BlockIDsFlat,
+		ParamsKeys: []string{
+			"do_remote_prefill", "do_remote_decode", "remote_block_ids", "remote_engine_id", "remote_request_id",
+			"remote_host", "remote_port", "tp_size",
+		},
+		Notif:            NotifDecodeTPSize,
+		AbortTimeout:     480 * time.Second,
+		Layout:           LayoutA,
+		SideChannelPort:  5600,
+		HandshakeTimeout: 5 * time.Second,
+	},
+	{
+		Name: "0.33", MinVersion: "0.33.0", MaxVersion: "0.34.0",
+		Framing:          FramingH4,
+		Payload:          PayloadM1,
+		Schema:           schemaV033,
+		ConnectorVersion: 15,
+		HashFactors: []string{
+			"vllm_version", "nixl_connector_version", "model", "dtype", "num_kv_heads", "head_size",
+			"num_hidden_layers", "attn_backend_name", "cache_dtype", "is_hma_enabled", "speculative_config",
+			"transfer_mode",
+		},
+		BlockIDs: BlockIDsGrouped,
+		ParamsKeys: []string{
+			"do_remote_prefill", "do_remote_decode", "remote_block_ids", "remote_engine_id", "remote_request_id",
+			"remote_host", "remote_port", "tp_size", "dcp_size", "pp_size", "remote_num_tokens",
+			"remote_blocks_expiry_time", "remote_registration_generation", "transfer_mode",
+		},
+		Notif:             NotifConsumers,
+		Leases:            true,
+		LeaseDuration:     30 * time.Second,
+		HeartbeatInterval: 5 * time.Second,
+		LeaseExtension:    20 * time.Second,
+		Layout:            LayoutC,
+		SideChannelPort:   5600,
+		HandshakeTimeout:  5 * time.Second,
+	},
+}
+
+// ProfileByName returns the profile whose Name is name ("0.16", "0.33").
+func ProfileByName(name string) (Profile, error) {
+	for _, p := range Profiles {
+		if p.Name == name {
+			return p, nil
+		}
+	}
+	return Profile{}, fmt.Errorf("%w: no profile named %q (known: %s)", ErrUnknownVersion, name, knownNames())
+}
+
+// ProfileFor returns the profile for the vLLM version string a peer reports (GET /version → {"version": …}).
+// Final releases, post releases and local tags ("0.16.0", "0.16.0.post1", "0.33.0+cu129") match by their
+// release number. Pre-releases and dev builds ("0.17.0rc1", "0.20.2rc1.dev265+gdd6b3a5ef") are rejected with
+// ErrUnknownVersion: their code may sit anywhere between two releases, so choosing a profile would be a guess;
+// use ProfileByName if you know which format such a build speaks.
+func ProfileFor(version string) (Profile, error) {
+	v, err := parseVersion(version)
+	if err != nil {
+		return Profile{}, err
+	}
+	if v.pre {
+		return Profile{}, fmt.Errorf("%w: %q is a pre-release or dev build; choose a profile with ProfileByName (known: %s)",
+			ErrUnknownVersion, version, knownNames())
+	}
+	for _, p := range Profiles {
+		lo, _ := parseVersion(p.MinVersion)
+		hi, _ := parseVersion(p.MaxVersion)
+		if compareRelease(v.release, lo.release) >= 0 && compareRelease(v.release, hi.release) < 0 {
+			return p, nil
+		}
+	}
+	return Profile{}, fmt.Errorf("%w: vLLM %q (supported: %s)", ErrUnknownVersion, version, knownNames())
+}
+
+// String returns "vLLM 0.16 (H2/M1, connector v2)".
+func (p Profile) String() string {
+	return fmt.Sprintf("vLLM %s (%s/%s, connector v%d)", p.Name, p.Framing, p.Payload, p.ConnectorVersion)
+}
+
+func knownNames() string {
+	names := make([]string, len(Profiles))
+	for i, p := range Profiles {
+		names[i] = p.Name + ".x"
+	}
+	return strings.Join(names, ", ")
+}
+
+type version struct {
+	release []int
+	pre     bool // a pre-release (aN, bN, rcN) or dev release
+}
+
+// parseVersion parses the PEP 440 subset vLLM uses: N(.N)*[{a|b|rc}N][.postN][.devN][+local].
+func parseVersion(s string) (version, error) {
+	bad := func() (version, error) {
+		return version{}, fmt.Errorf("%w: %q is not a PEP 440 version string", ErrUnknownVersion, s)
+	}
+	t := strings.TrimPrefix(strings.TrimSpace(s), "v")
+	if i := strings.IndexByte(t, '+'); i >= 0 {
+		if i == len(t)-1 {
+			return bad()
+		}
+		t = t[:i]
+	}
+	var v version
+	i := 0
+	for {
+		j := i
+		for j < len(t) && t[j] >= '0' && t[j] <= '9' {
+			j++
+		}
+		if j == i || j-i > 9 {
+			return bad()
+		}
+		n, _ := strconv.Atoi(t[i:j])
+		v.release = append(v.release, n)
+		i = j
+		if i < len(t) && t[i] == '.' && i+1 < len(t) && t[i+1] >= '0' && t[i+1] <= '9' {
+			i++
+			continue
+		}
+		break
+	}
+	rest := t[i:]
+	for rest != "" {
+		var tag string
+		switch {
+		case strings.HasPrefix(rest, ".post"), strings.HasPrefix(rest, "post"):
+			tag = "post"
+		case strings.HasPrefix(rest, ".dev"), strings.HasPrefix(rest, "dev"):
+			tag, v.pre = "dev", true
+		case strings.HasPrefix(rest, "rc"):
+			tag, v.pre = "rc", true
+		case strings.HasPrefix(rest, "a"):
+			tag, v.pre = "a", true
+		case strings.HasPrefix(rest, "b"):
+			tag, v.pre = "b", true
+		default:
+			return bad()
+		}
+		rest = strings.TrimPrefix(rest, ".")
+		rest = rest[len(tag):]
+		k := 0
+		for k < len(rest) && rest[k] >= '0' && rest[k] <= '9' {
+			k++
+		}
+		if k == 0 {
+			return bad()
+		}
+		rest = rest[k:]
+	}
+	return v, nil
+}
+
+func compareRelease(a, b []int) int {
+	for i := 0; i < len(a) || i < len(b); i++ {
+		var x, y int
+		if i < len(a) {
+			x = a[i]
+		}
+		if i < len(b) {
+			y = b[i]
+		}
+		if x != y {
+			if x < y {
+				return -1
+			}
+			return 1
+		}
+	}
+	return 0
+}

@@ -1,0 +1,540 @@
+package protocol
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"math/big"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/gonixl/gonixl/internal/testenv"
+)
+
+type vectorFile struct {
+	VLLMVersion      string   `json:"vllm_version"`
+	Profile          string   `json:"profile"`
+	ConnectorVersion int      `json:"connector_version"`
+	GetMetaMsg       string   `json:"get_meta_msg"`
+	MetadataFields   []string `json:"metadata_fields"`
+	Metadata         []struct {
+		Name   string          `json:"name"`
+		Fields json.RawMessage `json:"fields"`
+		Hex    string          `json:"hex"`
+	} `json:"metadata"`
+	MetadataDecode []struct {
+		Name   string          `json:"name"`
+		Hex    string          `json:"hex"`
+		Error  *string         `json:"error"`
+		Fields json.RawMessage `json:"fields"`
+	} `json:"metadata_decode"`
+	Payload []struct {
+		Name     string `json:"name"`
+		Hash     string `json:"hash"`
+		Metadata string `json:"metadata"`
+		Hex      string `json:"hex"`
+	} `json:"payload"`
+	Requests []struct {
+		PP, TP int
+		Hex    string `json:"hex"`
+	} `json:"requests"`
+	Clock []struct {
+		Value string `json:"value"`
+		Hex   string `json:"hex"`
+	} `json:"clock"`
+	Hash []struct {
+		Name       string          `json:"name"`
+		Inputs     json.RawMessage `json:"inputs"`
+		FactorKeys []string        `json:"factor_keys"`
+		JSON       string          `json:"json"`
+		SHA256     string          `json:"sha256"`
+	} `json:"hash"`
+	Params []struct {
+		Name string `json:"name"`
+		JSON string `json:"json"`
+	} `json:"params"`
+	Notifications []struct {
+		Text      string   `json:"text"`
+		Hex       string   `json:"hex"`
+		RequestID string   `json:"request_id"`
+		Count     int      `json:"count"`
+		Heartbeat []string `json:"heartbeat"`
+	} `json:"notifications"`
+}
+
+// loadVectors returns every testdata/vllm/<version>/vectors.json; it fails when there are none.
+func loadVectors(tb testing.TB) map[string]vectorFile {
+	tb.Helper()
+	files, err := filepath.Glob(filepath.Join(testenv.RepoRoot(), "testdata", "vllm", "*", "vectors.json"))
+	require.NoError(tb, err)
+	require.NotEmpty(tb, files, "no vectors: run `make vectors`")
+	out := map[string]vectorFile{}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		require.NoError(tb, err)
+		var v vectorFile
+		require.NoError(tb, json.Unmarshal(b, &v), f)
+		out[v.VLLMVersion] = v
+	}
+	return out
+}
+
+func unhex(tb testing.TB, s string) []byte {
+	tb.Helper()
+	b, err := hex.DecodeString(s)
+	require.NoError(tb, err)
+	return b
+}
+
+func jsonBytes(b []byte) string {
+	if len(b) <= 4096 {
+		return hex.EncodeToString(b)
+	}
+	sum := sha256.Sum256(b)
+	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
+// metaFields renders m the way gen_vectors.py renders vLLM's dataclass (bytes as hex, tuples as lists).
+func metaFields(m AgentMetadata) map[string]any {
+	nullable := func(v any, isNil bool) any {
+		if isNil {
+			return nil
+		}
+		return v
+	}
+	ints := func(v []int64) []int64 {
+		if v == nil {
+			return []int64{}
+		}
+		return v
+	}
+	strs := func(v []string) []string {
+		if v == nil {
+			return []string{}
+		}
+		return v
+	}
+	members := [][]string{}
+	for _, r := range m.RegionMembers {
+		members = append(members, strs(r))
+	}
+	packed := map[string]any{}
+	for _, p := range m.PackedMemberLayouts {
+		packed[p.Name] = []int64{p.Offset, p.PageBytes}
+	}
+	addrs := make([]string, len(m.KVCachesBaseAddr))
+	for i, a := range m.KVCachesBaseAddr {
+		addrs[i] = strconv.FormatUint(a, 10)
+	}
+	var ple any
+	if m.PLEBlockLen != nil {
+		ple = *m.PLEBlockLen
+	}
+	return map[string]any{
+		"engine_id": m.EngineID, "agent_metadata": jsonBytes(m.AgentMetadata),
+		"kv_caches_base_addr": json.RawMessage("[" + strings.Join(addrs, ",") + "]"),
+		"device_id":           m.DeviceID, "num_blocks": m.NumBlocks, "block_lens": ints(m.BlockLens),
+		"block_strides": ints(m.BlockStrides), "kv_cache_layout": m.KVCacheLayout, "block_size": m.BlockSize,
+		"ssm_sizes": m.SSMSizes[:], "attn_backend_name": m.AttnBackendName,
+		"physical_blocks_per_logical_kv_block": m.PhysicalBlocksPerLogicalKVBlock,
+		"region_num_blocks":                    nullable(m.RegionNumBlocks, m.RegionNumBlocks == nil),
+		"region_group_ids":                     nullable(m.RegionGroupIDs, m.RegionGroupIDs == nil),
+		"region_names":                         nullable(m.RegionNames, m.RegionNames == nil),
+		"region_mem_types":                     nullable(m.RegionMemTypes, m.RegionMemTypes == nil),
+		"dcp_size":                             m.DCPSize, "pcp_size": m.PCPSize, "ple_block_len": ple,
+		"region_members": members, "packed_member_layouts": packed,
+	}
+}
+
+// normJSON re-reads JSON with exact numbers so that values compare structurally.
+func normJSON(tb testing.TB, v any) any {
+	tb.Helper()
+	b, ok := v.(json.RawMessage)
+	if !ok {
+		var err error
+		b, err = json.Marshal(v)
+		require.NoError(tb, err)
+	}
+	d := json.NewDecoder(bytes.NewReader(b))
+	d.UseNumber()
+	var out any
+	require.NoError(tb, d.Decode(&out))
+	return out
+}
+
+func TestVectorsCoverEveryProfile(t *testing.T) {
+	vf := loadVectors(t)
+	for _, p := range Profiles {
+		found := false
+		for _, v := range vf {
+			found = found || v.Profile == p.Name
+		}
+		assert.True(t, found, "profile %s has no vectors under testdata/vllm/", p.Name)
+	}
+}
+
+func TestVectorsProfileTable(t *testing.T) {
+	for version, v := range loadVectors(t) {
+		t.Run(version, func(t *testing.T) {
+			p, err := ProfileFor(version)
+			require.NoError(t, err)
+			assert.Equal(t, v.Profile, p.Name)
+			// The schema row must equal the dataclass fields of vLLM's own NixlAgentMetadata, in order.
+			assert.Equal(t, v.MetadataFields, p.Schema.Fields())
+			assert.Equal(t, v.ConnectorVersion, p.ConnectorVersion)
+			assert.Equal(t, GetMetaMsg, v.GetMetaMsg)
+		})
+	}
+}
+
+func TestVectorsMetadata(t *testing.T) {
+	for version, v := range loadVectors(t) {
+		p, err := ProfileFor(version)
+		require.NoError(t, err)
+		for _, c := range v.Metadata {
+			t.Run(version+"/"+c.Name, func(t *testing.T) {
+				raw := unhex(t, c.Hex)
+				m, err := p.DecodeMetadata(raw)
+				require.NoError(t, err)
+				enc, err := p.EncodeMetadata(m)
+				require.NoError(t, err)
+				assert.Equal(t, c.Hex, hex.EncodeToString(enc), "re-encoding must be byte-identical to msgspec")
+
+				var want map[string]json.RawMessage
+				require.NoError(t, json.Unmarshal(c.Fields, &want))
+				got := metaFields(m)
+				for name, w := range want {
+					assert.Equal(t, normJSON(t, w), normJSON(t, got[name]), "field %s", name)
+				}
+			})
+		}
+	}
+}
+
+func TestVectorsMetadataDecode(t *testing.T) {
+	for version, v := range loadVectors(t) {
+		p, err := ProfileFor(version)
+		require.NoError(t, err)
+		for _, c := range v.MetadataDecode {
+			t.Run(version+"/"+c.Name, func(t *testing.T) {
+				m, err := p.DecodeMetadata(unhex(t, c.Hex))
+				if c.Error != nil {
+					require.Error(t, err, "msgspec rejects this: %s", *c.Error)
+					if field, ok := strings.CutPrefix(c.Name, "missing_"); ok {
+						assert.ErrorIs(t, err, ErrMissingField)
+						assert.Contains(t, err.Error(), field)
+					} else {
+						assert.ErrorIs(t, err, ErrMalformed)
+					}
+					return
+				}
+				require.NoError(t, err)
+				var want map[string]json.RawMessage
+				require.NoError(t, json.Unmarshal(c.Fields, &want))
+				got := metaFields(m)
+				for name, w := range want {
+					assert.Equal(t, normJSON(t, w), normJSON(t, got[name]), "field %s", name)
+				}
+				// What we encode decodes back to the same values.
+				enc, err := p.EncodeMetadata(m)
+				require.NoError(t, err)
+				m2, err := p.DecodeMetadata(enc)
+				require.NoError(t, err)
+				assert.Equal(t, m, m2)
+			})
+		}
+	}
+}
+
+func TestVectorsPayload(t *testing.T) {
+	for version, v := range loadVectors(t) {
+		p, err := ProfileFor(version)
+		require.NoError(t, err)
+		meta := map[string]string{}
+		for _, c := range v.Metadata {
+			meta[c.Name] = c.Hex
+		}
+		for _, c := range v.Payload {
+			t.Run(version+"/"+c.Name, func(t *testing.T) {
+				hp, err := p.DecodeHandshake(unhex(t, c.Hex))
+				require.NoError(t, err)
+				assert.Equal(t, c.Hash, hp.CompatibilityHash)
+				assert.Equal(t, meta[c.Metadata], hex.EncodeToString(hp.AgentMetadataBytes))
+				enc, err := EncodeHandshakePayload(hp)
+				require.NoError(t, err)
+				assert.Equal(t, c.Hex, hex.EncodeToString(enc))
+
+				m, err := p.OpenHandshake(unhex(t, c.Hex), HandshakeCheck{LocalHash: c.Hash, EnforceHash: true})
+				require.NoError(t, err)
+				enc, err = p.EncodeHandshake(c.Hash, m)
+				require.NoError(t, err)
+				assert.Equal(t, c.Hex, hex.EncodeToString(enc))
+			})
+		}
+	}
+}
+
+func TestVectorsRequestsAndClock(t *testing.T) {
+	for version, v := range loadVectors(t) {
+		p, err := ProfileFor(version)
+		require.NoError(t, err)
+		for _, c := range v.Requests {
+			r := Rank{PP: c.PP, TP: c.TP}
+			enc, err := p.EncodeRequest(r)
+			require.NoError(t, err)
+			assert.Equal(t, c.Hex, hex.EncodeToString(enc), "%s request %v", version, r)
+			got, err := p.DecodeRequest(unhex(t, c.Hex))
+			require.NoError(t, err)
+			assert.Equal(t, MetaRequest{Rank: r}, got)
+		}
+		for _, c := range v.Clock {
+			f, err := strconv.ParseFloat(c.Value, 64)
+			require.NoError(t, err)
+			enc, err := EncodeClock(f)
+			require.NoError(t, err)
+			assert.Equal(t, c.Hex, hex.EncodeToString(enc))
+			got, err := DecodeClock(enc)
+			require.NoError(t, err)
+			assert.Equal(t, f, got)
+			frames, err := p.ReplyFrames([]byte("x"), f)
+			require.NoError(t, err)
+			rep, err := p.DecodeReply(frames)
+			require.NoError(t, err)
+			assert.Equal(t, p.Framing == FramingH4, rep.HasClock)
+			if p.Framing == FramingH4 {
+				assert.Equal(t, c.Hex, hex.EncodeToString(frames[1]))
+			}
+		}
+	}
+}
+
+// jsonToAny converts json.Number to int64 (or *big.Int) / float64 as Python's json would have typed them.
+func jsonToAny(v any) any {
+	switch x := v.(type) {
+	case json.Number:
+		s := x.String()
+		if strings.ContainsAny(s, ".eE") {
+			f, _ := x.Float64()
+			return f
+		}
+		if n, err := x.Int64(); err == nil {
+			return n
+		}
+		b, _ := new(big.Int).SetString(s, 10)
+		return b
+	case []any:
+		for i := range x {
+			x[i] = jsonToAny(x[i])
+		}
+	case map[string]any:
+		for k := range x {
+			x[k] = jsonToAny(x[k])
+		}
+	}
+	return v
+}
+
+func TestVectorsHash(t *testing.T) {
+	for version, v := range loadVectors(t) {
+		p, err := ProfileFor(version)
+		require.NoError(t, err)
+		for _, c := range v.Hash {
+			t.Run(version+"/"+c.Name, func(t *testing.T) {
+				var in struct {
+					VLLMVersion       string         `json:"vllm_version"`
+					Model             string         `json:"model"`
+					Dtype             string         `json:"dtype"`
+					NumKVHeads        int64          `json:"num_kv_heads"`
+					HeadSize          int64          `json:"head_size"`
+					NumHiddenLayers   int64          `json:"num_hidden_layers"`
+					AttnBackendName   string         `json:"attn_backend_name"`
+					CacheDtype        string         `json:"cache_dtype"`
+					CrossLayersBlocks bool           `json:"cross_layers_blocks"`
+					HMAEnabled        bool           `json:"is_hma_enabled"`
+					SpeculativeConfig map[string]any `json:"speculative_config"`
+					TransferMode      string         `json:"transfer_mode"`
+				}
+				d := json.NewDecoder(bytes.NewReader(c.Inputs))
+				d.UseNumber()
+				require.NoError(t, d.Decode(&in))
+				if in.SpeculativeConfig != nil {
+					jsonToAny(in.SpeculativeConfig)
+				}
+				ci := CompatInputs(in)
+				f, err := p.Factors(ci)
+				require.NoError(t, err)
+				keys := make([]string, 0, len(f))
+				for k := range f {
+					keys = append(keys, k)
+				}
+				sort.Strings(keys)
+				assert.Equal(t, c.FactorKeys, keys, "the profile's hash factors must be vLLM's")
+				js, err := PyJSONDumps(f)
+				require.NoError(t, err)
+				assert.Equal(t, c.JSON, js)
+				h, err := p.CompatHash(ci)
+				require.NoError(t, err)
+				assert.Equal(t, c.SHA256, h)
+			})
+		}
+	}
+}
+
+func TestVectorsParams(t *testing.T) {
+	for version, v := range loadVectors(t) {
+		p, err := ProfileFor(version)
+		require.NoError(t, err)
+		for _, c := range v.Params {
+			t.Run(version+"/"+c.Name, func(t *testing.T) {
+				k, err := p.DecodeParams([]byte(c.JSON))
+				require.NoError(t, err)
+				if c.Name == "proxy_to_prefill" {
+					assert.True(t, k.DoRemoteDecode)
+					assert.Nil(t, k.RemoteBlockIDs)
+					assert.True(t, k.Has["remote_block_ids"])
+					assert.Equal(t, normJSON(t, json.RawMessage(c.JSON)), normJSON(t, json.RawMessage(PrefillRequestParams)))
+					return
+				}
+				require.NoError(t, k.ValidateForDecode())
+				enc, err := p.EncodeParams(k)
+				require.NoError(t, err)
+				assert.Equal(t, normJSON(t, json.RawMessage(c.JSON)), normJSON(t, json.RawMessage(enc)))
+				// Same key order as vLLM's dict (json.Unmarshal loses order, so compare the key sequence).
+				assert.Equal(t, jsonKeys(t, c.JSON), jsonKeys(t, string(enc)))
+			})
+		}
+	}
+}
+
+func jsonKeys(tb testing.TB, s string) []string {
+	d := json.NewDecoder(strings.NewReader(s))
+	var keys []string
+	depth := 0
+	expectKey := false
+	for {
+		tok, err := d.Token()
+		if err != nil {
+			break
+		}
+		switch x := tok.(type) {
+		case json.Delim:
+			switch x {
+			case '{', '[':
+				depth++
+				expectKey = x == '{' && depth == 1
+			case '}', ']':
+				depth--
+				expectKey = depth == 1
+			}
+			continue
+		case string:
+			if depth == 1 && expectKey {
+				keys = append(keys, x)
+				expectKey = false
+				continue
+			}
+		}
+		if depth == 1 {
+			expectKey = true
+		}
+	}
+	return keys
+}
+
+func TestVectorsNotifications(t *testing.T) {
+	for version, v := range loadVectors(t) {
+		p, err := ProfileFor(version)
+		require.NoError(t, err)
+		for _, c := range v.Notifications {
+			n, err := p.DecodeNotification(unhex(t, c.Hex))
+			require.NoError(t, err, c.Text)
+			want := Notification{RequestID: c.RequestID, Count: c.Count, Heartbeat: c.Heartbeat}
+			assert.Equal(t, want, n)
+			enc, err := p.EncodeNotification(n)
+			require.NoError(t, err)
+			assert.Equal(t, c.Hex, hex.EncodeToString(enc))
+		}
+	}
+}
+
+type typedValue struct {
+	Null  *bool                `json:"null"`
+	Bool  *bool                `json:"bool"`
+	Int   *string              `json:"int"`
+	Float *string              `json:"float"`
+	Str   *string              `json:"str"`
+	List  []typedValue         `json:"list"`
+	Dict  [][2]json.RawMessage `json:"dict"`
+}
+
+func (tv typedValue) value(tb testing.TB) any {
+	switch {
+	case tv.Null != nil:
+		return nil
+	case tv.Bool != nil:
+		return *tv.Bool
+	case tv.Int != nil:
+		if n, err := strconv.ParseInt(*tv.Int, 10, 64); err == nil {
+			return n
+		}
+		if n, err := strconv.ParseUint(*tv.Int, 10, 64); err == nil {
+			return n
+		}
+		b, ok := new(big.Int).SetString(*tv.Int, 10)
+		require.True(tb, ok)
+		return b
+	case tv.Float != nil:
+		f, err := strconv.ParseFloat(*tv.Float, 64)
+		if err != nil { // Python's float.hex() writes "inf", "-inf", "nan"
+			f, err = strconv.ParseFloat(strings.TrimSuffix(*tv.Float, "inity"), 64)
+		}
+		require.NoError(tb, err, *tv.Float)
+		return f
+	case tv.Str != nil:
+		return *tv.Str
+	case tv.List != nil:
+		out := make([]any, len(tv.List))
+		for i, e := range tv.List {
+			out[i] = e.value(tb)
+		}
+		return out
+	case tv.Dict != nil:
+		out := map[string]any{}
+		for _, kv := range tv.Dict {
+			var k string
+			require.NoError(tb, json.Unmarshal(kv[0], &k))
+			var e typedValue
+			require.NoError(tb, json.Unmarshal(kv[1], &e))
+			out[k] = e.value(tb)
+		}
+		return out
+	}
+	tb.Fatalf("empty typed value")
+	return nil
+}
+
+func TestVectorsPyJSON(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), "testdata", "vllm", "pyjson.json"))
+	require.NoError(t, err)
+	var doc struct {
+		Cases []struct {
+			Typed typedValue `json:"typed"`
+			JSON  string     `json:"json"`
+		} `json:"cases"`
+	}
+	require.NoError(t, json.Unmarshal(b, &doc))
+	require.NotEmpty(t, doc.Cases)
+	for _, c := range doc.Cases {
+		got, err := PyJSONDumps(c.Typed.value(t))
+		require.NoError(t, err)
+		assert.Equal(t, c.JSON, got)
+	}
+}

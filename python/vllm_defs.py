@@ -1,0 +1,162 @@
+"""Load vLLM's own NixlConnector wire definitions from a vLLM wheel, without importing vllm (which needs torch).
+
+The wheel is opened as a zip; the module that defines NixlAgentMetadata is parsed with `ast`, and only these
+top-level definitions are executed, unchanged, in a stub namespace:
+
+  NixlAgentMetadata, NixlHandshakePayload            (the msgspec-encoded dataclasses)
+  compute_nixl_compatibility_hash                    (+ _get_speculative_compatibility_factors where present)
+  NIXL_CONNECTOR_VERSION, GET_META_MSG
+  vllm/config/utils.py: hash_factors                 (sha256 over json.dumps(sort_keys=True))
+  vllm/_version.py: __version__
+
+So the field order, defaults and hash factors are vLLM's, read at generation time; nothing is copied into
+this repository. Used by gen_vectors.py and the interop tests' Python peers.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import subprocess
+import sys
+import types
+import typing
+import zipfile
+from pathlib import Path
+
+METADATA_MODULES = [
+    "vllm/distributed/kv_transfer/kv_connector/v1/nixl/metadata.py",  # 0.20+ package layout
+    "vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py",  # single-module layout
+]
+WANTED = {
+    "NixlAgentMetadata",
+    "NixlHandshakePayload",
+    "compute_nixl_compatibility_hash",
+    "_get_speculative_compatibility_factors",
+    "NIXL_CONNECTOR_VERSION",
+    "GET_META_MSG",
+}
+
+
+def wheel_dirs() -> list[Path]:
+    env = os.environ.get("VLLM_WHEEL_DIR", "")
+    dirs = [Path(p) for p in env.split(os.pathsep) if p]
+    dirs.append(Path.home() / ".cache" / "gonixl" / "vllm-wheels")
+    return dirs
+
+
+def find_wheel(version: str, download: bool = True) -> Path:
+    """Return the path of vllm-<version>-*.whl, downloading it with pip (no deps) if allowed."""
+    for d in wheel_dirs():
+        for w in sorted(d.glob(f"vllm-{version}-*.whl")) if d.is_dir() else []:
+            return w
+    if not download:
+        raise FileNotFoundError(f"vllm {version} wheel not found in {wheel_dirs()}; set VLLM_WHEEL_DIR")
+    dest = wheel_dirs()[-1]
+    dest.mkdir(parents=True, exist_ok=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check", "--no-deps",
+         f"vllm=={version}", "-d", str(dest)],
+        check=True,
+    )
+    return find_wheel(version, download=False)
+
+
+def _top_level(src: str, names: set[str]) -> list[ast.stmt]:
+    out = []
+    for node in ast.parse(src).body:
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef)) and node.name in names:
+            out.append(node)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Name) and t.id in names for t in targets):
+                out.append(node)
+    return out
+
+
+class Defs:
+    """vLLM's wire definitions of one release."""
+
+    def __init__(self, version: str, wheel: Path | None = None):
+        self.wheel = wheel or find_wheel(version)
+        with zipfile.ZipFile(self.wheel) as z:
+            names = set(z.namelist())
+            self.module_path = next(m for m in METADATA_MODULES if m in names)
+            src = z.read(self.module_path).decode()
+            utils_src = z.read("vllm/config/utils.py").decode()
+            version_src = z.read("vllm/_version.py").decode()
+        ns: dict = {}
+        exec(compile(ast.Module(_top_level(version_src, {"__version__"}) or [], []), "_version", "exec", dont_inherit=True), ns)
+        self.version = ns.get("__version__", version)
+        assert self.version == version, (self.version, version)
+
+        # Stub modules for the function-local imports of compute_nixl_compatibility_hash.
+        self._utils = types.ModuleType("vllm.config.utils")
+        self._utils.__dict__.update(hashlib=hashlib, json=json)
+        exec(compile(ast.Module(_top_level(utils_src, {"hash_factors"}), []), "vllm/config/utils.py", "exec", dont_inherit=True),
+             self._utils.__dict__)
+
+        mod = types.ModuleType(f"gonixl_vllm_defs_{version.replace('.', '_')}")
+
+        class KVConnectorHandshakeMetadata:  # an empty ABC in vLLM
+            pass
+
+        mod.__dict__.update(
+            dataclass=dataclasses.dataclass, field=dataclasses.field, Any=typing.Any,
+            KVConnectorHandshakeMetadata=KVConnectorHandshakeMetadata, VllmConfig=typing.Any,
+            BlockIds=typing.Any, EngineId=str, ReqId=str, logger=logging.getLogger("vllm_defs"),
+        )
+        sys.modules[mod.__name__] = mod
+        nodes = _top_level(src, WANTED)
+        exec(compile(ast.Module(nodes, []), self.module_path, "exec", dont_inherit=True), mod.__dict__)
+        self.mod = mod
+        self.NixlAgentMetadata = mod.NixlAgentMetadata
+        self.NixlHandshakePayload = mod.NixlHandshakePayload
+        self.connector_version = mod.NIXL_CONNECTOR_VERSION
+        self.get_meta_msg = mod.GET_META_MSG
+
+    def fields(self) -> list[dataclasses.Field]:
+        return list(dataclasses.fields(self.NixlAgentMetadata))
+
+    def compat_hash(self, vllm_config, attn_backend_name: str, vllm_version: str | None = None, **kw) -> str:
+        """Run vLLM's compute_nixl_compatibility_hash with stub modules for its local imports."""
+        import inspect
+
+        fake_vllm = types.ModuleType("vllm")
+        fake_vllm.__version__ = vllm_version or self.version
+        fake_config = types.ModuleType("vllm.config")
+        fake_config.utils = self._utils
+        saved = {k: sys.modules.get(k) for k in ("vllm", "vllm.config", "vllm.config.utils")}
+        sys.modules.update({"vllm": fake_vllm, "vllm.config": fake_config, "vllm.config.utils": self._utils})
+        try:
+            fn = self.mod.compute_nixl_compatibility_hash
+            params = inspect.signature(fn).parameters
+            args = {k: v for k, v in kw.items() if k in params}
+            return fn(vllm_config, attn_backend_name, **args)
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    sys.modules.pop(k, None)
+                else:
+                    sys.modules[k] = v
+
+    def factor_json(self, vllm_config, attn_backend_name: str, vllm_version: str | None = None, **kw) -> str:
+        """The json.dumps text that compat_hash hashes (captured by wrapping hash_factors)."""
+        captured = {}
+        orig = self._utils.hash_factors
+
+        def spy(items):
+            captured["json"] = json.dumps(items, sort_keys=True)
+            return orig(items)
+
+        self._utils.hash_factors = spy
+        try:
+            h = self.compat_hash(vllm_config, attn_backend_name, vllm_version, **kw)
+        finally:
+            self._utils.hash_factors = orig
+        assert hashlib.sha256(captured["json"].encode()).hexdigest() == h
+        return captured["json"]
