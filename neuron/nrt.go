@@ -362,7 +362,9 @@ func (r *Runtime) VisibleCores() (int, error) {
 }
 
 // TotalCores returns the number of NeuronCores on the instance.
-func (r *Runtime) TotalCores() (int, error) { return r.count(r.lib.totalCount, "nrt_get_total_vnc_count") }
+func (r *Runtime) TotalCores() (int, error) {
+	return r.count(r.lib.totalCount, "nrt_get_total_vnc_count")
+}
 
 // Allocate allocates a tensor of size bytes. vnc is the NeuronCore (relative to the visible ones) for device
 // placement and is ignored (passed as -1) otherwise.
