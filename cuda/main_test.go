@@ -29,7 +29,13 @@ func (r runner) Run() int {
 	return code
 }
 
+// childEnv re-runs the test binary as a child process for checks that might leave a CUDA context unusable.
+const childEnv = "GONIXL_CUDA_CHILD"
+
 func TestMain(m *testing.M) {
+	if os.Getenv(childEnv) == "badptr" {
+		os.Exit(badPointerChild())
+	}
 	goleak.VerifyTestMain(runner{m})
 }
 
