@@ -94,7 +94,7 @@ func BenchmarkStageQwen3(b *testing.B) {
 				serial = stageNs(b, s, req, 2)
 				s.workers = saved
 			}
-			b.SetBytes(int64(2*28*benchTokens*8*128*2))
+			b.SetBytes(int64(2 * 28 * benchTokens * 8 * 128 * 2))
 			b.ResetTimer()
 			for b.Loop() {
 				if err := s.Stage(context.Background(), req); err != nil {

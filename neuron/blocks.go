@@ -12,7 +12,9 @@ const DefaultLeaseTimeout = 480 * time.Second
 
 // PoolOptions configure a BlockPool.
 type PoolOptions struct {
-	// LeaseTimeout bounds how long reserved blocks stay reserved without Release (0: DefaultLeaseTimeout).
+	// LeaseTimeout bounds how long reserved blocks stay reserved without Release (0: DefaultLeaseTimeout;
+	// negative: never expire, for a caller such as the connector's prefill role that enforces its own
+	// abort timeout and always calls Release).
 	LeaseTimeout time.Duration
 	// Now is the clock (nil: time.Now); tests inject one.
 	Now func() time.Time
@@ -45,7 +47,7 @@ func NewBlockPool(numBlocks int, opts PoolOptions) (*BlockPool, error) {
 		return nil, fmt.Errorf("%w: a block pool needs at least 2 blocks (block 0 is the null block), got %d", ErrBadArgument, numBlocks)
 	}
 	p := &BlockPool{lease: opts.LeaseTimeout, now: opts.Now, state: make([]blockState, numBlocks)}
-	if p.lease <= 0 {
+	if p.lease == 0 {
 		p.lease = DefaultLeaseTimeout
 	}
 	if p.now == nil {
@@ -161,6 +163,9 @@ func (p *BlockPool) Reclaim() []int {
 
 func (p *BlockPool) reclaimLocked(now time.Time) []int {
 	var out []int
+	if p.lease < 0 {
+		return nil
+	}
 	for id := 1; id < len(p.state); id++ {
 		s := p.state[id]
 		if s.reserved && !s.staging && !now.Before(s.deadline) {

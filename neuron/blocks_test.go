@@ -100,3 +100,16 @@ func TestBlockPoolConcurrent(t *testing.T) {
 	wg.Wait()
 	assert.Equal(t, 64, p.Free())
 }
+
+func TestBlockPoolWithoutLeases(t *testing.T) {
+	var now atomic.Int64
+	p, err := NewBlockPool(3, PoolOptions{LeaseTimeout: -1, Now: func() time.Time { return time.Unix(0, now.Load()) }})
+	require.NoError(t, err)
+	ids, err := p.Reserve(2)
+	require.NoError(t, err)
+	now.Add(int64(100 * time.Hour))
+	assert.Empty(t, p.Reclaim())
+	_, err = p.Reserve(1)
+	require.ErrorIs(t, err, ErrNoBlocks)
+	require.NoError(t, p.Release(ids))
+}
