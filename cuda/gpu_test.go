@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gonixl/gonixl/cuda"
+	"github.com/gonixl/gonixl/layout"
 	"github.com/gonixl/gonixl/nixl"
 )
 
@@ -389,4 +390,55 @@ func badPointerChild() int {
 		fmt.Println("after: ok")
 	}
 	return 0
+}
+
+// connectorCache and hostBuffered mirror the connector's Cache and HostBuffered interfaces (the cuda package
+// does not import the connector; it satisfies them structurally).
+type connectorCache interface {
+	Geometry() layout.Geometry
+	MemType() nixl.MemType
+	DeviceID() uint64
+	RegionBases() []uint64
+}
+
+type hostBuffered interface {
+	CopyToDevice(ctx context.Context, blockIDs []int) error
+}
+
+var (
+	_ connectorCache = (*cuda.KVCache)(nil)
+	_ connectorCache = (*cuda.HostKVCache)(nil)
+	_ connectorCache = (*cuda.HostBufferedKVCache)(nil)
+	_ hostBuffered   = (*cuda.HostBufferedKVCache)(nil)
+)
+
+func TestHostBufferedKVCache(t *testing.T) {
+	dev := gpu(t)
+	g := testGeometry(3, 16)
+	c, err := cuda.NewHostBufferedKVCache(dev, g)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, c.Close()) }()
+	require.Equal(t, nixl.DRAM, c.MemType(), "NIXL fills the host buffer")
+	require.Equal(t, uint64(0), c.DeviceID())
+	copy(c.Bytes(), pattern(len(c.Bytes()), 11))
+	ids := []int{2, 3, 9}
+	require.NoError(t, c.CopyToDevice(ctxT(t), ids))
+	blk := make([]byte, g.BlockLen())
+	for r := range g.NumRegions() {
+		for _, b := range ids {
+			require.NoError(t, c.VRAM().Mem().Read(uint64(g.RegionOffset(r))+uint64(b)*uint64(g.BlockLen()), blk))
+			require.Equal(t, c.Block(r, b), blk, "region %d block %d", r, b)
+		}
+	}
+	// Round trip: clear the host blocks, copy back from the device.
+	for r := range g.NumRegions() {
+		clear(c.Block(r, 9))
+	}
+	require.NoError(t, c.CopyFromDevice(ctxT(t), []int{9}))
+	want := pattern(len(c.Bytes()), 11)
+	for r := range g.NumRegions() {
+		off := g.RegionOffset(r) + 9*g.BlockLen()
+		require.Equal(t, want[off:off+g.BlockLen()], c.Block(r, 9))
+	}
+	require.ErrorIs(t, c.CopyToDevice(ctxT(t), []int{16}), cuda.ErrInvalidValue)
 }

@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"sync"
@@ -294,4 +295,58 @@ func (c *KVCache) run(dir Direction, ops []Copy, s *Stream) error {
 		return c.dev.CopyBatch(dir, ops, nil)
 	}
 	return s.Enqueue(dir, ops)
+}
+
+// HostBufferedKVCache is a decode rank's cache in vLLM's host-buffered mode (kv_buffer_device="cpu"): NIXL
+// reads into a pinned host cache (this is what registers and what the handshake publishes: MemType DRAM,
+// DeviceID 0, the host RegionBases), and CopyToDevice moves a request's blocks into the VRAM cache once its
+// READs are done. It satisfies the connector's Cache and HostBuffered interfaces. Safe for concurrent use;
+// the copies of concurrent calls share one stream, so each call also waits for the others' copies.
+type HostBufferedKVCache struct {
+	*HostKVCache
+	vram *KVCache
+	s    *Stream
+}
+
+// NewHostBufferedKVCache allocates the pinned host cache and the VRAM cache for g on dev.
+func NewHostBufferedKVCache(dev *Device, g layout.Geometry) (*HostBufferedKVCache, error) {
+	h, err := NewHostKVCache(dev, g)
+	if err != nil {
+		return nil, err
+	}
+	v, err := NewKVCache(dev, g)
+	if err != nil {
+		return nil, errors.Join(err, h.Close())
+	}
+	s, err := dev.NewStream()
+	if err != nil {
+		return nil, errors.Join(err, v.Close(), h.Close())
+	}
+	return &HostBufferedKVCache{HostKVCache: h, vram: v, s: s}, nil
+}
+
+// VRAM is the device cache the blocks end up in.
+func (c *HostBufferedKVCache) VRAM() *KVCache { return c.vram }
+
+// CopyToDevice copies blocks blockIDs (same ids on both sides, every region) from the host cache to the
+// VRAM cache in one batch, and waits for them (bounded by ctx).
+func (c *HostBufferedKVCache) CopyToDevice(ctx context.Context, blockIDs []int) error {
+	if err := c.vram.CopyFromHost(c.HostKVCache, blockIDs, blockIDs, c.s); err != nil {
+		return err
+	}
+	return c.s.Wait(ctx)
+}
+
+// CopyFromDevice copies blocks blockIDs from the VRAM cache to the host cache (for a prefill rank that
+// stages its GPU cache in host memory) and waits for them.
+func (c *HostBufferedKVCache) CopyFromDevice(ctx context.Context, blockIDs []int) error {
+	if err := c.vram.CopyToHost(c.HostKVCache, blockIDs, blockIDs, c.s); err != nil {
+		return err
+	}
+	return c.s.Wait(ctx)
+}
+
+// Close deregisters and frees the host cache, then frees the VRAM cache. It is idempotent.
+func (c *HostBufferedKVCache) Close() error {
+	return errors.Join(c.HostKVCache.Close(), c.s.Close(), c.vram.Close())
 }
