@@ -1,0 +1,152 @@
+#!/usr/bin/env python3
+"""A Python side-channel peer that speaks vLLM NixlConnector's framing (pyzmq + msgspec), for gonixl's
+cross-language tests.
+
+  client: like vLLM's decode-side _nixl_handshake: one REQ socket, per rank send
+          msgspec.msgpack.encode((GET_META_MSG, tp)) [0.16] or ((GET_META_MSG, pp, tp)) [0.33], RCVTIMEO 5000,
+          then recv() [0.16] or recv_multipart() with exactly 2 frames, the second a msgpack float [0.33].
+          Prints one JSON line per rank describing what it got.
+  server: like vLLM's _nixl_handshake_listener: ROUTER, RCVTIMEO 1000, recv_multipart() -> (identity, "", msg),
+          msgspec.msgpack.decode(msg) unpacked as (tag, tp) or (tag, pp, tp), reply (identity, "", payload[, ts])
+          with ts = msgspec.msgpack.encode(time.perf_counter()). Prints its endpoint, serves until stdin closes.
+
+The payloads are decoded with vLLM's own NixlHandshakePayload / NixlAgentMetadata when the release's wheel is
+available locally (python/vllm_defs.py, $VLLM_WHEEL_DIR; never downloaded here), else untyped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+
+import msgspec
+import zmq
+
+GET_META_MSG = b"get_meta_msg"
+FRAMING = {"0.16": "H2", "0.33": "H4"}
+RELEASE = {"0.16": "0.16.0", "0.33": "0.33.0"}
+
+
+def vllm_classes(profile: str):
+    try:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import vllm_defs
+
+        d = vllm_defs.Defs(RELEASE[profile], wheel=vllm_defs.find_wheel(RELEASE[profile], download=False))
+        return d.NixlHandshakePayload, d.NixlAgentMetadata
+    except Exception:  # no wheel here: decode untyped only
+        return None, None
+
+
+def request(profile: str, pp: int, tp: int) -> bytes:
+    if FRAMING[profile] == "H2":
+        return msgspec.msgpack.encode((GET_META_MSG, tp))
+    return msgspec.msgpack.encode((GET_META_MSG, pp, tp))
+
+
+def run_client(args) -> int:
+    payload_cls, meta_cls = vllm_classes(args.profile)
+    ranks = [tuple(int(x) for x in r.split(":")) for r in args.ranks.split(",")]
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.REQ)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(args.endpoint)
+    try:
+        for pp, tp in ranks:
+            sock.setsockopt(zmq.RCVTIMEO, 5000)
+            sock.send(request(args.profile, pp, tp))
+            out = {"pp": pp, "tp": tp}
+            if FRAMING[args.profile] == "H4":
+                parts = sock.recv_multipart()
+                out["frames"] = len(parts)
+                assert len(parts) == 2, parts  # vLLM asserts this
+                out["clock"] = msgspec.msgpack.decode(parts[1])
+                payload = parts[0]
+            else:
+                payload = sock.recv()
+                out["frames"] = 1 + (1 if sock.getsockopt(zmq.RCVMORE) else 0)
+            out["payload_hex"] = payload.hex()
+            outer = msgspec.msgpack.decode(payload)
+            inner = msgspec.msgpack.decode(outer["agent_metadata_bytes"])
+            out["hash"] = outer["compatibility_hash"]
+            out["metadata_keys"] = list(inner)
+            out["engine_id"] = inner["engine_id"]
+            out["typed"] = payload_cls is not None
+            if payload_cls is not None:
+                hp = msgspec.msgpack.Decoder(payload_cls).decode(payload)
+                m = msgspec.msgpack.Decoder(meta_cls).decode(hp.agent_metadata_bytes)
+                out["typed_engine_id"] = m.engine_id
+                out["typed_num_blocks"] = m.num_blocks
+            print(json.dumps(out), flush=True)
+    finally:
+        sock.close(linger=0)
+        ctx.term()
+    return 0
+
+
+def run_server(args) -> int:
+    payloads = {tuple(int(x) for x in k.split(":")): bytes.fromhex(v)
+                for k, v in json.loads(Path(args.payloads).read_text()).items()}
+    stop = threading.Event()
+
+    def watch_stdin():
+        sys.stdin.read()
+        stop.set()
+
+    threading.Thread(target=watch_stdin, daemon=True).start()
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.bind("tcp://127.0.0.1:*")
+    sock.setsockopt(zmq.RCVTIMEO, 1000 if not args.fast_poll else 100)
+    print(sock.getsockopt(zmq.LAST_ENDPOINT).decode(), flush=True)
+    served = 0
+    try:
+        while True:
+            try:
+                identity, _, msg = sock.recv_multipart()
+            except zmq.Again:
+                if stop.is_set():
+                    break
+                continue
+            if FRAMING[args.profile] == "H2":
+                tag, tp = msgspec.msgpack.decode(msg)
+                key = (0, tp)
+            else:
+                tag, pp, tp = msgspec.msgpack.decode(msg)
+                key = (pp, tp)
+            if tag != GET_META_MSG:
+                print(f"unexpected tag {tag!r}", file=sys.stderr)
+            parts = [identity, b"", payloads[key]]
+            if FRAMING[args.profile] == "H4":
+                parts.append(msgspec.msgpack.encode(time.perf_counter()))
+            sock.send_multipart(parts)
+            served += 1
+    finally:
+        sock.close(linger=0)
+        ctx.term()
+    print(json.dumps({"served": served}), file=sys.stderr, flush=True)
+    return 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    sub = ap.add_subparsers(dest="mode", required=True)
+    c = sub.add_parser("client")
+    c.add_argument("--profile", required=True, choices=sorted(FRAMING))
+    c.add_argument("--endpoint", required=True)
+    c.add_argument("--ranks", required=True, help="pp:tp,pp:tp,...")
+    s = sub.add_parser("server")
+    s.add_argument("--profile", required=True, choices=sorted(FRAMING))
+    s.add_argument("--payloads", required=True, help='JSON file {"pp:tp": "<hex>"}')
+    s.add_argument("--fast-poll", action="store_true")
+    args = ap.parse_args()
+    return run_client(args) if args.mode == "client" else run_server(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
