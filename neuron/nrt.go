@@ -21,6 +21,10 @@ typedef size_t (*gn_size_t)(const void *tensor);
 typedef void *(*gn_va_t)(const void *tensor);
 typedef const char *(*gn_str_t)(int32_t status);
 typedef int64_t (*gn_ctl_t)(const char *key, int64_t value, int set);
+// nrt_version_t (nrt_version.h): 4 × u64, char rt_detail[128], char git_hash[64] = 224 bytes.
+typedef struct { uint64_t major, minor, patch, maintenance; char rt_detail[128]; char git_hash[64]; } gn_version;
+typedef int32_t (*gn_version_t)(gn_version *v, size_t size);
+static int32_t gn_call_version(void *f, gn_version *v) { return ((gn_version_t)f)(v, sizeof *v); }
 
 // nrt_tensor_batch_op_t and nrt_tensor_batch_t (ndl/neuron_driver_shared_tensor_batch_op.h, nrt.h).
 typedef struct { uint64_t offset; uint64_t size; void *buffer; } gn_op;
@@ -146,7 +150,7 @@ type library struct {
 	// NeuronCore counts: the newer vnc names, else the older nc names
 	visibleCount, totalCount unsafe.Pointer
 	// optional
-	va, readBatch, writeBatch, statusStr, fakeCtl unsafe.Pointer
+	va, readBatch, writeBatch, statusStr, version, fakeCtl unsafe.Pointer
 }
 
 var (
@@ -236,6 +240,7 @@ func resolve(path string, h unsafe.Pointer) (*library, error) {
 	l.readBatch = sym(h, "nrt_tensor_read_batch")
 	l.writeBatch = sym(h, "nrt_tensor_write_batch")
 	l.statusStr = sym(h, "nrt_get_status_as_str")
+	l.version = sym(h, "nrt_get_version")
 	l.fakeCtl = sym(h, "fake_nrt_ctl")
 	return l, nil
 }
@@ -278,6 +283,8 @@ type Runtime struct {
 	log         *zap.Logger
 	maxTransfer uint64
 
+	version Version // zero when the runtime cannot tell
+
 	mu      sync.RWMutex // transfers hold it shared; allocate, free and close exclusively
 	closed  bool
 	tensors map[*Tensor]struct{}
@@ -309,6 +316,13 @@ func Open(opts Options) (*Runtime, error) {
 		log = zap.NewNop()
 	}
 	r := &Runtime{lib: lib, log: log, maxTransfer: opts.MaxTransfer, tensors: map[*Tensor]struct{}{}}
+	if lib.version != nil {
+		var v C.gn_version
+		if C.gn_call_version(lib.version, &v) == 0 {
+			r.version = Version{Major: uint64(v.major), Minor: uint64(v.minor), Patch: uint64(v.patch), Maintenance: uint64(v.maintenance),
+				Detail: C.GoString(&v.rt_detail[0])}
+		}
+	}
 	// Safety net: a Runtime dropped without Close still releases libnrt.
 	r.cleanup = runtime.AddCleanup(r, func(l *library) {
 		openMu.Lock()
@@ -319,6 +333,32 @@ func Open(opts Options) (*Runtime, error) {
 	log.Debug("libnrt initialised", zap.String("path", lib.path), zap.Bool("batch", lib.readBatch != nil))
 	return r, nil
 }
+
+// Version is a libnrt runtime version (nrt_get_version).
+type Version struct {
+	Major, Minor, Patch, Maintenance uint64
+	Detail                           string
+}
+
+func (v Version) String() string { return fmt.Sprintf("%d.%d.%d", v.Major, v.Minor, v.Patch) }
+
+// Less reports whether v is older than major.minor.patch.
+func (v Version) Less(major, minor, patch uint64) bool {
+	if v.Major != major {
+		return v.Major < major
+	}
+	if v.Minor != minor {
+		return v.Minor < minor
+	}
+	return v.Patch < patch
+}
+
+// LargeTensorVersion is the first libnrt (Neuron 2.28, runtime 2.30.50) whose nrt_tensor_allocate handles
+// tensors of 4 GiB and more; older runtimes overflow.
+var LargeTensorVersion = Version{Major: 2, Minor: 30, Patch: 50}
+
+// Version returns the runtime's version (zero when it does not offer nrt_get_version).
+func (r *Runtime) Version() Version { return r.version }
 
 // Path is the library file (or loader name) that was opened.
 func (r *Runtime) Path() string { return r.lib.path }
@@ -380,6 +420,10 @@ func (r *Runtime) Allocate(p Placement, vnc int, size uint64, name string) (*Ten
 	}
 	if p != PlacementDevice {
 		vnc = -1
+	}
+	if lt := LargeTensorVersion; size >= 4<<30 && r.version.Less(lt.Major, lt.Minor, lt.Patch) {
+		return nil, fmt.Errorf("%w: tensor %q of %d bytes: libnrt %v overflows at 4 GiB and more (fixed in %v, Neuron 2.28); upgrade the runtime or use smaller tensors",
+			ErrTooLarge, name, size, r.version, lt)
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -305,3 +305,22 @@ func TestFakeSourceEmbedded(t *testing.T) {
 	_, err = BuildFakeNRT(filepath.Join(f, "sub"))
 	require.Error(t, err)
 }
+
+func TestOldRuntimeRefusesLargeTensors(t *testing.T) {
+	t.Setenv("FAKE_NRT_VERSION", "2.29.0")
+	r := openFake(t, Options{})
+	assert.Equal(t, "2.29.0", r.Version().String())
+	assert.Equal(t, "gonixl fake libnrt", r.Version().Detail)
+	_, err := r.Allocate(PlacementDevice, 0, 4<<30, "big")
+	require.ErrorIs(t, err, ErrTooLarge)
+	assert.Contains(t, err.Error(), "2.30.50")
+	assert.EqualValues(t, 0, ctl(t, r, "allocs"), "refused before calling libnrt")
+	_, err = r.Allocate(PlacementDevice, 0, 1<<20, "small")
+	require.NoError(t, err)
+	require.NoError(t, r.Close())
+
+	t.Setenv("FAKE_NRT_VERSION", "2.31.24")
+	r = openFake(t, Options{})
+	assert.False(t, r.Version().Less(2, 30, 50))
+	assert.True(t, r.Version().Less(2, 31, 25))
+}

@@ -2,6 +2,8 @@ package neuron
 
 import (
 	"fmt"
+	"strconv"
+	"strings"
 
 	"github.com/gonixl/gonixl/layout"
 )
@@ -208,4 +210,46 @@ func (h *HostSource) Fetch(layer int, kv layout.KV, row, firstHead, heads, token
 		copy(dst[r.dst:r.dst+r.n], src[r.src:r.src+r.n])
 	}
 	return sh, nil
+}
+
+// NxDIKVPrefix is the key prefix of NxDI's KV cache tensors in a traced model's state
+// ("kv_mgr.past_key_values.<2·layer + c>", c = 0 for K and 1 for V).
+const NxDIKVPrefix = "kv_mgr.past_key_values."
+
+// NewDeviceSourceFromState builds a DeviceSource from one TP rank's NxDI state, keyed by tensor name. Only
+// keys "…kv_mgr.past_key_values.<i>" are used (quantisation scales and other state are ignored); index 2l is
+// layer l's K and 2l+1 its V. Every layer of spec must be present exactly once.
+func NewDeviceSourceFromState(spec SourceSpec, state map[string]*Tensor) (*DeviceSource, error) {
+	if spec.NumLayers <= 0 || spec.NumLayers > layout.MaxLayers {
+		return nil, fmt.Errorf("%w: source has %d layers, want 1..%d", ErrBadArgument, spec.NumLayers, layout.MaxLayers)
+	}
+	k := make([]*Tensor, spec.NumLayers)
+	v := make([]*Tensor, spec.NumLayers)
+	for name, t := range state {
+		i := strings.LastIndex(name, NxDIKVPrefix)
+		if i < 0 {
+			continue
+		}
+		idx, err := strconv.Atoi(name[i+len(NxDIKVPrefix):])
+		if err != nil {
+			continue // e.g. "...past_key_values.3.scale"
+		}
+		if idx < 0 || idx >= 2*spec.NumLayers {
+			return nil, fmt.Errorf("%w: state key %q is beyond the %d layers of the source", ErrBadArgument, name, spec.NumLayers)
+		}
+		dst := &k[idx/2]
+		if idx%2 == 1 {
+			dst = &v[idx/2]
+		}
+		if *dst != nil {
+			return nil, fmt.Errorf("%w: state has two tensors for %s%d", ErrBadArgument, NxDIKVPrefix, idx)
+		}
+		*dst = t
+	}
+	for l := range spec.NumLayers {
+		if k[l] == nil || v[l] == nil {
+			return nil, fmt.Errorf("%w: state lacks %s%d or %s%d (layer %d)", ErrBadArgument, NxDIKVPrefix, 2*l, NxDIKVPrefix, 2*l+1, l)
+		}
+	}
+	return NewDeviceSource(spec, k, v)
 }

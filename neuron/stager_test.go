@@ -569,3 +569,50 @@ func TestStagerLeaseExpiry(t *testing.T) {
 	assert.False(t, s.Ready("a"), "expired blocks are no longer ready")
 	require.ErrorIs(t, s.Release(ids[:1]), ErrNotReserved, "they were reclaimed")
 }
+
+func TestDeviceSourceFromNxDIState(t *testing.T) {
+	rt := openFake(t, Options{})
+	c := newTestCache(smallSpec(false))
+	dev := c.device(t, rt)
+	state := map[string]*Tensor{}
+	for l := range c.spec.NumLayers {
+		state[fmt.Sprintf("model.kv_mgr.past_key_values.%d", 2*l)] = dev.k[l]
+		state[fmt.Sprintf("kv_mgr.past_key_values.%d", 2*l+1)] = dev.v[l]
+	}
+	state["kv_mgr.past_key_values.3.scale"] = dev.k[0] // ignored
+	state["other"] = dev.k[0]
+	src, err := NewDeviceSourceFromState(c.spec, state)
+	require.NoError(t, err)
+	assert.Equal(t, dev.k, src.k)
+	assert.Equal(t, dev.v, src.v)
+
+	delete(state, "kv_mgr.past_key_values.5")
+	_, err = NewDeviceSourceFromState(c.spec, state)
+	require.ErrorIs(t, err, ErrBadArgument)
+	assert.Contains(t, err.Error(), "layer 2")
+	state["kv_mgr.past_key_values.5"] = dev.v[2]
+	state["kv_mgr.past_key_values.8"] = dev.v[2]
+	_, err = NewDeviceSourceFromState(c.spec, state)
+	require.ErrorIs(t, err, ErrBadArgument)
+}
+
+func TestSourceShapeChecks(t *testing.T) {
+	rt := openFake(t, Options{})
+	spec := smallSpec(false)
+	n, _ := spec.TensorBytes()
+	wrong, err := rt.Allocate(PlacementDevice, 0, uint64(n)+2, "wrong")
+	require.NoError(t, err)
+	ts := make([]*Tensor, spec.NumLayers)
+	for i := range ts {
+		ts[i] = wrong
+	}
+	_, err = NewDeviceSource(spec, ts, ts)
+	require.ErrorIs(t, err, ErrBadArgument)
+	assert.Contains(t, err.Error(), "needs")
+	_, err = NewHostSource(spec, make([][]byte, 4), make([][]byte, 4))
+	require.ErrorIs(t, err, ErrBadArgument)
+	bad := spec
+	bad.Shape.Transposed = true
+	_, err = NewHostSource(bad, nil, nil)
+	require.ErrorIs(t, err, ErrBadArgument)
+}

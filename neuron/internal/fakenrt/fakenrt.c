@@ -18,10 +18,12 @@
  *   FAKE_NRT_FAIL_ALLOC      fail the k-th tensor allocation with NRT_RESOURCE, 0 = never
  *   FAKE_NRT_FAIL_STATUS     status returned by injected read/write faults, default 5 (NRT_TIMEOUT)
  *   FAKE_NRT_READ_DELAY_US   sleep this long in every read operation (latency model), default 0
+ *   FAKE_NRT_VERSION         runtime version reported by nrt_get_version, "major.minor.patch", default 2.31.24
  * Compile with -DFAKE_NRT_OLD_RUNTIME to leave out the optional symbols (batch reads/writes,
  * nrt_get_status_as_str), like a runtime older than 2026.
  */
 #include <errno.h>
+#include <stdio.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -402,6 +404,33 @@ const char *nrt_get_status_as_str(NRT_STATUS s) {
 	}
 }
 #endif
+
+typedef struct {
+	uint64_t major, minor, patch, maintenance;
+	char rt_detail[128];
+	char git_hash[64];
+} nrt_version_t;
+
+NRT_STATUS nrt_get_version(nrt_version_t *v, size_t size) {
+	if (v == NULL || size < sizeof(nrt_version_t))
+		return NRT_INVALID;
+	memset(v, 0, sizeof *v);
+	v->major = 2;
+	v->minor = 31;
+	v->patch = 24;
+	const char *env = getenv("FAKE_NRT_VERSION");
+	if (env != NULL && *env != 0) {
+		unsigned long long a = 0, b = 0, c = 0;
+		if (sscanf(env, "%llu.%llu.%llu", &a, &b, &c) >= 2) {
+			v->major = a;
+			v->minor = b;
+			v->patch = c;
+		}
+	}
+	strncpy(v->rt_detail, "gonixl fake libnrt", sizeof v->rt_detail - 1);
+	strncpy(v->git_hash, "fake", sizeof v->git_hash - 1);
+	return NRT_SUCCESS;
+}
 
 /* Test control: fake_nrt_ctl(key, value, set) returns the current value of a knob or counter and, when
  * set != 0, first stores value into a knob (counters are read-only). Unknown keys return -1. */
