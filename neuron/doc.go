@@ -17,6 +17,24 @@
 // NewDeviceSource), or it is handed host copies of the BHSD tensors (NewHostSource). The Stager reads from
 // either through the Source interface.
 //
+// # Staging
+//
+// NewStager allocates one page-aligned host arena (mmap; mlock per StagerConfig.Lock; huge pages when
+// available) sized from the layout.Geometry — NumBlocks taken from, and checked against, the scheduler's
+// block pool — refuses absurd sizes, and registers it once with a nixl.Agent as DRAM. Its regions sit back
+// to back in the geometry's region order; RegionBases, Geometry, MemType (DRAM) and DeviceID (0, vLLM's
+// device "cpu") are the handshake inputs, and never change while the Stager lives.
+//
+// Stage(ctx, req) copies one request's KV (every layer, K and V) from the Source into the arena at the block
+// ids the scheduler assigned, in the peer's order (NHD or HND) and region plan, using layout's converter. The
+// 2·NumLayers (layer, K|V) units run over a worker pool, so the device reads of one unit overlap the layout
+// work of another; each unit's device reads are one native call. Stage returns only once every block is
+// complete; on any error nothing is reported Ready.
+//
+// Block lifecycle: Reserve(n) hands out ids (never block 0, the null block); Stage fills them and restarts
+// their lease; Release(ids) on the decode peer's notification, or the lease (vLLM's 480 s abort timeout by
+// default) runs out and Reclaim (also run by Reserve) frees them for reuse.
+//
 // # Testing without hardware
 //
 // BuildFakeNRT compiles a small C library implementing the used part of the libnrt API over host memory
