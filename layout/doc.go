@@ -1,6 +1,51 @@
 // Package layout is gonixl's pure-Go model of a paged KV cache as vLLM's NixlConnector sees it: geometry
 // and byte sizes, converters between NxDI's contiguous per-layer tensors and vLLM's paged blocks, and the
-// descriptor math (addresses and region-major descriptor indices) that both peers of a transfer must agree on.
+// descriptor math (addresses and region-major descriptor indices) that both peers of a transfer must agree
+// on. It imports nothing of gonixl's and builds with CGO_ENABLED=0.
 //
-// It imports nothing of gonixl's, allocates nothing on its hot paths, and builds with CGO_ENABLED=0.
+// # Geometry
+//
+// A Geometry is one rank's cache: layers, blocks, block size, KV heads per rank, head_dim, element type,
+// the physical order inside a block (NHD = [block_size][heads][head_dim], HND = [heads][block_size][head_dim])
+// and the region plan of the vLLM release on the other side:
+//
+//   - PlanSplitKV (era A, vLLM ≤ ~0.21 FLASH_ATTN, e.g. 0.16): two regions per layer, registered K0, V0,
+//     K1, V1, ...; block_len = block_size·heads·head_dim·e.
+//   - PlanKVHalves (era B, blocks-first): one region per layer, each block holds its K half then its V half;
+//     block_len covers both halves and every half is its own descriptor (K halves of all blocks, then V halves).
+//   - PlanPackedKV (era C, e.g. 0.33): one region per layer, K and V packed in the last dimension
+//     ([.., 2·head_dim], K first); one descriptor per block.
+//
+// Every byte size (TokenBytes, KVBlockLen, BlockLen, RegionLen, TotalBytes, DescLen) is derived; Validate
+// refuses unset enums, non-positive fields and sizes that overflow or exceed the package limits.
+//
+// # Converters
+//
+// ToPaged moves one layer's K or V of one request from an NxDI tensor (batch, kv_heads, seq_len, head_dim)
+// (or NxDI's transposed K) into the blocks vLLM's scheduler assigned, in list order, zeroing positions past
+// the token count; FromPaged is its inverse; Reorder converts NHD ↔ HND; BlocksToPaged copies NxDI's own
+// block layouts. Seq.FirstHead selects a rank's head slice (RankHeads) for heterogeneous tensor parallelism.
+// All of them check every size, bound and block id before writing anything (block 0 is vLLM's null block
+// and is refused, as are duplicates and ids ≥ NumBlocks), move whole contiguous runs (a head's run of tokens
+// for HND, a token row for NHD) and allocate nothing.
+//
+// # Descriptors
+//
+// Descs builds the local descriptor list the way vLLM registers it for prep_xfer_dlist, and DescIndices the
+// region-major indices r·NumBlocks + id of a request's blocks. An id ≥ NumBlocks would silently alias into
+// the next region (NIXL only checks the end of the list), so it is an error here. NewReadPlan pairs a decode
+// rank with a prefill engine (homogeneous TP, D_tp > P_tp head slices, P_tp > D_tp chunks, block-size
+// ratios) and yields both descriptor lists and the paired indices of a READ, as vLLM 0.16.x and 0.33.x
+// compute them. PeerGeometry turns a peer's handshake (num_blocks, block_lens, block_size, kv_cache_layout)
+// into a validated Geometry.
+//
+// # Concurrency
+//
+// Geometry, Source, Seq, Peer and ReadPlan are values (ReadPlan is immutable after NewReadPlan); every
+// function is safe for concurrent use. Converters may run concurrently on different (layer, kv) pairs,
+// including K and V of one layer sharing a region, because they write disjoint bytes; a caller spreads
+// layers over cores itself (see the parallel benchmarks).
+//
+// Not modelled: MLA and hybrid (SSM) caches, padded pages (block stride ≠ block length) and cross-layer
+// layouts of newer vLLM releases.
 package layout
