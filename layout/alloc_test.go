@@ -18,12 +18,14 @@ func TestNoAllocation(t *testing.T) {
 	blk := make([]byte, int64(g.NumBlocks)*g.KVBlockLen())
 	other := make([]byte, g.RegionLen())
 	for name, f := range map[string]func(){
-		"ToPaged":       func() { _ = g.ToPaged(region, K, src, bs.s, bs.q) },
-		"ToPagedHND":    func() { _ = g.Swapped().ToPaged(region, V, src, bs.s, bs.q) },
-		"FromPaged":     func() { _ = g.FromPaged(src, bs.s, K, region, bs.q) },
-		"BlocksToPaged": func() { _ = g.BlocksToPaged(region, K, blk, BlockSource{NumBlocks: g.NumBlocks, Order: HND}, bs.q.BlockIDs) },
-		"Reorder":       func() { _ = g.Reorder(other, region, bs.q.BlockIDs) },
-		"DescIndices":   func() { idx, _ = g.DescIndices(bs.q.BlockIDs, idx) },
+		"ToPaged":    func() { _ = g.ToPaged(region, K, src, bs.s, bs.q) },
+		"ToPagedHND": func() { _ = g.Swapped().ToPaged(region, V, src, bs.s, bs.q) },
+		"FromPaged":  func() { _ = g.FromPaged(src, bs.s, K, region, bs.q) },
+		"BlocksToPaged": func() {
+			_ = g.BlocksToPaged(region, K, blk, BlockSource{NumBlocks: g.NumBlocks, Order: HND}, bs.q.BlockIDs)
+		},
+		"Reorder":     func() { _ = g.Reorder(other, region, bs.q.BlockIDs) },
+		"DescIndices": func() { idx, _ = g.DescIndices(bs.q.BlockIDs, idx) },
 	} {
 		f()
 		require.Zero(t, testing.AllocsPerRun(20, f), name)
