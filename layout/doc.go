@@ -16,6 +16,10 @@
 //   - PlanPackedKV (era C, e.g. 0.33): one region per layer, K and V packed in the last dimension
 //     ([.., 2·head_dim], K first); one descriptor per block.
 //
+// Order is the physical order of the bytes, which is not always the label a vLLM peer advertises: a vLLM
+// peer with kv_buffer_device="cpu" in eras A/B mirrors its cache as a contiguous tensor of the logical shape,
+// i.e. NHD bytes, while its handshake still says kv_cache_layout "HND" (vllm-nixl-connector.md §7.1).
+//
 // Every byte size (TokenBytes, KVBlockLen, BlockLen, RegionLen, TotalBytes, DescLen) is derived; Validate
 // refuses unset enums, non-positive fields and sizes that overflow or exceed the package limits.
 //
