@@ -134,3 +134,38 @@ func TestPropertyDescIndicesNoAliasing(t *testing.T) {
 		}
 	}
 }
+
+// TestPropertyBlocksToPaged: an NxDI block-layout cache (NHD or HND blocks, identity block ids) copied with
+// BlocksToPaged equals converting the same tokens from BHSD with ToPaged, for every plan and order.
+func TestPropertyBlocksToPaged(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	for i := range 500 {
+		g, s, q := randCase(r)
+		s.Transposed = false
+		q.Tokens = len(q.BlockIDs) * g.BlockSize // whole blocks: NxDI block caches carry no token count
+		if q.Tokens > s.SeqLen {
+			s.SeqLen = q.Tokens
+		}
+		if len(q.BlockIDs) == 0 {
+			continue
+		}
+		kv := KV(r.IntN(2))
+		srcLen, _ := s.Bytes(g.ElemSize())
+		src := randBytes(r, int(srcLen))
+		want := make([]byte, g.RegionLen())
+		mustNoErr(t, g.ToPaged(want, kv, src, s, q))
+		// Build NxDI's block cache in srcOrder with the split-K/V geometry (one K-or-V block per id).
+		srcOrder := BlockOrder(1 + r.IntN(2))
+		bg := g
+		bg.Plan, bg.Order = PlanSplitKV, srcOrder
+		blocks := make([]byte, bg.RegionLen())
+		mustNoErr(t, bg.ToPaged(blocks, K, src, s, q))
+		got := make([]byte, g.RegionLen())
+		if err := g.BlocksToPaged(got, kv, blocks, BlockSource{NumBlocks: g.NumBlocks, Order: srcOrder}, q.BlockIDs); err != nil {
+			t.Fatalf("case %d: %v", i, err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Fatalf("case %d: %v from %v blocks: BlocksToPaged differs from ToPaged", i, g, srcOrder)
+		}
+	}
+}
