@@ -1,0 +1,134 @@
+package connector
+
+import (
+	"fmt"
+	"strings"
+
+	"go.uber.org/zap"
+
+	"github.com/gonixl/gonixl/connector/protocol"
+	"github.com/gonixl/gonixl/layout"
+	"github.com/gonixl/gonixl/nixl"
+)
+
+// DefaultBackends is the NIXL backend list of the roles when none is configured (vLLM's default too).
+var DefaultBackends = []nixl.BackendSpec{{Plugin: "UCX"}}
+
+// ParseBackends turns vLLM's kv_connector_extra_config "backends" list (e.g. ["LIBFABRIC"]) into specs.
+func ParseBackends(names []string) []nixl.BackendSpec {
+	out := make([]nixl.BackendSpec, 0, len(names))
+	for _, n := range names {
+		if n = strings.TrimSpace(n); n != "" {
+			out = append(out, nixl.BackendSpec{Plugin: strings.ToUpper(n)})
+		}
+	}
+	return out
+}
+
+// Registrar is a Cache that registers itself with an agent (all its regions, one call). The roles use it
+// when present, else they register RegionBases × RegionLen themselves.
+type Registrar interface {
+	Register(a *nixl.Agent, opts ...nixl.Option) (*nixl.Registration, error)
+}
+
+// registered is a cache registered with an agent: the agent, its registration, and the local descriptor
+// list of every block of every region, prepared once.
+type registered struct {
+	agent *nixl.Agent
+	reg   *nixl.Registration
+	cache Cache
+	geom  layout.Geometry
+}
+
+// register creates an agent, registers every region of cache with it in one call, and returns both.
+func register(lib *nixl.Library, name string, backends []nixl.BackendSpec, cache Cache, log *zap.Logger) (*registered, error) {
+	if lib == nil {
+		return nil, fmt.Errorf("connector: nil NIXL library (call nixl.Load)")
+	}
+	if cache == nil {
+		return nil, fmt.Errorf("connector: nil cache")
+	}
+	g := cache.Geometry()
+	if err := g.Validate(); err != nil {
+		return nil, err
+	}
+	bases := cache.RegionBases()
+	if len(bases) != g.NumRegions() {
+		return nil, fmt.Errorf("connector: cache reports %d region bases for %d regions", len(bases), g.NumRegions())
+	}
+	if len(backends) == 0 {
+		backends = DefaultBackends
+	}
+	a, err := lib.NewAgent(name, nixl.AgentConfig{Backends: backends, Logger: log})
+	if err != nil {
+		return nil, err
+	}
+	descs := make([]nixl.Desc, len(bases))
+	for i, b := range bases {
+		descs[i] = nixl.Desc{Addr: b, Len: uint64(g.RegionLen()), DevID: cache.DeviceID()}
+	}
+	var reg *nixl.Registration
+	if r, ok := cache.(Registrar); ok {
+		reg, err = r.Register(a) // e.g. a CUDA cache, which registers with its device context current
+	} else {
+		reg, err = a.RegisterMem(cache.MemType(), descs)
+	}
+	if err != nil {
+		a.Close()
+		return nil, fmt.Errorf("connector: registering the KV cache (%s, %d regions of %d bytes): %w", cache.MemType(), len(descs), g.RegionLen(), err)
+	}
+	return &registered{agent: a, reg: reg, cache: cache, geom: g}, nil
+}
+
+func (r *registered) close() error {
+	err := r.reg.Close()
+	if cerr := r.agent.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// localDescs returns the full descriptor list of the cache as vLLM lays it out.
+func (r *registered) localDescs() ([]nixl.Desc, error) {
+	ld, err := r.geom.Descs(r.cache.RegionBases(), r.cache.DeviceID())
+	if err != nil {
+		return nil, err
+	}
+	return toNixl(ld), nil
+}
+
+func toNixl(ds []layout.Desc) []nixl.Desc {
+	out := make([]nixl.Desc, len(ds))
+	for i, d := range ds {
+		out[i] = nixl.Desc(d)
+	}
+	return out
+}
+
+// Compat carries what both sides hash into the compatibility hash (vLLM ≥ 0.13), plus the opt-out.
+type Compat struct {
+	protocol.CompatInputs
+	// SkipCheck disables the hash check on the receiving (decode) side, like vLLM's
+	// enforce_handshake_compat=false.
+	SkipCheck bool
+}
+
+// buildMetadata fills NixlAgentMetadata for a registered cache.
+func buildMetadata(p protocol.Profile, engineID string, r *registered) (protocol.AgentMetadata, error) {
+	md, err := r.agent.LocalMetadata()
+	if err != nil {
+		return protocol.AgentMetadata{}, err
+	}
+	g := r.geom
+	m := protocol.NewAgentMetadata()
+	m.EngineID = engineID
+	m.AgentMetadata = md
+	m.KVCachesBaseAddr = r.cache.RegionBases()
+	m.DeviceID = int64(r.cache.DeviceID())
+	m.NumBlocks = int64(g.NumBlocks)
+	m.BlockLens = g.BlockLens()
+	m.KVCacheLayout = g.Order.String()
+	m.BlockSize = int64(g.BlockSize)
+	m.BlockStrides = g.BlockLens()
+	return m, nil
+}

@@ -1,0 +1,70 @@
+package connector
+
+import (
+	"fmt"
+	"sync"
+)
+
+// BlockPool hands out the block ids of a cache: 1..NumBlocks-1 (block 0 is vLLM's reserved null block and is
+// never handed out). It is safe for concurrent use.
+type BlockPool struct {
+	mu    sync.Mutex
+	free  []int
+	inUse map[int]bool
+	total int
+}
+
+// NewBlockPool makes a pool over numBlocks blocks.
+func NewBlockPool(numBlocks int) *BlockPool {
+	p := &BlockPool{inUse: map[int]bool{}, total: numBlocks}
+	for id := numBlocks - 1; id >= 1; id-- {
+		p.free = append(p.free, id)
+	}
+	return p
+}
+
+// ErrNoBlocks is returned when a pool cannot satisfy an allocation.
+var ErrNoBlocks = fmt.Errorf("connector: not enough free KV blocks")
+
+// Alloc takes n blocks, or none and ErrNoBlocks.
+func (p *BlockPool) Alloc(n int) ([]int, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if n < 0 || n > len(p.free) {
+		return nil, fmt.Errorf("%w: want %d, %d of %d free (raise num_blocks or wait for transfers to finish)", ErrNoBlocks, n, len(p.free), p.total-1)
+	}
+	ids := make([]int, n)
+	for i := range ids {
+		id := p.free[len(p.free)-1]
+		p.free = p.free[:len(p.free)-1]
+		p.inUse[id] = true
+		ids[i] = id
+	}
+	return ids, nil
+}
+
+// Free returns blocks to the pool; ids not in use are ignored (so a double free cannot hand a block out twice).
+func (p *BlockPool) Free(ids []int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, id := range ids {
+		if p.inUse[id] {
+			delete(p.inUse, id)
+			p.free = append(p.free, id)
+		}
+	}
+}
+
+// InUse returns how many blocks are allocated.
+func (p *BlockPool) InUse() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.inUse)
+}
+
+// Available returns how many blocks are free.
+func (p *BlockPool) Available() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.free)
+}

@@ -1,0 +1,419 @@
+package connector
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/gonixl/gonixl/connector/protocol"
+	"github.com/gonixl/gonixl/connector/sidechannel"
+	"github.com/gonixl/gonixl/nixl"
+)
+
+// PrefillConfig configures a prefill worker (one TP rank of a prefill engine).
+type PrefillConfig struct {
+	// Profile is the vLLM version the decode peers run (protocol.ProfileFor("0.16.0")).
+	Profile protocol.Profile
+	// Library is the loaded NIXL.
+	Library *nixl.Library
+	// Cache is the KV cache the decode peers read: it is registered with NIXL once, and its region base
+	// addresses are published in the handshake and never change.
+	Cache Cache
+	// EngineID identifies the engine (kv_transfer_params.remote_engine_id); default: a random id.
+	EngineID string
+	// Backends is the NIXL backend list (default UCX), e.g. ParseBackends([]string{"LIBFABRIC"}).
+	Backends []nixl.BackendSpec
+	// Rank is this worker's (pp, tp) rank and TPSize the engine's TP size (default 1).
+	Rank   protocol.Rank
+	TPSize int
+	// Host is the side-channel host: it binds there and advertises it as remote_host. Default "127.0.0.1"
+	// (localhost unless told otherwise); use a routable address across nodes.
+	Host string
+	// Port is the side-channel port (remote_port); 0 picks a free port. vLLM's default is Profile.SideChannelPort.
+	Port int
+	// Compat holds the compatibility-hash inputs (vLLM ≥ 0.13 profiles).
+	Compat Compat
+	// HoldTimeout overrides how long unread blocks are held: the profile's lease (renewed by heartbeats) or
+	// abort timeout.
+	HoldTimeout time.Duration
+	// Logger receives logs carrying request and engine ids; nil = none.
+	Logger *zap.Logger
+	// Metrics receives counters; nil = a private Metrics (see Prefill.Metrics).
+	Metrics *Metrics
+}
+
+// Prefill is the prefill role: it owns a registered KV cache, serves the side channel, and for each request
+// fills blocks (Prefill), holds them for the decode peer, and frees them when the peer's notifications
+// arrive or the lease / abort timeout passes. It is safe for concurrent use.
+type Prefill struct {
+	cfg     PrefillConfig
+	log     *zap.Logger
+	metrics *Metrics
+	reg     *registered
+	pool    *BlockPool
+	alloc   BlockAllocator
+	server  *sidechannel.Server
+	payload []byte
+	hold    time.Duration
+	port    int
+
+	mu   sync.Mutex
+	held map[string]*heldReq
+
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	closed sync.Once
+}
+
+type heldReq struct {
+	id       string
+	blocks   []int
+	expected int // notifications still expected; 0 until the first one tells how many
+	got      int
+	expiry   time.Time
+	bytes    int64
+}
+
+func randomID(prefix string) string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return prefix + hex.EncodeToString(b[:])
+}
+
+// NewPrefill registers the cache, starts the side channel and the notification loop.
+func NewPrefill(cfg PrefillConfig) (*Prefill, error) {
+	if cfg.Profile.Name == "" {
+		return nil, errors.New("connector: PrefillConfig.Profile is not set (use protocol.ProfileFor)")
+	}
+	if cfg.EngineID == "" {
+		cfg.EngineID = randomID("gonixl-p-")
+	}
+	if cfg.TPSize <= 0 {
+		cfg.TPSize = 1
+	}
+	if cfg.Host == "" {
+		cfg.Host = "127.0.0.1"
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = zap.NewNop()
+	}
+	log = log.With(zap.String("role", "prefill"), zap.String("engine_id", cfg.EngineID), zap.Int("tp_rank", cfg.Rank.TP))
+	metrics := cfg.Metrics
+	if metrics == nil {
+		metrics = &Metrics{}
+	}
+	if err := checkPlan(cfg.Profile, cfg.Cache); err != nil {
+		return nil, err
+	}
+	reg, err := register(cfg.Library, fmt.Sprintf("%s-pp%d-tp%d", cfg.EngineID, cfg.Rank.PP, cfg.Rank.TP), cfg.Backends, cfg.Cache, log)
+	if err != nil {
+		return nil, err
+	}
+	p := &Prefill{cfg: cfg, log: log, metrics: metrics, reg: reg, held: map[string]*heldReq{}}
+	if a, ok := cfg.Cache.(BlockAllocator); ok {
+		p.alloc = a // e.g. a neuron.Stager, whose Stage needs blocks from its own pool
+	} else {
+		p.pool = NewBlockPool(reg.geom.NumBlocks)
+		p.alloc = poolAllocator{p.pool}
+	}
+	p.hold = cfg.HoldTimeout
+	if p.hold == 0 {
+		if cfg.Profile.Leases {
+			p.hold = cfg.Profile.LeaseDuration
+		} else {
+			p.hold = cfg.Profile.AbortTimeout
+		}
+	}
+	md, err := buildMetadata(cfg.Profile, cfg.EngineID, reg)
+	if err != nil {
+		reg.close()
+		return nil, err
+	}
+	md.AttnBackendName = cfg.Compat.AttnBackendName
+	hash := ""
+	if cfg.Profile.Payload == protocol.PayloadM1 {
+		if hash, err = cfg.Profile.CompatHash(cfg.Compat.CompatInputs); err != nil {
+			reg.close()
+			return nil, fmt.Errorf("connector: compatibility hash: %w", err)
+		}
+	}
+	if p.payload, err = cfg.Profile.EncodeHandshake(hash, md); err != nil {
+		reg.close()
+		return nil, fmt.Errorf("connector: encoding the handshake: %w", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	p.cancel = cancel
+	srv, err := sidechannel.NewServer(ctx, cfg.Profile, sidechannel.ServerConfig{
+		Host:     cfg.Host,
+		Port:     cfg.Port,
+		Payloads: map[protocol.Rank][]byte{cfg.Rank: p.payload},
+		Logger:   log,
+	})
+	if err != nil {
+		cancel()
+		reg.close()
+		return nil, fmt.Errorf("connector: side channel on %s:%d: %w", cfg.Host, cfg.Port, err)
+	}
+	p.port = srv.Port()
+	p.server = srv
+	p.wg.Add(1)
+	go p.loop(ctx)
+	log.Info("prefill worker ready", zap.String("side_channel", srv.Endpoint()), zap.String("vllm_profile", cfg.Profile.Name),
+		zap.String("geometry", reg.geom.String()), zap.String("nixl_agent", reg.agent.Name()))
+	return p, nil
+}
+
+// checkPlan refuses a cache whose region plan is not the profile's layout era (the decode peer would compute
+// other descriptor indices and read the wrong bytes).
+func checkPlan(p protocol.Profile, c Cache) error {
+	if c == nil {
+		return errors.New("connector: nil cache")
+	}
+	want, err := PlanFor(p)
+	if err != nil {
+		return err
+	}
+	if got := c.Geometry().Plan; got != want {
+		return fmt.Errorf("connector: cache region plan %v does not match vLLM %s's layout era %v (plan %v)", got, p.Name, p.Layout, want)
+	}
+	return nil
+}
+
+// EngineID returns the engine id.
+func (p *Prefill) EngineID() string { return p.cfg.EngineID }
+
+// Port returns the side-channel port (remote_port).
+func (p *Prefill) Port() int { return p.port }
+
+// Agent returns the NIXL agent.
+func (p *Prefill) Agent() *nixl.Agent { return p.reg.agent }
+
+// Metrics returns the role's metrics.
+func (p *Prefill) Metrics() *Metrics { return p.metrics }
+
+// BlockAllocator hands out and takes back a cache's block ids. A Cache that implements it (a neuron.Stager)
+// allocates the prefill role's blocks; otherwise the role uses its own BlockPool.
+type BlockAllocator interface {
+	Reserve(n int) ([]int, error)
+	Release(ids []int) error
+}
+
+type poolAllocator struct{ p *BlockPool }
+
+func (a poolAllocator) Reserve(n int) ([]int, error) { return a.p.Alloc(n) }
+func (a poolAllocator) Release(ids []int) error   { a.p.Free(ids); return nil }
+
+// FillFunc puts a request's KV into the cache at the given block ids (in token order) and returns only when
+// every block is complete.
+type FillFunc func(ctx context.Context, blockIDs []int) error
+
+// Prefill runs one prefill request: it takes blocks for numTokens tokens, calls fill to put the KV there
+// (Neuron staging, a CPU computation, …), holds the blocks for the decode peer and returns the
+// kv_transfer_params of vLLM's prefill response. On any error the blocks are freed and nothing is published.
+func (p *Prefill) Prefill(ctx context.Context, requestID string, numTokens int, fill FillFunc) (protocol.KVTransferParams, error) {
+	log := p.log.With(zap.String("request_id", requestID))
+	if requestID == "" || numTokens <= 0 {
+		return protocol.KVTransferParams{}, fmt.Errorf("connector: prefill needs a request id and at least one token (got %q, %d)", requestID, numTokens)
+	}
+	p.mu.Lock()
+	_, dup := p.held[requestID]
+	p.mu.Unlock()
+	if dup {
+		return protocol.KVTransferParams{}, fmt.Errorf("connector: request %q is already held for a decode peer", requestID)
+	}
+	blocks, err := p.alloc.Reserve(p.reg.geom.NeededBlocks(numTokens))
+	if err != nil {
+		p.metrics.RequestErrors.Add(1)
+		return protocol.KVTransferParams{}, err
+	}
+	start := time.Now()
+	if fill != nil {
+		if err := fill(ctx, blocks); err != nil {
+			_ = p.alloc.Release(blocks)
+			p.metrics.RequestErrors.Add(1)
+			log.Warn("prefill fill failed; blocks freed", zap.Error(err))
+			return protocol.KVTransferParams{}, err
+		}
+	}
+	p.metrics.Observe("stage", time.Since(start))
+	bytes := int64(len(blocks)) * p.reg.geom.BlockLen() * int64(p.reg.geom.NumRegions())
+	p.mu.Lock()
+	p.held[requestID] = &heldReq{id: requestID, blocks: blocks, expiry: time.Now().Add(p.hold), bytes: bytes}
+	p.mu.Unlock()
+	p.metrics.Requests.Add(1)
+	p.metrics.Bytes.Add(bytes)
+	p.metrics.BlocksHeld.Add(int64(len(blocks)))
+	ids := make([]int64, len(blocks))
+	for i, b := range blocks {
+		ids[i] = int64(b)
+	}
+	kv := protocol.KVTransferParams{
+		DoRemotePrefill: true,
+		RemoteBlockIDs:  protocol.BlockIDs{ids},
+		RemoteEngineID:  p.cfg.EngineID,
+		RemoteRequestID: requestID,
+		RemoteHost:      p.cfg.Host,
+		RemotePort:      p.port,
+		TPSize:          p.cfg.TPSize,
+		DCPSize:         1,
+		PPSize:          1,
+		RemoteNumTokens: int64(numTokens),
+		TransferMode:    "pull",
+	}
+	log.Debug("blocks held for decode", zap.Int("blocks", len(blocks)), zap.Int("tokens", numTokens), zap.Duration("hold", p.hold))
+	return kv, nil
+}
+
+// Abort frees a held request's blocks now (e.g. the client went away). It reports whether it was held.
+func (p *Prefill) Abort(requestID string) bool {
+	p.mu.Lock()
+	h := p.held[requestID]
+	delete(p.held, requestID)
+	p.mu.Unlock()
+	if h == nil {
+		return false
+	}
+	p.release(h)
+	return true
+}
+
+// Held returns how many requests are held for decode peers.
+func (p *Prefill) Held() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.held)
+}
+
+func (p *Prefill) release(h *heldReq) {
+	if err := p.alloc.Release(h.blocks); err != nil {
+		p.log.Warn("releasing blocks failed", zap.String("request_id", h.id), zap.Error(err))
+	}
+	p.metrics.BlocksHeld.Add(-int64(len(h.blocks)))
+}
+
+// loop drains NIXL notifications (completions and heartbeats) and frees expired requests.
+func (p *Prefill) loop(ctx context.Context) {
+	defer p.wg.Done()
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	lastExpiry := time.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		ns, err := p.reg.agent.GetNotifications()
+		if err != nil {
+			if errors.Is(err, nixl.ErrClosed) {
+				return
+			}
+			p.log.Warn("reading NIXL notifications failed", zap.Error(err))
+		}
+		for _, n := range ns {
+			p.handleNotification(n)
+		}
+		if now := time.Now(); now.Sub(lastExpiry) >= 50*time.Millisecond {
+			lastExpiry = now
+			p.expire(now)
+		}
+	}
+}
+
+func (p *Prefill) handleNotification(raw nixl.Notification) {
+	n, err := p.cfg.Profile.DecodeNotification(raw.Msg)
+	if err != nil {
+		p.metrics.BadMessages.Add(1)
+		p.log.Warn("ignoring malformed notification", zap.String("from", raw.Agent), zap.ByteString("msg", raw.Msg), zap.Error(err))
+		return
+	}
+	if n.IsHeartbeat() {
+		p.metrics.Heartbeats.Add(1)
+		ext := p.cfg.Profile.LeaseExtension
+		if ext == 0 {
+			ext = p.hold
+		}
+		p.mu.Lock()
+		for _, id := range n.Heartbeat {
+			if h := p.held[id]; h != nil {
+				if e := time.Now().Add(ext); e.After(h.expiry) {
+					h.expiry = e
+				}
+			}
+		}
+		p.mu.Unlock()
+		return
+	}
+	p.metrics.Notifications.Add(1)
+	log := p.log.With(zap.String("request_id", n.RequestID), zap.String("from", raw.Agent))
+	p.mu.Lock()
+	h := p.held[n.RequestID]
+	if h == nil {
+		p.mu.Unlock()
+		p.metrics.BadMessages.Add(1)
+		log.Warn("notification for a request that is not held (already freed, expired, or unknown)")
+		return
+	}
+	if h.expected == 0 {
+		exp, err := p.cfg.Profile.ExpectedNotifications(n, p.cfg.TPSize)
+		if err != nil || exp < 1 {
+			exp = 1
+		}
+		h.expected = exp
+	}
+	h.got++
+	done := h.got >= h.expected
+	if done {
+		delete(p.held, n.RequestID)
+	}
+	p.mu.Unlock()
+	if done {
+		p.release(h)
+		p.metrics.BlocksFreed.Add(int64(len(h.blocks)))
+		log.Debug("decode peer finished reading; blocks freed", zap.Int("blocks", len(h.blocks)))
+	}
+}
+
+func (p *Prefill) expire(now time.Time) {
+	var gone []*heldReq
+	p.mu.Lock()
+	for id, h := range p.held {
+		if now.After(h.expiry) {
+			gone = append(gone, h)
+			delete(p.held, id)
+		}
+	}
+	p.mu.Unlock()
+	for _, h := range gone {
+		p.release(h)
+		p.metrics.BlocksExpired.Add(int64(len(h.blocks)))
+		p.metrics.RequestsExpired.Add(1)
+		p.log.Warn("decode peer never confirmed reading; blocks freed at expiry",
+			zap.String("request_id", h.id), zap.Int("blocks", len(h.blocks)), zap.Duration("held_for", p.hold))
+	}
+}
+
+// Close stops the side channel and the notification loop, then deregisters the cache and closes the agent.
+// Held blocks are dropped with it. Idempotent.
+func (p *Prefill) Close() error {
+	var err error
+	p.closed.Do(func() {
+		p.cancel()
+		if p.server != nil {
+			err = p.server.Close()
+		}
+		p.wg.Wait()
+		if cerr := p.reg.close(); err == nil {
+			err = cerr
+		}
+		p.log.Info("prefill worker closed")
+	})
+	return err
+}

@@ -1,0 +1,244 @@
+package demo
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/gonixl/gonixl/connector"
+	"github.com/gonixl/gonixl/connector/protocol"
+	"github.com/gonixl/gonixl/layout"
+	"github.com/gonixl/gonixl/nixl"
+)
+
+// DecodeConfig configures the demo decode server.
+type DecodeConfig struct {
+	VLLMVersion string // the vLLM version the prefill peer runs
+	Model       Model
+	NumBlocks   int
+	Order       layout.BlockOrder
+	Backends    []nixl.BackendSpec
+	Library     *nixl.Library
+	Logger      *zap.Logger
+	// Cache is the local KV cache; nil = a DRAM cache. A cache that is not a *connector.DRAMCache must also
+	// implement Reader so that the demo can verify what arrived.
+	Cache connector.Cache
+	// PullTimeout bounds one request's handshake and READ.
+	PullTimeout time.Duration
+}
+
+// Reader reads a region of a cache back to host memory (for verification).
+type Reader interface {
+	ReadRegion(r int, dst []byte) error
+}
+
+// DecodeServer is the demo decode worker: it READs the prefill worker's blocks into its own cache over NIXL
+// and verifies every byte against what the prompt's KV must be.
+type DecodeServer struct {
+	cfg     DecodeConfig
+	log     *zap.Logger
+	profile protocol.Profile
+	cache   connector.Cache
+	own     *connector.DRAMCache
+	pool    *connector.BlockPool
+	role    *connector.Decode
+	seq     atomic.Int64
+}
+
+// NewDecodeServer makes the cache and the decode role.
+func NewDecodeServer(cfg DecodeConfig) (*DecodeServer, error) {
+	log := cfg.Logger
+	if log == nil {
+		log = zap.NewNop()
+	}
+	p, err := protocol.ProfileFor(cfg.VLLMVersion)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.PullTimeout == 0 {
+		cfg.PullTimeout = 60 * time.Second
+	}
+	s := &DecodeServer{cfg: cfg, log: log, profile: p, cache: cfg.Cache}
+	if s.cache == nil {
+		g, err := cfg.Model.Geometry(p, cfg.NumBlocks, cfg.Order)
+		if err != nil {
+			return nil, err
+		}
+		if s.own, err = connector.NewDRAMCache(g, false); err != nil {
+			return nil, err
+		}
+		s.cache = s.own
+	}
+	s.pool = connector.NewBlockPool(s.cache.Geometry().NumBlocks)
+	if s.role, err = connector.NewDecode(connector.DecodeConfig{
+		Profile: p, Library: cfg.Library, Cache: s.cache, Backends: cfg.Backends,
+		Compat: cfg.Model.Compat(cfg.VLLMVersion), Logger: log,
+	}); err != nil {
+		s.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// Role returns the decode role.
+func (s *DecodeServer) Role() *connector.Decode { return s.role }
+
+// Close releases the role and the cache.
+func (s *DecodeServer) Close() {
+	if s.role != nil {
+		s.role.Close()
+		s.role = nil
+	}
+	if s.own != nil {
+		s.own.Close()
+		s.own = nil
+	}
+}
+
+// Handler returns the OpenAI-shaped HTTP API: POST /v1/completions, GET /version, /health, /metrics.
+func (s *DecodeServer) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /version", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"version": s.cfg.VLLMVersion})
+	})
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
+	mux.Handle("GET /metrics", s.role.Metrics().Handler())
+	mux.HandleFunc("POST /v1/completions", s.completions)
+	return mux
+}
+
+func (s *DecodeServer) completions(w http.ResponseWriter, r *http.Request) {
+	var req CompletionRequest
+	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 16<<20)).Decode(&req); err != nil {
+		writeError(w, http.StatusBadRequest, "invalid JSON body: "+err.Error())
+		return
+	}
+	kv, err := s.profile.DecodeParams(orNull(req.KVTransferParams))
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "kv_transfer_params: "+err.Error())
+		return
+	}
+	if !kv.DoRemotePrefill {
+		writeError(w, http.StatusBadRequest, "this demo decode worker serves only requests prefilled remotely (do_remote_prefill=true)")
+		return
+	}
+	id := r.Header.Get("X-Request-Id")
+	if id == "" {
+		id = fmt.Sprintf("cmpl-d-%d", s.seq.Add(1))
+	}
+	tokens := Tokens(req.Prompt)
+	g := s.cache.Geometry()
+	remote := kv.RemoteBlockIDs.Flat()
+	if len(remote) != g.NeededBlocks(tokens) {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("kv_transfer_params name %d blocks for a %d-token prompt (want %d)", len(remote), tokens, g.NeededBlocks(tokens)))
+		return
+	}
+	local, err := s.pool.Alloc(len(remote))
+	if err != nil {
+		writeError(w, http.StatusServiceUnavailable, err.Error())
+		return
+	}
+	defer s.pool.Free(local)
+	ctx, cancel := contextWithTimeout(r, s.cfg.PullTimeout)
+	defer cancel()
+	res, err := s.role.Pull(ctx, id, kv, local)
+	if err != nil {
+		code := http.StatusBadGateway
+		if errorsIs(err, connector.ErrBadParams) {
+			code = http.StatusBadRequest
+		}
+		writeError(w, code, err.Error())
+		return
+	}
+	verified, err := s.verify(req.Prompt, tokens, local)
+	if err != nil {
+		s.log.Error("KV verification failed", zap.String("request_id", id), zap.Error(err))
+		writeError(w, http.StatusInternalServerError, "KV verification failed: "+err.Error())
+		return
+	}
+	writeJSON(w, http.StatusOK, CompletionResponse{
+		ID: id, Object: "text_completion", Created: time.Now().Unix(), Model: req.Model,
+		Choices: []Choice{{Index: 0, Text: fmt.Sprintf(" [decoded with %d prefilled tokens]", tokens), FinishReason: "length"}},
+		Usage:   Usage{PromptTokens: tokens, CompletionTokens: 1, TotalTokens: tokens + 1},
+		Gonixl: &Timing{HandshakeMS: ms(res.Handshake), TransferMS: ms(res.Transfer), CopyMS: ms(res.Copy),
+			Bytes: res.Bytes, Blocks: res.Blocks, VerifiedBytes: verified, Verified: true},
+	})
+}
+
+// verify checks every byte the READ brought: for each layer it rebuilds what the prompt's K and V must be,
+// converts them to paged blocks with the same block ids (zero padding included) and compares those blocks
+// with the cache's. It also converts the cache's blocks back to (1, H, tokens, D) and compares the tokens,
+// so a converter bug on either side cannot hide. It returns the number of block bytes checked.
+func (s *DecodeServer) verify(prompt string, tokens int, blocks []int) (int64, error) {
+	g := s.cache.Geometry()
+	seed := Seed(prompt)
+	src := layout.Source{Batch: 1, Heads: g.NumKVHeads, SeqLen: tokens, HeadDim: g.HeadDim}
+	rowBytes := g.HeadDim * g.DType.Size()
+	want := make([]byte, g.NumKVHeads*tokens*rowBytes)
+	got := make([]byte, len(want))
+	scratch := map[int][]byte{}
+	regions := map[int][]byte{}
+	var checked int64
+	for l := 0; l < g.NumLayers; l++ {
+		clear(regions)
+		for _, kv := range []layout.KV{layout.K, layout.V} {
+			r, err := g.Region(l, kv)
+			if err != nil {
+				return checked, err
+			}
+			if regions[r] == nil {
+				if regions[r], err = s.region(r); err != nil {
+					return checked, err
+				}
+			}
+			for h := 0; h < g.NumKVHeads; h++ {
+				FillHead(want[h*tokens*rowBytes:(h+1)*tokens*rowBytes], seed, l, kv, h)
+			}
+			q := layout.Seq{Row: 0, Tokens: tokens, BlockIDs: blocks}
+			if err := g.FromPaged(got, src, kv, regions[r], q); err != nil {
+				return checked, err
+			}
+			if !bytes.Equal(got, want) {
+				return checked, fmt.Errorf("layer %d %v: token bytes differ from the prefill side's KV", l, kv)
+			}
+			sc := scratch[r%2]
+			if sc == nil {
+				sc = make([]byte, g.RegionLen())
+				scratch[r%2] = sc
+			}
+			if err := g.ToPaged(sc, kv, want, src, q); err != nil {
+				return checked, err
+			}
+		}
+		for r, region := range regions {
+			sc := scratch[r%2]
+			bl := g.BlockLen()
+			for _, b := range blocks {
+				off := int64(b) * bl
+				if !bytes.Equal(region[off:off+bl], sc[off:off+bl]) {
+					return checked, fmt.Errorf("layer %d region %d block %d: bytes differ (zero padding included)", l, r, b)
+				}
+				checked += bl
+			}
+		}
+	}
+	return checked, nil
+}
+
+// region returns region r of the cache in host memory (a view of a DRAM cache, a copy of a device cache).
+func (s *DecodeServer) region(r int) ([]byte, error) {
+	if s.own != nil {
+		return s.own.Region(r), nil
+	}
+	rd, ok := s.cache.(Reader)
+	if !ok {
+		return nil, fmt.Errorf("cache %T cannot be read back for verification", s.cache)
+	}
+	buf := make([]byte, s.cache.Geometry().RegionLen())
+	return buf, rd.ReadRegion(r, buf)
+}

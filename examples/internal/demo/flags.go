@@ -1,0 +1,62 @@
+package demo
+
+import (
+	"flag"
+	"strings"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/gonixl/gonixl/connector"
+	"github.com/gonixl/gonixl/layout"
+	"github.com/gonixl/gonixl/nixl"
+)
+
+// Common holds the flags the demo programs share.
+type Common struct {
+	VLLMVersion string
+	NumBlocks   int
+	Order       string
+	Backends    string
+	LogLevel    string
+	NIXLLibDir  string
+}
+
+// Register adds the shared flags to fs.
+func (c *Common) Register(fs *flag.FlagSet) {
+	fs.StringVar(&c.VLLMVersion, "vllm-version", "0.16.0", "vLLM version of the peer (selects the wire profile)")
+	fs.IntVar(&c.NumBlocks, "num-blocks", 640, "KV blocks in the cache (vLLM's num_blocks; block 0 is the null block)")
+	fs.StringVar(&c.Order, "kv-layout", "HND", "physical block order the decode side expects: HND or NHD")
+	fs.StringVar(&c.Backends, "backends", "UCX", "comma-separated NIXL backends, e.g. UCX or LIBFABRIC")
+	fs.StringVar(&c.LogLevel, "log-level", "warn", "log level: debug, info, warn, error")
+	fs.StringVar(&c.NIXLLibDir, "nixl-lib-dir", "", "folder of libnixl_capi.so (default: $NIXL_LIB_DIR, the loader path, standard prefixes)")
+}
+
+// Logger returns a console logger at the flag's level (to stderr).
+func (c *Common) Logger() *zap.Logger {
+	lvl, err := zapcore.ParseLevel(c.LogLevel)
+	if err != nil {
+		lvl = zapcore.WarnLevel
+	}
+	cfg := zap.NewDevelopmentConfig()
+	cfg.Level = zap.NewAtomicLevelAt(lvl)
+	cfg.DisableStacktrace = true
+	log, err := cfg.Build()
+	if err != nil {
+		return zap.NewNop()
+	}
+	return log
+}
+
+// BlockOrder parses -kv-layout.
+func (c *Common) BlockOrder() (layout.BlockOrder, error) { return layout.ParseBlockOrder(c.Order) }
+
+// BackendSpecs parses -backends.
+func (c *Common) BackendSpecs() []nixl.BackendSpec {
+	return connector.ParseBackends(strings.Split(c.Backends, ","))
+}
+
+// Library loads NIXL.
+func (c *Common) Library(log *zap.Logger) (*nixl.Library, error) {
+	return nixl.Load(nixl.LoadOptions{LibDir: c.NIXLLibDir, Logger: log})
+}

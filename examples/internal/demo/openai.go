@@ -1,0 +1,64 @@
+package demo
+
+import (
+	"encoding/json"
+	"time"
+)
+
+// CompletionRequest is the subset of vLLM's OpenAI /v1/completions request the demo serves.
+type CompletionRequest struct {
+	Model            string          `json:"model"`
+	Prompt           string          `json:"prompt"`
+	MaxTokens        int             `json:"max_tokens,omitempty"`
+	Stream           bool            `json:"stream"`
+	KVTransferParams json.RawMessage `json:"kv_transfer_params,omitempty"`
+}
+
+// CompletionResponse is vLLM's OpenAI completion response, with kv_transfer_params on the prefill side and
+// gonixl's timings.
+type CompletionResponse struct {
+	ID               string          `json:"id"`
+	Object           string          `json:"object"`
+	Created          int64           `json:"created"`
+	Model            string          `json:"model"`
+	Choices          []Choice        `json:"choices"`
+	Usage            Usage           `json:"usage"`
+	KVTransferParams json.RawMessage `json:"kv_transfer_params,omitempty"`
+	Gonixl           *Timing         `json:"gonixl,omitempty"`
+}
+
+// Choice is one completion choice.
+type Choice struct {
+	Index        int    `json:"index"`
+	Text         string `json:"text"`
+	FinishReason string `json:"finish_reason"`
+}
+
+// Usage counts tokens.
+type Usage struct {
+	PromptTokens     int `json:"prompt_tokens"`
+	CompletionTokens int `json:"completion_tokens"`
+	TotalTokens      int `json:"total_tokens"`
+}
+
+// Timing is what each side measured (milliseconds), carried in the responses for the demo's summary.
+type Timing struct {
+	StageMS       float64 `json:"stage_ms,omitempty"`
+	HandshakeMS   float64 `json:"handshake_ms,omitempty"`
+	TransferMS    float64 `json:"transfer_ms,omitempty"`
+	CopyMS        float64 `json:"copy_ms,omitempty"`
+	Bytes         int64   `json:"bytes,omitempty"`
+	Blocks        int     `json:"blocks,omitempty"`
+	VerifiedBytes int64   `json:"verified_bytes,omitempty"`
+	Verified      bool    `json:"verified"`
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// ErrorResponse is vLLM's error shape.
+type ErrorResponse struct {
+	Object  string `json:"object"`
+	Message string `json:"message"`
+	Type    string `json:"type"`
+	Code    int    `json:"code"`
+}

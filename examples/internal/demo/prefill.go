@@ -1,0 +1,307 @@
+package demo
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/gonixl/gonixl/connector"
+	"github.com/gonixl/gonixl/connector/protocol"
+	"github.com/gonixl/gonixl/layout"
+	"github.com/gonixl/gonixl/neuron"
+	"github.com/gonixl/gonixl/nixl"
+)
+
+// PrefillConfig configures the demo prefill server.
+type PrefillConfig struct {
+	VLLMVersion string // the vLLM version the decode peer runs, e.g. "0.16.0"
+	Model       Model
+	HTTPAddr    string // e.g. "127.0.0.1:0"
+	SideChannel int    // side-channel port; 0 = a free one
+	NumBlocks   int    // the scheduler's num_blocks (block 0 is the null block)
+	BatchRows   int    // NxDI batch rows of the device KV tensors (concurrent prefills)
+	MaxSeq      int    // NxDI cache length (tokens per row)
+	Order       layout.BlockOrder
+	NRTPath     string // libnrt: "" = the real libnrt.so.1 if present, else the fake one built in a temp dir
+	Backends    []nixl.BackendSpec
+	HoldTimeout time.Duration // 0: the profile's
+	Library     *nixl.Library
+	Logger      *zap.Logger
+	// Ready is called with the HTTP base URL once the server listens.
+	Ready func(url string)
+}
+
+// PrefillServer is the demo prefill worker: NxDI-shaped KV tensors on a Neuron device (the fake libnrt when no
+// Trainium is present), staged through a pinned DRAM arena registered with NIXL, served over vLLM's protocol.
+type PrefillServer struct {
+	cfg     PrefillConfig
+	log     *zap.Logger
+	profile protocol.Profile
+	rt      *neuron.Runtime
+	k, v    []*neuron.Tensor
+	stager  *neuron.Stager
+	role    *connector.Prefill
+	rows    chan int
+	seq     atomic.Int64
+	fakeDir string
+}
+
+// OpenNeuron opens the Neuron runtime at path, or the real libnrt.so.1 when present, or else builds the fake
+// libnrt into a temporary folder (returned, for removal) and opens that.
+func OpenNeuron(path string, log *zap.Logger) (*neuron.Runtime, string, error) {
+	if path == "" && neuron.Available(neuron.Options{}) {
+		rt, err := neuron.Open(neuron.Options{Logger: log})
+		return rt, "", err
+	}
+	dir := ""
+	if path == "" {
+		var err error
+		if dir, err = os.MkdirTemp("", "gonixl-fakenrt-"); err != nil {
+			return nil, "", err
+		}
+		if path, err = neuron.BuildFakeNRT(dir); err != nil {
+			os.RemoveAll(dir)
+			return nil, "", fmt.Errorf("building the fake libnrt (no Trainium here): %w", err)
+		}
+		log.Info("no Neuron runtime found: using gonixl's fake libnrt over host memory", zap.String("path", path))
+	}
+	rt, err := neuron.Open(neuron.Options{Path: path, Logger: log})
+	if err != nil && dir != "" {
+		os.RemoveAll(dir)
+	}
+	return rt, dir, err
+}
+
+// NewPrefillServer allocates the device tensors, the staging arena and the prefill role.
+func NewPrefillServer(cfg PrefillConfig) (s *PrefillServer, err error) {
+	log := cfg.Logger
+	if log == nil {
+		log = zap.NewNop()
+	}
+	p, err := protocol.ProfileFor(cfg.VLLMVersion)
+	if err != nil {
+		return nil, err
+	}
+	s = &PrefillServer{cfg: cfg, log: log, profile: p}
+	defer func() {
+		if err != nil {
+			s.Close()
+		}
+	}()
+	g, err := cfg.Model.Geometry(p, cfg.NumBlocks, cfg.Order)
+	if err != nil {
+		return nil, err
+	}
+	if s.rt, s.fakeDir, err = OpenNeuron(cfg.NRTPath, log); err != nil {
+		return nil, err
+	}
+	spec := neuron.SourceSpec{DType: cfg.Model.DType, NumLayers: cfg.Model.NumLayers,
+		Shape: layout.Source{Batch: cfg.BatchRows, Heads: cfg.Model.NumKVHeads, SeqLen: cfg.MaxSeq, HeadDim: cfg.Model.HeadDim}}
+	size, err := spec.TensorBytes()
+	if err != nil {
+		return nil, err
+	}
+	for l := 0; l < cfg.Model.NumLayers; l++ {
+		k, err := s.rt.Allocate(neuron.PlacementDevice, 0, uint64(size), fmt.Sprintf("past_key_values.%d", 2*l))
+		if err != nil {
+			return nil, err
+		}
+		s.k = append(s.k, k)
+		v, err := s.rt.Allocate(neuron.PlacementDevice, 0, uint64(size), fmt.Sprintf("past_key_values.%d", 2*l+1))
+		if err != nil {
+			return nil, err
+		}
+		s.v = append(s.v, v)
+	}
+	src, err := neuron.NewDeviceSource(spec, s.k, s.v)
+	if err != nil {
+		return nil, err
+	}
+	// The arena is registered by the prefill role (Agent nil here); the Stager's pool hands out the blocks.
+	if s.stager, err = neuron.NewStager(neuron.StagerConfig{Geometry: g, SchedulerBlocks: cfg.NumBlocks, Source: src,
+		Lock: neuron.LockBestEffort, Pool: neuron.PoolOptions{LeaseTimeout: -1}, Logger: log}); err != nil {
+		return nil, err
+	}
+	if s.role, err = connector.NewPrefill(connector.PrefillConfig{
+		Profile: p, Library: cfg.Library, Cache: s.stager, Backends: cfg.Backends, Port: cfg.SideChannel,
+		Compat: cfg.Model.Compat(cfg.VLLMVersion), HoldTimeout: cfg.HoldTimeout, Logger: log,
+	}); err != nil {
+		return nil, err
+	}
+	s.rows = make(chan int, cfg.BatchRows)
+	for r := 0; r < cfg.BatchRows; r++ {
+		s.rows <- r
+	}
+	return s, nil
+}
+
+// Role returns the prefill role.
+func (s *PrefillServer) Role() *connector.Prefill { return s.role }
+
+// Close releases everything (idempotent enough for the demo's single call).
+func (s *PrefillServer) Close() {
+	if s.role != nil {
+		s.role.Close()
+		s.role = nil
+	}
+	if s.stager != nil {
+		s.stager.Close()
+		s.stager = nil
+	}
+	for _, t := range append(s.k, s.v...) {
+		t.Free()
+	}
+	s.k, s.v = nil, nil
+	if s.rt != nil {
+		s.rt.Close()
+		s.rt = nil
+	}
+	if s.fakeDir != "" {
+		os.RemoveAll(s.fakeDir)
+		s.fakeDir = ""
+	}
+}
+
+// compute writes what a model's prefill would leave in the NxDI KV tensors for one request: every layer's K
+// and V, heads × positions [0, tokens) of batch row `row`.
+func (s *PrefillServer) compute(row, tokens int, seed uint64) error {
+	m := s.cfg.Model
+	rowBytes := m.HeadDim * m.DType.Size()
+	buf := make([]byte, tokens*rowBytes)
+	for l := 0; l < m.NumLayers; l++ {
+		for _, kv := range []layout.KV{layout.K, layout.V} {
+			t := s.k[l]
+			if kv == layout.V {
+				t = s.v[l]
+			}
+			for h := 0; h < m.NumKVHeads; h++ {
+				FillHead(buf, seed, l, kv, h)
+				off := uint64(((row*m.NumKVHeads + h) * s.cfg.MaxSeq) * rowBytes)
+				if err := t.Write(buf, off); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// Handler returns the OpenAI-shaped HTTP API: POST /v1/completions, GET /version, /health, /metrics.
+func (s *PrefillServer) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /version", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"version": s.cfg.VLLMVersion})
+	})
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
+	mux.Handle("GET /metrics", s.role.Metrics().Handler())
+	mux.HandleFunc("POST /v1/completions", s.completions)
+	return mux
+}
+
+func (s *PrefillServer) completions(w http.ResponseWriter, r *http.Request) {
+	var req CompletionRequest
+	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 16<<20)).Decode(&req); err != nil {
+		writeError(w, http.StatusBadRequest, "invalid JSON body: "+err.Error())
+		return
+	}
+	kv, err := s.profile.DecodeParams(orNull(req.KVTransferParams))
+	if err != nil || !kv.DoRemoteDecode {
+		writeError(w, http.StatusBadRequest, "this is a prefill worker: send kv_transfer_params with do_remote_decode=true")
+		return
+	}
+	tokens := Tokens(req.Prompt)
+	if tokens == 0 || tokens > s.cfg.MaxSeq {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("prompt has %d tokens; this worker takes 1..%d", tokens, s.cfg.MaxSeq))
+		return
+	}
+	id := r.Header.Get("X-Request-Id")
+	if id == "" {
+		id = fmt.Sprintf("cmpl-%d-%d", time.Now().UnixNano(), s.seq.Add(1))
+	}
+	var row int
+	select {
+	case row = <-s.rows:
+	case <-r.Context().Done():
+		return
+	}
+	start := time.Now()
+	err = s.compute(row, tokens, Seed(req.Prompt))
+	var out protocol.KVTransferParams
+	if err == nil {
+		out, err = s.role.Prefill(r.Context(), id, tokens, func(ctx context.Context, blocks []int) error {
+			return s.stager.Stage(ctx, neuron.Request{ID: id, Row: row, Tokens: tokens, BlockIDs: blocks})
+		})
+	}
+	s.rows <- row
+	if err != nil {
+		s.log.Warn("prefill failed", zap.String("request_id", id), zap.Error(err))
+		writeError(w, http.StatusInternalServerError, err.Error())
+		return
+	}
+	stage := time.Since(start)
+	g := s.stager.Geometry()
+	raw, err := s.profile.EncodeParams(out)
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, err.Error())
+		return
+	}
+	writeJSON(w, http.StatusOK, CompletionResponse{
+		ID: id, Object: "text_completion", Created: time.Now().Unix(), Model: req.Model,
+		Choices:          []Choice{{Index: 0, Text: " ", FinishReason: "length"}},
+		Usage:            Usage{PromptTokens: tokens, CompletionTokens: 1, TotalTokens: tokens + 1},
+		KVTransferParams: raw,
+		Gonixl:           &Timing{StageMS: ms(stage), Blocks: g.NeededBlocks(tokens), Bytes: int64(g.NeededBlocks(tokens)) * g.BlockLen() * int64(g.NumRegions())},
+	})
+}
+
+func orNull(b json.RawMessage) []byte {
+	if len(b) == 0 {
+		return []byte("null")
+	}
+	return b
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func writeError(w http.ResponseWriter, code int, msg string) {
+	writeJSON(w, code, ErrorResponse{Object: "error", Message: msg, Type: http.StatusText(code), Code: code})
+}
+
+// Serve runs h on addr until ctx ends, calling ready with the base URL.
+func Serve(ctx context.Context, addr string, h http.Handler, ready func(string)) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	if ready != nil {
+		ready("http://" + ln.Addr().String())
+	}
+	select {
+	case <-ctx.Done():
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+		<-errc
+		return nil
+	case err := <-errc:
+		if errors.Is(err, http.ErrServerClosed) {
+			return nil
+		}
+		return err
+	}
+}

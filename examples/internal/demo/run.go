@@ -1,0 +1,83 @@
+package demo
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+)
+
+// RunPrefill is the main of the prefill worker: it parses args, serves until ctx ends, and prints
+// "READY <url>" on stdout once it listens.
+func RunPrefill(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("prefill", flag.ContinueOnError)
+	var c Common
+	c.Register(fs)
+	addr := fs.String("http", "127.0.0.1:8100", "HTTP listen address (OpenAI-compatible API)")
+	side := fs.Int("side-channel-port", 0, "ZMQ side-channel port (0: a free port; vLLM's default is 5600)")
+	rows := fs.Int("batch-rows", 4, "NxDI batch rows of the device KV tensors (concurrent prefills)")
+	maxSeq := fs.Int("max-seq", 3072, "NxDI KV cache length per row (longest prompt)")
+	nrt := fs.String("nrt-lib", "", "libnrt path (default: libnrt.so.1 if installed, else gonixl's fake libnrt)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	log := c.Logger()
+	defer log.Sync()
+	lib, err := c.Library(log)
+	if err != nil {
+		return err
+	}
+	order, err := c.BlockOrder()
+	if err != nil {
+		return err
+	}
+	s, err := NewPrefillServer(PrefillConfig{VLLMVersion: c.VLLMVersion, Model: Qwen3_0_6B, NumBlocks: c.NumBlocks, BatchRows: *rows,
+		MaxSeq: *maxSeq, Order: order, NRTPath: *nrt, Backends: c.BackendSpecs(), Library: lib, Logger: log, SideChannel: *side})
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	return Serve(ctx, *addr, s.Handler(), func(url string) {
+		fmt.Fprintf(os.Stdout, "READY %s side-channel=%d engine=%s\n", url, s.Role().Port(), s.Role().EngineID())
+	})
+}
+
+// RunDecode is the main of the decode worker.
+func RunDecode(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("decode", flag.ContinueOnError)
+	var c Common
+	c.Register(fs)
+	addr := fs.String("http", "127.0.0.1:8200", "HTTP listen address (OpenAI-compatible API)")
+	gpu := fs.Bool("gpu", false, "put the KV cache in CUDA device memory (needs a GPU and libcuda.so.1)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	log := c.Logger()
+	defer log.Sync()
+	lib, err := c.Library(log)
+	if err != nil {
+		return err
+	}
+	order, err := c.BlockOrder()
+	if err != nil {
+		return err
+	}
+	cfg := DecodeConfig{VLLMVersion: c.VLLMVersion, Model: Qwen3_0_6B, NumBlocks: c.NumBlocks, Order: order,
+		Backends: c.BackendSpecs(), Library: lib, Logger: log}
+	if *gpu {
+		cache, closeCache, err := newGPUCache(cfg)
+		if err != nil {
+			return err
+		}
+		defer closeCache()
+		cfg.Cache = cache
+	}
+	s, err := NewDecodeServer(cfg)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	return Serve(ctx, *addr, s.Handler(), func(url string) {
+		fmt.Fprintf(os.Stdout, "READY %s engine=%s\n", url, s.Role().EngineID())
+	})
+}

@@ -1,0 +1,23 @@
+// Command prefill is a Go prefill worker wire-compatible with vLLM's NixlConnector: its KV cache lives on a
+// Neuron device (gonixl's fake libnrt when no Trainium is present) and is staged through NIXL-registered DRAM
+// for the decode peer to READ. It serves vLLM's OpenAI-compatible /v1/completions with kv_transfer_params.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/gonixl/gonixl/examples/internal/demo"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := demo.RunPrefill(ctx, os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, "prefill:", err)
+		os.Exit(1)
+	}
+}
