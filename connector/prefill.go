@@ -208,7 +208,7 @@ type BlockAllocator interface {
 type poolAllocator struct{ p *BlockPool }
 
 func (a poolAllocator) Reserve(n int) ([]int, error) { return a.p.Alloc(n) }
-func (a poolAllocator) Release(ids []int) error   { a.p.Free(ids); return nil }
+func (a poolAllocator) Release(ids []int) error      { a.p.Free(ids); return nil }
 
 // FillFunc puts a request's KV into the cache at the given block ids (in token order) and returns only when
 // every block is complete.
