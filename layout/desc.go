@@ -74,7 +74,7 @@ func appendBlockDescs(dst []Desc, g Geometry, bases []uint64, ratio int, offset,
 	stride := uint64(g.BlockLen()) / uint64(ratio)
 	n := g.NumBlocks * ratio
 	half := stride / 2
-	passes := plans[g.Plan].descParts
+	passes := g.Plan.info().descParts
 	l := dlen / uint64(chunks)
 	shift := uint64(chunk) * l
 	for _, base := range bases {

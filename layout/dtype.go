@@ -142,6 +142,15 @@ var plans = [...]planInfo{
 	PlanPackedKV: {"packed-kv", 1, 1, 2},
 }
 
+// info returns p's row of the plan table; an invalid plan gets a row of zero regions (and one descriptor
+// part, so nothing divides by zero), which keeps every size method panic-free on an unvalidated Geometry.
+func (p RegionPlan) info() planInfo {
+	if !p.Valid() {
+		return planInfo{descParts: 1}
+	}
+	return plans[p]
+}
+
 // Valid reports whether p is one of the defined plans.
 func (p RegionPlan) Valid() bool { return p >= PlanSplitKV && int(p) < len(plans) }
 

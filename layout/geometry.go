@@ -110,11 +110,11 @@ func (g Geometry) KVBlockLen() int64 { return int64(g.BlockSize) * g.TokenBytes(
 
 // NumRegions is the number of registered regions, i.e. len(kv_caches_base_addr): 2·NumLayers for
 // PlanSplitKV (K0, V0, K1, V1, ...), NumLayers otherwise.
-func (g Geometry) NumRegions() int { return plans[g.Plan].regionsPerL * g.NumLayers }
+func (g Geometry) NumRegions() int { return g.Plan.info().regionsPerL * g.NumLayers }
 
 // BlockLen is the bytes of one block in one registered region, i.e. vLLM's block_len / block_lens entry:
 // KVBlockLen for PlanSplitKV, 2·KVBlockLen for PlanKVHalves and PlanPackedKV.
-func (g Geometry) BlockLen() int64 { return int64(plans[g.Plan].blockKVFactor) * g.KVBlockLen() }
+func (g Geometry) BlockLen() int64 { return int64(g.Plan.info().blockKVFactor) * g.KVBlockLen() }
 
 // RegionLen is the bytes of one registered region: NumBlocks·BlockLen.
 func (g Geometry) RegionLen() int64 { return int64(g.NumBlocks) * g.BlockLen() }
@@ -124,10 +124,10 @@ func (g Geometry) TotalBytes() int64 { return int64(g.NumRegions()) * g.RegionLe
 
 // NumDescRegions is the number of "descriptor regions" in vLLM's descriptor lists: PlanKVHalves walks each
 // registered region twice (K halves, then V halves), so it has 2·NumLayers; the others equal NumRegions.
-func (g Geometry) NumDescRegions() int { return plans[g.Plan].descParts * g.NumRegions() }
+func (g Geometry) NumDescRegions() int { return g.Plan.info().descParts * g.NumRegions() }
 
 // DescLen is the length of one descriptor: BlockLen, or BlockLen/2 for PlanKVHalves.
-func (g Geometry) DescLen() int64 { return g.BlockLen() / int64(plans[g.Plan].descParts) }
+func (g Geometry) DescLen() int64 { return g.BlockLen() / int64(g.Plan.info().descParts) }
 
 // NumDescs is the length of the full local descriptor list: NumDescRegions·NumBlocks.
 func (g Geometry) NumDescs() int { return g.NumDescRegions() * g.NumBlocks }

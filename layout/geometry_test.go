@@ -222,3 +222,16 @@ func TestPeerGeometry(t *testing.T) {
 	_, err = PeerGeometry(Geometry{}, p)
 	require.ErrorIs(t, err, ErrInvalidGeometry)
 }
+
+func TestInvalidGeometryMethodsDoNotPanic(t *testing.T) {
+	for _, g := range []Geometry{{}, {Plan: 200, DType: 200, Order: 200, NumLayers: 3, NumBlocks: 3, BlockSize: 2, NumKVHeads: 1, HeadDim: 1}} {
+		require.Zero(t, g.NumRegions())
+		require.Zero(t, g.BlockLen())
+		require.Zero(t, g.DescLen())
+		require.Zero(t, g.TotalBytes())
+		require.ErrorIs(t, g.Validate(), ErrInvalidGeometry)
+		_, err := g.DescIndices([]int{1}, nil)
+		require.ErrorIs(t, err, ErrInvalidGeometry)
+		require.NotEmpty(t, g.String())
+	}
+}

@@ -41,7 +41,7 @@ func PeerGeometry(local Geometry, p Peer) (Geometry, error) {
 			return Geometry{}, fmt.Errorf("%w: peer block_lens[%d] = %d differs from block_lens[0] = %d", ErrBlockLenMismatch, i, l, bl)
 		}
 	}
-	perHead := int64(plans[local.Plan].blockKVFactor) * int64(p.BlockSize) * int64(local.HeadDim) * int64(local.ElemSize())
+	perHead := int64(local.Plan.info().blockKVFactor) * int64(p.BlockSize) * int64(local.HeadDim) * int64(local.ElemSize())
 	if bl <= 0 || bl%perHead != 0 || bl/perHead > MaxKVHeads {
 		return Geometry{}, fmt.Errorf("%w: peer block_len %d is not a whole number of heads of %d bytes (block_size %d, head_dim %d, %v, %v)",
 			ErrBlockLenMismatch, bl, perHead, p.BlockSize, local.HeadDim, local.DType, local.Plan)
