@@ -6,6 +6,7 @@ cross-language tests.
           msgspec.msgpack.encode((GET_META_MSG, tp)) [0.16] or ((GET_META_MSG, pp, tp)) [0.33], RCVTIMEO 5000,
           then recv() [0.16] or recv_multipart() with exactly 2 frames, the second a msgpack float [0.33].
           Prints one JSON line per rank describing what it got.
+  vllm-server: vLLM's own _nixl_handshake_listener, loaded from the release's wheel (python/vllm_defs.py).
   server: like vLLM's _nixl_handshake_listener: ROUTER, RCVTIMEO 1000, recv_multipart() -> (identity, "", msg),
           msgspec.msgpack.decode(msg) unpacked as (tag, tp) or (tag, pp, tp), reply (identity, "", payload[, ts])
           with ts = msgspec.msgpack.encode(time.perf_counter()). Prints its endpoint, serves until stdin closes.
@@ -133,6 +134,46 @@ def run_server(args) -> int:
     return 0
 
 
+def run_vllm_server(args) -> int:
+    """Run vLLM's own _nixl_handshake_listener (from the release's wheel) on a free loopback port."""
+    import inspect
+    import socket
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import vllm_defs
+
+    try:
+        defs = vllm_defs.Defs(RELEASE[args.profile],
+                              wheel=vllm_defs.find_wheel(RELEASE[args.profile], download=False))
+        listener = vllm_defs.load_listener(defs)
+    except FileNotFoundError as e:
+        print(f"NO_WHEEL: {e}", file=sys.stderr, flush=True)
+        return 3
+    payloads = {tuple(int(x) for x in k.split(":")): bytes.fromhex(v)
+                for k, v in json.loads(Path(args.payloads).read_text()).items()}
+    encoded = {tp: b for (pp, tp), b in payloads.items()} if FRAMING[args.profile] == "H2" else payloads
+    with socket.socket() as s:  # a free port (vLLM's listener takes a port number, not "*")
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ready, stop = threading.Event(), threading.Event()
+    params = inspect.signature(listener).parameters
+    kw = dict(encoded_data=encoded, ready_event=ready, stop_event=stop, port=port)
+    if "host" in params:
+        kw["host"] = "127.0.0.1"
+    else:
+        import os
+        os.environ["VLLM_NIXL_SIDE_CHANNEL_HOST"] = "127.0.0.1"
+    t = threading.Thread(target=listener, kwargs=kw, daemon=True)
+    t.start()
+    ready.wait(10)
+    print(f"tcp://127.0.0.1:{port}", flush=True)
+    sys.stdin.read()
+    stop.set()
+    t.join(5)
+    print(json.dumps({"listener_alive": t.is_alive()}), file=sys.stderr, flush=True)
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     sub = ap.add_subparsers(dest="mode", required=True)
@@ -144,8 +185,11 @@ def main() -> int:
     s.add_argument("--profile", required=True, choices=sorted(FRAMING))
     s.add_argument("--payloads", required=True, help='JSON file {"pp:tp": "<hex>"}')
     s.add_argument("--fast-poll", action="store_true")
+    v = sub.add_parser("vllm-server")
+    v.add_argument("--profile", required=True, choices=sorted(FRAMING))
+    v.add_argument("--payloads", required=True, help='JSON file {"pp:tp": "<hex>"}')
     args = ap.parse_args()
-    return run_client(args) if args.mode == "client" else run_server(args)
+    return {"client": run_client, "server": run_server, "vllm-server": run_vllm_server}[args.mode](args)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,8 @@ top-level definitions are executed, unchanged, in a stub namespace:
   NIXL_CONNECTOR_VERSION, GET_META_MSG
   vllm/config/utils.py: hash_factors                 (sha256 over json.dumps(sort_keys=True))
   vllm/_version.py: __version__
+  _nixl_handshake_listener (the prefill-side listener, a staticmethod of the scheduler class), zmq_ctx and
+  vllm/utils/network_utils.py: make_zmq_path; make_zmq_socket is stubbed (socket options are not protocol)
 
 So the field order, defaults and hash factors are vLLM's, read at generation time; nothing is copied into
 this repository. Used by gen_vectors.py and the interop tests' Python peers.
@@ -160,3 +162,59 @@ class Defs:
             self._utils.hash_factors = orig
         assert hashlib.sha256(captured["json"].encode()).hexdigest() == h
         return captured["json"]
+
+
+def _find_method(src: str, name: str) -> ast.FunctionDef | None:
+    for node in ast.walk(ast.parse(src)):
+        if isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef) and item.name == name:
+                    item.decorator_list = []  # @staticmethod
+                    return item
+    return None
+
+
+def load_listener(defs: Defs):
+    """vLLM's own _nixl_handshake_listener of this release, runnable with pyzmq and msgspec only."""
+    import contextlib
+    import time
+
+    import msgspec
+    import zmq
+
+    with zipfile.ZipFile(defs.wheel) as z:
+        names = set(z.namelist())
+        candidates = [
+            "vllm/distributed/kv_transfer/kv_connector/v1/nixl/base_scheduler.py",
+            "vllm/distributed/kv_transfer/kv_connector/v1/nixl/scheduler.py",
+            "vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py",
+        ]
+        listener = ctx_fn = None
+        for path in candidates:
+            if path in names:
+                src = z.read(path).decode()
+                listener = listener or _find_method(src, "_nixl_handshake_listener")
+        for path in ["vllm/distributed/kv_transfer/kv_connector/v1/nixl/utils.py",
+                     "vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py"]:
+            if path in names and ctx_fn is None:
+                nodes = _top_level(z.read(path).decode(), {"zmq_ctx"})
+                ctx_fn = nodes[0] if nodes else None
+        net = _top_level(z.read("vllm/utils/network_utils.py").decode(), {"make_zmq_path", "is_valid_ipv6_address"})
+    if listener is None or ctx_fn is None:
+        raise RuntimeError(f"no _nixl_handshake_listener/zmq_ctx in {defs.wheel.name}")
+
+    def make_zmq_socket(ctx, path, socket_type, bind=None, **_):  # stub: no HWM/buffer tuning
+        sock = ctx.socket(socket_type)
+        if path.startswith("tcp://["):
+            sock.setsockopt(zmq.IPV6, 1)
+        (sock.bind if bind else sock.connect)(path)
+        return sock
+
+    ns = dict(contextlib=contextlib, Iterator=typing.Iterator, Any=typing.Any, zmq=zmq, msgspec=msgspec, time=time,
+              threading=__import__("threading"), ipaddress=__import__("ipaddress"),
+              make_zmq_socket=make_zmq_socket, GET_META_MSG=defs.get_meta_msg,
+              logger=logging.getLogger("vllm_listener"),
+              envs=types.SimpleNamespace(VLLM_NIXL_SIDE_CHANNEL_HOST=os.environ.get("VLLM_NIXL_SIDE_CHANNEL_HOST",
+                                                                                    "localhost")))
+    exec(compile(ast.Module(net + [ctx_fn, listener], []), defs.module_path, "exec", dont_inherit=True), ns)
+    return ns["_nixl_handshake_listener"]

@@ -120,7 +120,12 @@ func TestInteropPythonClientGoServer(t *testing.T) {
 }
 
 // The Go REQ client asks a Python ROUTER with vLLM's listener framing; the payloads were made by real msgspec.
-func TestInteropGoClientPythonServer(t *testing.T) {
+func TestInteropGoClientPythonServer(t *testing.T) { goClientAgainst(t, "server") }
+
+// The Go REQ client asks vLLM's own _nixl_handshake_listener, loaded from the release's wheel.
+func TestInteropGoClientVLLMListener(t *testing.T) { goClientAgainst(t, "vllm-server") }
+
+func goClientAgainst(t *testing.T, mode string) {
 	py, peer := pythonPeer(t)
 	for _, p := range protocol.Profiles {
 		t.Run(p.Name, func(t *testing.T) {
@@ -142,7 +147,11 @@ func TestInteropGoClientPythonServer(t *testing.T) {
 
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
-			cmd := exec.CommandContext(ctx, py, peer, "server", "--profile", p.Name, "--payloads", pf, "--fast-poll")
+			args := []string{peer, mode, "--profile", p.Name, "--payloads", pf}
+			if mode == "server" {
+				args = append(args, "--fast-poll")
+			}
+			cmd := exec.CommandContext(ctx, py, args...)
 			stdin, err := cmd.StdinPipe()
 			require.NoError(t, err)
 			stdout, err := cmd.StdoutPipe()
@@ -155,6 +164,9 @@ func TestInteropGoClientPythonServer(t *testing.T) {
 				_ = cmd.Wait()
 			}()
 			line, err := bufio.NewReader(stdout).ReadString('\n')
+			if err != nil && strings.Contains(waitStderr(cmd, &stderr), "NO_WHEEL") {
+				testenv.Missing(t, "the vLLM "+vec.VLLMVersion+" wheel", "set VLLM_WHEEL_DIR or run `make vectors` (downloads it)")
+			}
 			require.NoError(t, err, "python server: %s", stderr.String())
 			ep := strings.TrimSpace(line)
 
@@ -175,9 +187,18 @@ func TestInteropGoClientPythonServer(t *testing.T) {
 			}
 			require.NoError(t, stdin.Close())
 			require.NoError(t, cmd.Wait())
-			assert.Contains(t, stderr.String(), fmt.Sprintf(`"served": %d`, len(ranks)))
+			if mode == "server" {
+				assert.Contains(t, stderr.String(), fmt.Sprintf(`"served": %d`, len(ranks)))
+			} else {
+				assert.Contains(t, stderr.String(), `"listener_alive": false`, "vLLM's listener stops on its stop event")
+			}
 		})
 	}
+}
+
+func waitStderr(cmd *exec.Cmd, stderr *strings.Builder) string {
+	_ = cmd.Wait()
+	return stderr.String()
 }
 
 func stderrOf(err error) string {
