@@ -63,8 +63,9 @@ type Prefill struct {
 	hold    time.Duration
 	port    int
 
-	mu   sync.Mutex
-	held map[string]*heldReq
+	mu      sync.Mutex
+	held    map[string]*heldReq
+	pending map[string]bool // ids being prefilled (claimed, not yet held)
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -116,7 +117,7 @@ func NewPrefill(cfg PrefillConfig) (*Prefill, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &Prefill{cfg: cfg, log: log, metrics: metrics, reg: reg, held: map[string]*heldReq{}}
+	p := &Prefill{cfg: cfg, log: log, metrics: metrics, reg: reg, held: map[string]*heldReq{}, pending: map[string]bool{}}
 	if a, ok := cfg.Cache.(BlockAllocator); ok {
 		p.alloc = a // e.g. a neuron.Stager, whose Stage needs blocks from its own pool
 	} else {
@@ -222,14 +223,26 @@ func (p *Prefill) Prefill(ctx context.Context, requestID string, numTokens int, 
 	if requestID == "" || numTokens <= 0 {
 		return protocol.KVTransferParams{}, fmt.Errorf("connector: prefill needs a request id and at least one token (got %q, %d)", requestID, numTokens)
 	}
+	// Claim the id for the whole prefill, so that two overlapping prefills of one id cannot both publish
+	// (the second would overwrite the first's held entry and leak its blocks).
 	p.mu.Lock()
 	_, dup := p.held[requestID]
+	dup = dup || p.pending[requestID]
+	if !dup {
+		p.pending[requestID] = true
+	}
 	p.mu.Unlock()
 	if dup {
-		return protocol.KVTransferParams{}, fmt.Errorf("connector: request %q is already held for a decode peer", requestID)
+		return protocol.KVTransferParams{}, fmt.Errorf("connector: request %q is already being prefilled or held for a decode peer", requestID)
+	}
+	unclaim := func() {
+		p.mu.Lock()
+		delete(p.pending, requestID)
+		p.mu.Unlock()
 	}
 	blocks, err := p.alloc.Reserve(p.reg.geom.NeededBlocks(numTokens))
 	if err != nil {
+		unclaim()
 		p.metrics.RequestErrors.Add(1)
 		return protocol.KVTransferParams{}, err
 	}
@@ -237,6 +250,7 @@ func (p *Prefill) Prefill(ctx context.Context, requestID string, numTokens int, 
 	if fill != nil {
 		if err := fill(ctx, blocks); err != nil {
 			_ = p.alloc.Release(blocks)
+			unclaim()
 			p.metrics.RequestErrors.Add(1)
 			log.Warn("prefill fill failed; blocks freed", zap.Error(err))
 			return protocol.KVTransferParams{}, err
@@ -245,6 +259,7 @@ func (p *Prefill) Prefill(ctx context.Context, requestID string, numTokens int, 
 	p.metrics.Observe("stage", time.Since(start))
 	bytes := int64(len(blocks)) * p.reg.geom.BlockLen() * int64(p.reg.geom.NumRegions())
 	p.mu.Lock()
+	delete(p.pending, requestID)
 	p.held[requestID] = &heldReq{id: requestID, blocks: blocks, expiry: time.Now().Add(p.hold), bytes: bytes}
 	p.mu.Unlock()
 	p.metrics.Requests.Add(1)

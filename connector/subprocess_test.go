@@ -1,0 +1,256 @@
+package connector
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/gonixl/gonixl/connector/protocol"
+	"github.com/gonixl/gonixl/internal/testenv"
+	"github.com/gonixl/gonixl/nixl"
+)
+
+// peerEnv makes the test binary a prefill server (prefillPeerMain) instead of running tests.
+const peerEnv = "GONIXL_CONNECTOR_PEER"
+
+// prefillPeerMain is a Go prefill worker in its own process: it registers a tiny-model DRAM cache, serves the
+// side channel, prefills GONIXL_PEER_REQUESTS requests of GONIXL_PEER_TOKENS tokens with the test pattern,
+// prints "PARAMS <kv_transfer_params JSON>" per request and serves until its stdin closes.
+func prefillPeerMain() int {
+	fail := func(err error) int { fmt.Fprintln(os.Stderr, "prefill peer:", err); return 1 }
+	env := func(k string) int { v, _ := strconv.Atoi(os.Getenv(k)); return v }
+	p, err := protocol.ProfileByName(os.Getenv("GONIXL_PEER_PROFILE"))
+	if err != nil {
+		return fail(err)
+	}
+	l, err := nixl.Load(nixl.LoadOptions{LibDir: os.Getenv("GONIXL_PEER_LIBDIR")})
+	if err != nil {
+		return fail(err)
+	}
+	g, err := geomFor(p, env("GONIXL_PEER_BLOCKS"))
+	if err != nil {
+		return fail(err)
+	}
+	c, err := NewDRAMCache(g, false)
+	if err != nil {
+		return fail(err)
+	}
+	defer c.Close()
+	pre, err := NewPrefill(PrefillConfig{Profile: p, Library: l, Cache: c, Compat: tinyCompat(p),
+		EngineID: os.Getenv("GONIXL_PEER_ENGINE"), Port: env("GONIXL_PEER_PORT"), HoldTimeout: time.Hour})
+	if err != nil {
+		return fail(err)
+	}
+	defer pre.Close()
+	for i := 0; i < max(1, env("GONIXL_PEER_REQUESTS")); i++ {
+		kv, err := pre.Prefill(context.Background(), fmt.Sprintf("peer-req-%d", i), env("GONIXL_PEER_TOKENS"),
+			patternFill(c, env("GONIXL_PEER_SEED")+i))
+		if err != nil {
+			return fail(err)
+		}
+		raw, err := p.EncodeParams(kv)
+		if err != nil {
+			return fail(err)
+		}
+		fmt.Printf("PARAMS %s\n", raw)
+	}
+	_, _ = io.Copy(io.Discard, os.Stdin)
+	return 0
+}
+
+// peerProc is a running prefill peer process.
+type peerProc struct {
+	cmd    *exec.Cmd
+	stdin  io.WriteCloser
+	params []protocol.KVTransferParams
+	stderr *strings.Builder
+	once   sync.Once
+	err    error
+}
+
+// startPeer runs the test binary as a prefill server and reads its kv_transfer_params.
+func startPeer(t *testing.T, p protocol.Profile, engine string, port, blocks, tokens, requests, seed int) *peerProc {
+	t.Helper()
+	dir := testenv.RequireNIXLLibDir(t)
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), peerEnv+"=1", "GONIXL_PEER_PROFILE="+p.Name, "GONIXL_PEER_LIBDIR="+dir,
+		"GONIXL_PEER_ENGINE="+engine, fmt.Sprintf("GONIXL_PEER_PORT=%d", port), fmt.Sprintf("GONIXL_PEER_BLOCKS=%d", blocks),
+		fmt.Sprintf("GONIXL_PEER_TOKENS=%d", tokens), fmt.Sprintf("GONIXL_PEER_REQUESTS=%d", requests),
+		fmt.Sprintf("GONIXL_PEER_SEED=%d", seed))
+	pp := &peerProc{cmd: cmd, stderr: &strings.Builder{}}
+	cmd.Stderr = pp.stderr
+	var err error
+	pp.stdin, err = cmd.StdinPipe()
+	require.NoError(t, err)
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { pp.kill() })
+	lines := make(chan string)
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(out)
+		sc.Buffer(make([]byte, 1<<20), 1<<24)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+	}()
+	deadline := time.After(30 * time.Second)
+	for len(pp.params) < requests {
+		select {
+		case line, ok := <-lines:
+			require.True(t, ok, "prefill peer exited early: %s", pp.stderr.String())
+			raw, found := strings.CutPrefix(line, "PARAMS ")
+			require.True(t, found, line)
+			kv, err := p.DecodeParams([]byte(raw))
+			require.NoError(t, err)
+			pp.params = append(pp.params, kv)
+		case <-deadline:
+			t.Fatalf("prefill peer did not start: %s", pp.stderr.String())
+		}
+	}
+	go func() {
+		for range lines { //nolint:revive // drain stdout until the process exits
+		}
+	}()
+	return pp
+}
+
+// kill ends the process with SIGKILL (no clean-up of its NIXL agent or sockets) and reaps it.
+func (pp *peerProc) kill() {
+	pp.once.Do(func() {
+		_ = pp.cmd.Process.Kill()
+		pp.err = pp.cmd.Wait()
+		_ = pp.stdin.Close()
+	})
+}
+
+// freePort returns a TCP port that was free a moment ago.
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// The prefill process dies (SIGKILL) while the decode role is reading from it: every pull returns an error
+// within its deadline (no hang), the handshake is dropped, and a prefill engine restarted under the same id and
+// port is handshaken again and read from.
+func TestPrefillKilledMidRead(t *testing.T) {
+	for _, p := range protocol.Profiles {
+		t.Run(p.Name, func(t *testing.T) {
+			l := testLib(t)
+			const blocks, tokens = 1024, 1000 * tinyBlock // 1000 blocks: 16 MiB (0.16) or 16 MiB (0.33) per READ
+			engine := fmt.Sprintf("killed-%s-%d", p.Name, time.Now().UnixNano())
+			port := freePort(t)
+			peer := startPeer(t, p, engine, port, blocks, tokens, 1, 7)
+			kv := peer.params[0]
+
+			dlog, dlogs := observed()
+			m := &Metrics{}
+			dc := newCache(t, tinyGeom(t, p, blocks))
+			d, err := NewDecode(DecodeConfig{Profile: p, Library: l, Cache: dc, Compat: tinyCompat(p), Logger: dlog,
+				Metrics: m, HandshakeTimeout: time.Second, HandshakeRetries: 1})
+			require.NoError(t, err)
+			t.Cleanup(func() { require.NoError(t, d.Close()) })
+			local := localBlocks(len(kv.RemoteBlockIDs[0]), 0)
+
+			ctx := ctxT(t, 10*time.Second)
+			_, err = d.Pull(ctx, "first", kv, local)
+			require.NoError(t, err)
+			requirePattern(t, dc, local, kv.RemoteBlockIDs[0], 7)
+
+			// Pull in a loop and kill the peer while READs are in flight.
+			const deadline = 3 * time.Second
+			type outcome struct {
+				err  error
+				took time.Duration
+			}
+			results := make(chan outcome, 1024)
+			running := make(chan struct{})
+			go func() {
+				defer close(results)
+				for i := 0; ; i++ {
+					if i == 2 {
+						close(running)
+					}
+					pctx, cancel := context.WithTimeout(context.Background(), deadline)
+					start := time.Now()
+					_, err := d.Pull(pctx, fmt.Sprintf("loop-%d", i), kv, local)
+					cancel()
+					results <- outcome{err, time.Since(start)}
+					if err != nil || i > 5000 {
+						return
+					}
+				}
+			}()
+			<-running
+			killedAt := time.Now()
+			peer.kill()
+			var last outcome
+			for o := range results {
+				last = o
+				assert.Less(t, o.took, deadline+time.Second, "a pull must end within its deadline")
+			}
+			require.Error(t, last.err, "pulls from a dead prefill engine must fail")
+			assert.Less(t, time.Since(killedAt), 2*deadline+2*time.Second, "the failure must come within the deadline")
+			t.Logf("pull after SIGKILL failed after %v: %v", last.took, last.err)
+			assert.EqualValues(t, 1, m.RequestErrors.Load())
+			d.mu.Lock()
+			assert.Empty(t, d.remotes, "the dead engine's handshake is dropped")
+			d.mu.Unlock()
+			assert.NotEmpty(t, dlogs.FilterMessage("pull failed").All())
+
+			// The engine comes back (same id, same port): the next pull handshakes again and succeeds.
+			peer2 := startPeer(t, p, engine, port, blocks, 3*tinyBlock, 1, 50)
+			kv2 := peer2.params[0]
+			local2 := localBlocks(3, 0)
+			res, err := d.Pull(ctxT(t, 10*time.Second), "after-restart", kv2, local2)
+			require.NoError(t, err)
+			assert.Positive(t, res.Handshake)
+			requirePattern(t, dc, local2, kv2.RemoteBlockIDs[0], 50)
+			assert.EqualValues(t, 2, m.Handshakes.Load())
+			peer2.kill()
+		})
+	}
+}
+
+// A prefill engine that is not there: the handshake fails within HandshakeTimeout × attempts with a clear error,
+// and nothing is cached.
+func TestPullNoPrefillEngine(t *testing.T) {
+	p, _ := protocol.ProfileByName("0.33")
+	l := testLib(t)
+	dc := newCache(t, tinyGeom(t, p, 8))
+	m := &Metrics{}
+	d, err := NewDecode(DecodeConfig{Profile: p, Library: l, Cache: dc, Compat: tinyCompat(p), Metrics: m,
+		HandshakeTimeout: 300 * time.Millisecond, HandshakeRetries: 1})
+	require.NoError(t, err)
+	defer d.Close()
+	kv := protocol.KVTransferParams{DoRemotePrefill: true, RemoteBlockIDs: protocol.BlockIDs{{1, 2}}, RemoteEngineID: "gone",
+		RemoteRequestID: "r", RemoteHost: "127.0.0.1", RemotePort: freePort(t), TPSize: 1}
+	start := time.Now()
+	_, err = d.Pull(ctxT(t, 10*time.Second), "r", kv, []int{1, 2})
+	require.Error(t, err)
+	assert.Less(t, time.Since(start), 3*time.Second)
+	assert.Contains(t, err.Error(), "handshake with gone")
+	assert.False(t, errors.Is(err, ErrBadParams))
+	assert.Zero(t, m.Handshakes.Load())
+	assert.EqualValues(t, 1, m.RequestErrors.Load())
+	d.mu.Lock()
+	assert.Empty(t, d.remotes)
+	d.mu.Unlock()
+}
