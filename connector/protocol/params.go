@@ -67,6 +67,9 @@ type paramField struct {
 }
 
 func jsonInt(raw json.RawMessage, dst *int64) error {
+	if t := bytes.TrimSpace(raw); len(t) == 0 || (t[0] != '-' && (t[0] < '0' || t[0] > '9')) {
+		return fmt.Errorf("expected an integer, got %s", raw)
+	}
 	var n json.Number
 	if err := json.Unmarshal(raw, &n); err != nil {
 		return err

@@ -1,0 +1,74 @@
+package protocol_test
+
+import (
+	"fmt"
+
+	"github.com/gonixl/gonixl/connector/protocol"
+)
+
+// Pick the profile from the version string the vLLM peer reports at GET /version.
+func ExampleProfileFor() {
+	p, err := protocol.ProfileFor("0.33.0")
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println(p)
+	_, err = protocol.ProfileFor("0.17.0")
+	fmt.Println(err)
+	// Output:
+	// vLLM 0.33 (H4/M1, connector v15)
+	// protocol: no profile for this vLLM version: vLLM "0.17.0" (supported: 0.16.x, 0.33.x)
+}
+
+// Reproduce the compatibility hash a vLLM 0.16.0 decode instance computes for Qwen3-0.6B.
+func ExampleProfile_CompatHash() {
+	p, _ := protocol.ProfileByName("0.16")
+	h, err := p.CompatHash(protocol.CompatInputs{
+		VLLMVersion: "0.16.0", Model: "Qwen/Qwen3-0.6B", Dtype: "torch.bfloat16",
+		NumKVHeads: 8, HeadSize: 128, NumHiddenLayers: 28,
+		AttnBackendName: "FLASH_ATTN", CacheDtype: "auto",
+	})
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println(h)
+	// Output: dbb2848cbaefc84f6db09834b6d47a09b8266fec2abb3dbbba3c3f553be60df9
+}
+
+// The prefill side encodes its handshake payload; the decode side opens it with vLLM's checks.
+func ExampleProfile_OpenHandshake() {
+	p, _ := protocol.ProfileByName("0.33")
+	m := protocol.NewAgentMetadata()
+	m.EngineID = "prefill-0"
+	m.AgentMetadata = []byte("nixl agent blob")
+	m.KVCachesBaseAddr = []uint64{0x7f0000000000}
+	m.BlockLens, m.BlockStrides = []int64{32768}, []int64{32768}
+	m.NumBlocks, m.BlockSize, m.KVCacheLayout, m.AttnBackendName = 1024, 16, "HND", "FLASH_ATTN"
+
+	payload, err := p.EncodeHandshake("hash", m)
+	if err != nil {
+		panic(err)
+	}
+	got, err := p.OpenHandshake(payload, protocol.HandshakeCheck{LocalHash: "hash", EnforceHash: true, ExpectedEngineID: "prefill-0"})
+	fmt.Println(got.EngineID, got.NumBlocks, err)
+	_, err = p.OpenHandshake(payload, protocol.HandshakeCheck{LocalHash: "other", EnforceHash: true})
+	fmt.Println(err != nil)
+	// Output:
+	// prefill-0 1024 <nil>
+	// true
+}
+
+// Transfer notifications and heartbeats, per profile.
+func ExampleProfile_EncodeNotification() {
+	p, _ := protocol.ProfileByName("0.33")
+	b, _ := p.EncodeNotification(protocol.Notification{RequestID: "cmpl-8f0c-0-1a2b3c4d", Count: 1})
+	fmt.Println(string(b))
+	hb, _ := p.EncodeHeartbeat([]string{"reqA", "reqB"})
+	fmt.Println(string(hb))
+	n, _ := p.DecodeNotification(hb)
+	fmt.Println(n.IsHeartbeat(), n.Heartbeat)
+	// Output:
+	// cmpl-8f0c-0-1a2b3c4d:1
+	// HB:reqA,reqB
+	// true [reqA reqB]
+}
