@@ -378,6 +378,8 @@ func TestKVCacheBlockCopies(t *testing.T) {
 		}
 	}
 
+	require.NoError(t, back.Close())
+	require.ErrorIs(t, kv.CopyToHost(back, dst, []int{7, 8, 9, 30}, nil), cuda.ErrClosed, "a closed host cache is refused")
 	require.ErrorIs(t, kv.CopyFromHost(kv, src, dst, nil), cuda.ErrInvalidValue, "a VRAM source is refused")
 	require.ErrorIs(t, kv.CopyFromHost(host, []int{1}, []int{32}, nil), cuda.ErrInvalidValue)
 	require.NoError(t, kv.Close())
@@ -469,4 +471,55 @@ func TestHostBufferedKVCache(t *testing.T) {
 		require.Equal(t, want[off:off+g.BlockLen()], c.Block(r, 9))
 	}
 	require.ErrorIs(t, c.CopyToDevice(ctxT(t), []int{16}), cuda.ErrInvalidValue)
+}
+
+func TestCloseUnderConcurrentCopies(t *testing.T) {
+	gpu(t)
+	dev, err := shared.drv.Open(0)
+	require.NoError(t, err)
+	g := testGeometry(2, 64)
+	kv, err := cuda.NewKVCache(dev, g)
+	require.NoError(t, err)
+	host, err := cuda.NewHostKVCache(dev, g)
+	require.NoError(t, err)
+	s, err := dev.NewStream()
+	require.NoError(t, err)
+
+	// Copies from several goroutines, with and without a stream, until the device is closed under them.
+	errs := make(chan error, 8)
+	started := make(chan struct{}, 8)
+	for w := range 8 {
+		go func() {
+			ids := []int{1 + w, 10 + w, 20 + w}
+			for i := 0; ; i++ {
+				var err error
+				if w%2 == 0 {
+					err = kv.CopyFromHost(host, ids, ids, nil)
+				} else if err = kv.CopyToHost(host, ids, ids, s); err == nil {
+					err = s.Wait(context.Background())
+				}
+				if i == 0 {
+					started <- struct{}{}
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	for range 8 {
+		<-started
+	}
+	require.NoError(t, dev.Close())
+	for range 8 {
+		select {
+		case err := <-errs:
+			require.ErrorIs(t, err, cuda.ErrClosed)
+		case <-time.After(30 * time.Second):
+			t.Fatal("a copy goroutine did not stop after Device.Close")
+		}
+	}
+	require.NoError(t, kv.Close())
+	require.NoError(t, host.Close())
 }

@@ -194,6 +194,8 @@ func NewHostKVCache(dev *Device, g layout.Geometry) (*HostKVCache, error) {
 	return &HostKVCache{cache: newCache(g, nixl.DRAM, 0, uint64(h.Addr())), h: h}, nil
 }
 
+func (c *HostKVCache) hostResource() *resource { return c.h.r }
+
 // Bytes views the whole cache (every region back to back). Invalid after Close.
 func (c *HostKVCache) Bytes() []byte { return c.h.Bytes() }
 
@@ -270,7 +272,7 @@ func (c *KVCache) CopyFromHost(src Regions, srcIDs, dstIDs []int, s *Stream) err
 	if err != nil {
 		return err
 	}
-	return c.run(HostToDevice, ops, s)
+	return c.run(HostToDevice, ops, s, src)
 }
 
 // CopyToHost copies blocks srcIDs[i] of the device cache into blocks dstIDs[i] of host cache dst, in every
@@ -283,18 +285,33 @@ func (c *KVCache) CopyToHost(dst Regions, srcIDs, dstIDs []int, s *Stream) error
 	if err != nil {
 		return err
 	}
-	return c.run(DeviceToHost, ops, s)
+	return c.run(DeviceToHost, ops, s, dst)
 }
 
-func (c *KVCache) run(dir Direction, ops []Copy, s *Stream) error {
+// run issues ops while holding the cache's allocation (never the device lock as well, so a concurrent
+// Device.Close cannot deadlock with it: Close takes the device, then each allocation).
+func (c *KVCache) run(dir Direction, ops []Copy, s *Stream, host Regions) error {
+	if err := checkOps(dir, ops); err != nil {
+		return err
+	}
 	if err := c.m.r.use(); err != nil {
 		return err
 	}
 	defer c.m.r.done()
-	if s == nil {
-		return c.dev.CopyBatch(dir, ops, nil)
+	// A host cache of this package is held too, so it cannot be freed under the copies (always after the
+	// device allocation: one lock order).
+	if h, ok := host.(interface{ hostResource() *resource }); ok {
+		r := h.hostResource()
+		if err := r.use(); err != nil {
+			return err
+		}
+		defer r.done()
 	}
-	return s.Enqueue(dir, ops)
+	if s != nil {
+		return s.Enqueue(dir, ops)
+	}
+	i, r := cCopyBatch(c.m.r.st.ctx, dir, ops, 0, true)
+	return batchErr(dir, ops, i, r)
 }
 
 // HostBufferedKVCache is a decode rank's cache in vLLM's host-buffered mode (kv_buffer_device="cpu"): NIXL
