@@ -1,0 +1,358 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sort"
+	"strings"
+
+	zmq "github.com/pebbe/zmq4"
+
+	"github.com/gonixl/gonixl/cuda"
+	"github.com/gonixl/gonixl/neuron"
+	"github.com/gonixl/gonixl/nixl"
+)
+
+// envReport is what `gonixl env` finds (its --json form).
+type envReport struct {
+	NIXL   nixlReport        `json:"nixl"`
+	ZMQ    zmqReport         `json:"zmq"`
+	CUDA   cudaReport        `json:"cuda"`
+	Neuron neuronReport      `json:"neuron"`
+	Env    map[string]string `json:"environment"`
+}
+
+type nixlReport struct {
+	Found           bool           `json:"found"`
+	Path            string         `json:"path,omitempty"`
+	Version         string         `json:"version,omitempty"`
+	PluginDir       string         `json:"plugin_dir,omitempty"`
+	HasCustomParams bool           `json:"has_custom_params,omitempty"`
+	Plugins         []pluginReport `json:"plugins,omitempty"`
+	Tried           []string       `json:"tried,omitempty"`
+	Error           string         `json:"error,omitempty"`
+}
+
+type pluginReport struct {
+	Name     string            `json:"name"`
+	MemTypes []string          `json:"mem_types,omitempty"`
+	Params   map[string]string `json:"params,omitempty"`
+	Error    string            `json:"error,omitempty"`
+}
+
+type zmqReport struct {
+	Found   bool   `json:"found"`
+	Version string `json:"version"`
+}
+
+type cudaReport struct {
+	Found         bool         `json:"found"`
+	Path          string       `json:"path,omitempty"`
+	DriverVersion string       `json:"driver_version,omitempty"`
+	DeviceCount   int          `json:"device_count"`
+	Devices       []cudaDevice `json:"devices,omitempty"`
+	Tried         []string     `json:"tried,omitempty"`
+	Error         string       `json:"error,omitempty"`
+}
+
+type cudaDevice struct {
+	Ordinal  int    `json:"ordinal"`
+	Name     string `json:"name,omitempty"`
+	UUID     string `json:"uuid,omitempty"`
+	PCIBusID string `json:"pci_bus_id,omitempty"`
+	Compute  string `json:"compute_capability,omitempty"`
+	TotalMem uint64 `json:"total_mem_bytes,omitempty"`
+	FreeMem  uint64 `json:"free_mem_bytes,omitempty"`
+	Error    string `json:"error,omitempty"`
+}
+
+type neuronReport struct {
+	Found        bool   `json:"found"`
+	Path         string `json:"path,omitempty"`
+	Version      string `json:"version,omitempty"`
+	VisibleCores int    `json:"visible_cores,omitempty"`
+	TotalCores   int    `json:"total_cores,omitempty"`
+	Error        string `json:"error,omitempty"`
+}
+
+// envVars are the environment variables that steer where the libraries are found and how they behave.
+var envVars = []string{
+	"NIXL_LIB_DIR", "NIXL_PLUGIN_DIR", "LD_LIBRARY_PATH", "UCX_TLS", "UCX_NET_DEVICES",
+	"GONIXL_CUDA_LIB", "CUDA_VISIBLE_DEVICES", "GONIXL_NRT_LIB", "NEURON_RT_VISIBLE_CORES",
+	"VLLM_NIXL_SIDE_CHANNEL_HOST", "VLLM_NIXL_SIDE_CHANNEL_PORT",
+}
+
+const envHelp = `Reports, for each native dependency, where it was loaded from or every place that was tried:
+  nixl    libnixl_capi.so: path, version, plugin folder, and per plugin its memory types and default
+          parameters (read from a throwaway agent)
+  zmq     libzmq's version (linked at build time)
+  cuda    libcuda.so.1: driver version, devices with name, memory (free/total)
+  neuron  libnrt.so.1: runtime version and NeuronCores. This initialises the Neuron runtime for a moment,
+          which claims the visible NeuronCores: while a vLLM/NxDI process holds them, it reports that error.
+          Use --no-neuron-init to only check that the library loads.
+
+A missing library is reported, not an error; --require makes it one (exit status 1), e.g.
+  gonixl env --require nixl,cuda && start-decode-worker`
+
+func runEnv(ctx context.Context, env *cmdEnv, args []string) error {
+	fs := newFlagSet(env, envHelp)
+	var nf nixlFlags
+	nf.register(fs)
+	asJSON := fs.Bool("json", false, "print the report as JSON")
+	require := fs.String("require", "", "comma-separated components that must be usable: nixl, zmq, cuda, neuron (exit status 1 otherwise)")
+	noNeuronInit := fs.Bool("no-neuron-init", false, "only check that libnrt loads; do not initialise the Neuron runtime")
+	pos, err := parseArgs(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) > 0 {
+		return usagef("unexpected argument %q", pos[0])
+	}
+	var required []string
+	for _, r := range strings.Split(*require, ",") {
+		if r = strings.ToLower(strings.TrimSpace(r)); r == "" {
+			continue
+		}
+		switch r {
+		case "nixl", "zmq", "cuda", "neuron":
+			required = append(required, r)
+		default:
+			return usagef("--require: unknown component %q (nixl, zmq, cuda, neuron)", r)
+		}
+	}
+
+	// The environment as given: nixl.Load sets NIXL_PLUGIN_DIR when it is unset.
+	vars := map[string]string{}
+	for _, k := range envVars {
+		if v, ok := os.LookupEnv(k); ok {
+			vars[k] = v
+		}
+	}
+	rep := envReport{
+		NIXL:   nixlEnv(nf),
+		ZMQ:    zmqEnv(),
+		CUDA:   cudaEnv(),
+		Neuron: neuronEnv(!*noNeuronInit),
+		Env:    vars,
+	}
+	if *asJSON {
+		if err := writeJSON(env.stdout, rep); err != nil {
+			return err
+		}
+	} else {
+		printEnv(env, rep)
+	}
+	var missing []string
+	for _, r := range required {
+		ok := map[string]bool{"nixl": rep.NIXL.Found, "zmq": rep.ZMQ.Found, "cuda": rep.CUDA.Found && rep.CUDA.DeviceCount > 0, "neuron": rep.Neuron.Found}[r]
+		if !ok {
+			missing = append(missing, r)
+		}
+	}
+	if len(missing) > 0 {
+		return &quietError{msg: "required but not usable: " + strings.Join(missing, ", ") + " (see the report above for what was tried)"}
+	}
+	return nil
+}
+
+func nixlEnv(nf nixlFlags) nixlReport {
+	var r nixlReport
+	lib, err := nf.load()
+	if err != nil {
+		r.Error = oneLine(err.Error())
+		var le *nixl.LoadError
+		if errors.As(err, &le) {
+			r.Tried = le.Tried
+			r.Error = "libnixl_capi.so not found; run `make nixl` or set NIXL_LIB_DIR (or --nixl-lib-dir) to its folder"
+		}
+		return r
+	}
+	r.Found, r.Path, r.Version, r.PluginDir, r.HasCustomParams = true, lib.Path(), nixlVersion(lib), lib.PluginDir(), lib.HasCustomParams()
+	a, err := lib.NewAgent(throwawayAgentName("env"), nixl.AgentConfig{NoProgressThread: true})
+	if err != nil {
+		r.Error = "creating an agent: " + oneLine(err.Error())
+		return r
+	}
+	defer a.Close()
+	plugins, err := a.AvailablePlugins()
+	if err != nil {
+		r.Error = "listing plugins: " + oneLine(err.Error())
+		return r
+	}
+	sort.Strings(plugins)
+	for _, p := range plugins {
+		pr := pluginReport{Name: p}
+		mems, params, err := a.PluginParams(p)
+		if err != nil {
+			pr.Error = "cannot be loaded here (a library it needs is missing?): " + oneLine(err.Error())
+		} else {
+			for _, m := range mems {
+				pr.MemTypes = append(pr.MemTypes, m.String())
+			}
+			pr.Params = params
+		}
+		r.Plugins = append(r.Plugins, pr)
+	}
+	return r
+}
+
+func zmqEnv() zmqReport {
+	major, minor, patch := zmq.Version()
+	return zmqReport{Found: major > 0, Version: fmt.Sprintf("%d.%d.%d", major, minor, patch)}
+}
+
+func cudaEnv() cudaReport {
+	var r cudaReport
+	drv, err := cuda.Load(cuda.LoadOptions{})
+	if err != nil {
+		var le *cuda.LoadError
+		if errors.As(err, &le) {
+			for i, t := range le.Tried {
+				why := ""
+				if i < len(le.Why) {
+					why = ": " + le.Why[i]
+				}
+				r.Tried = append(r.Tried, t+why)
+			}
+			r.Error = "libcuda.so.1 not found (no NVIDIA driver here, or set GONIXL_CUDA_LIB)"
+		} else {
+			r.Error = oneLine(err.Error())
+		}
+		return r
+	}
+	r.Found, r.Path, r.DriverVersion = true, drv.Path(), drv.VersionString()
+	n, err := drv.DeviceCount()
+	if err != nil {
+		r.Error = "counting devices: " + oneLine(err.Error())
+		return r
+	}
+	r.DeviceCount = n
+	for i := 0; i < n; i++ {
+		d := cudaDevice{Ordinal: i}
+		dev, err := drv.Open(i)
+		if err != nil {
+			d.Error = oneLine(err.Error())
+			r.Devices = append(r.Devices, d)
+			continue
+		}
+		p := dev.Props()
+		d.Name, d.UUID, d.PCIBusID, d.TotalMem = p.Name, p.UUIDString(), p.PCIBusID, p.TotalMem
+		d.Compute = fmt.Sprintf("%d.%d", p.ComputeMajor, p.ComputeMinor)
+		if free, total, err := dev.MemInfo(); err == nil {
+			d.FreeMem, d.TotalMem = free, total
+		}
+		_ = dev.Close()
+		r.Devices = append(r.Devices, d)
+	}
+	return r
+}
+
+func neuronEnv(initialise bool) neuronReport {
+	var r neuronReport
+	if !initialise {
+		r.Found = neuron.Available(neuron.Options{})
+		if !r.Found {
+			r.Error = "libnrt.so.1 not found (tried $" + neuron.EnvLibrary + ", the loader path, " + neuron.DefaultLibDir + ")"
+		}
+		return r
+	}
+	rt, err := neuron.Open(neuron.Options{})
+	if err != nil {
+		// The error lists the candidates tried (or the runtime's own status when libnrt loaded).
+		r.Found = neuron.Available(neuron.Options{})
+		r.Error = oneLine(err.Error())
+		return r
+	}
+	defer rt.Close()
+	r.Found, r.Path = true, rt.Path()
+	if v := rt.Version(); v != (neuron.Version{}) {
+		r.Version = v.String()
+	}
+	r.VisibleCores, _ = rt.VisibleCores()
+	r.TotalCores, _ = rt.TotalCores()
+	return r
+}
+
+func printEnv(env *cmdEnv, r envReport) {
+	w := env.stdout
+	fmt.Fprintln(w, "NIXL")
+	if r.NIXL.Found {
+		fmt.Fprintf(w, "  library      %s\n", r.NIXL.Path)
+		ver := r.NIXL.Version
+		if ver == "" {
+			ver = "(unknown: no wheel metadata beside the library)"
+		}
+		fmt.Fprintf(w, "  version      %s\n", ver)
+		fmt.Fprintf(w, "  plugin dir   %s\n", r.NIXL.PluginDir)
+		fmt.Fprintf(w, "  plugins      %d\n", len(r.NIXL.Plugins))
+		for _, p := range r.NIXL.Plugins {
+			if p.Error != "" {
+				fmt.Fprintf(w, "    %-12s %s\n", p.Name, p.Error)
+				continue
+			}
+			fmt.Fprintf(w, "    %-12s mem: %s\n", p.Name, strings.Join(p.MemTypes, ","))
+			for _, k := range sortedKeys(p.Params) {
+				fmt.Fprintf(w, "    %-12s   %s=%s\n", "", k, p.Params[k])
+			}
+		}
+	} else {
+		fmt.Fprintf(w, "  not loaded: %s\n", r.NIXL.Error)
+		for _, t := range r.NIXL.Tried {
+			fmt.Fprintf(w, "    tried %s\n", t)
+		}
+	}
+	if r.NIXL.Found && r.NIXL.Error != "" {
+		fmt.Fprintf(w, "  error        %s\n", r.NIXL.Error)
+	}
+
+	fmt.Fprintln(w, "libzmq")
+	fmt.Fprintf(w, "  version      %s\n", r.ZMQ.Version)
+
+	fmt.Fprintln(w, "CUDA")
+	if r.CUDA.Found {
+		fmt.Fprintf(w, "  library      %s\n", r.CUDA.Path)
+		fmt.Fprintf(w, "  driver       CUDA %s\n", r.CUDA.DriverVersion)
+		fmt.Fprintf(w, "  devices      %d\n", r.CUDA.DeviceCount)
+		for _, d := range r.CUDA.Devices {
+			if d.Error != "" {
+				fmt.Fprintf(w, "    [%d] error: %s\n", d.Ordinal, d.Error)
+				continue
+			}
+			fmt.Fprintf(w, "    [%d] %s (sm %s, %s) %s, %s free of %s\n", d.Ordinal, d.Name, d.Compute, d.PCIBusID, d.UUID,
+				humanBytes(int64(d.FreeMem)), humanBytes(int64(d.TotalMem)))
+		}
+		if r.CUDA.Error != "" {
+			fmt.Fprintf(w, "  error        %s\n", r.CUDA.Error)
+		}
+	} else {
+		fmt.Fprintf(w, "  not loaded: %s\n", r.CUDA.Error)
+		for _, t := range r.CUDA.Tried {
+			fmt.Fprintf(w, "    tried %s\n", t)
+		}
+	}
+
+	fmt.Fprintln(w, "Neuron")
+	switch {
+	case r.Neuron.Path != "":
+		fmt.Fprintf(w, "  library      %s\n", r.Neuron.Path)
+		if r.Neuron.Version != "" {
+			fmt.Fprintf(w, "  version      %s\n", r.Neuron.Version)
+		}
+		fmt.Fprintf(w, "  NeuronCores  %d visible of %d\n", r.Neuron.VisibleCores, r.Neuron.TotalCores)
+	case r.Neuron.Found && r.Neuron.Error == "":
+		fmt.Fprintf(w, "  libnrt loads (runtime not initialised: --no-neuron-init)\n")
+	case r.Neuron.Found:
+		fmt.Fprintf(w, "  libnrt loads, but: %s\n", r.Neuron.Error)
+	default:
+		fmt.Fprintf(w, "  not loaded: %s\n", r.Neuron.Error)
+	}
+
+	if len(r.Env) > 0 {
+		fmt.Fprintln(w, "Environment")
+		for _, k := range sortedKeys(r.Env) {
+			fmt.Fprintf(w, "  %s=%s\n", k, r.Env[k])
+		}
+	}
+}

@@ -1,0 +1,112 @@
+package main
+
+import (
+	"fmt"
+	"net"
+	"strconv"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/gonixl/gonixl/connector/protocol"
+)
+
+func hashArgs(in protocol.CompatInputs) []string {
+	return []string{"--model", in.Model, "--dtype", in.Dtype, "--kv-heads", strconv.FormatInt(in.NumKVHeads, 10),
+		"--head-size", strconv.FormatInt(in.HeadSize, 10), "--layers", strconv.FormatInt(in.NumHiddenLayers, 10),
+		"--attn-backend", in.AttnBackendName, "--cache-dtype", in.CacheDtype}
+}
+
+func TestProbe(t *testing.T) {
+	dir := nixlDir(t)
+	for _, v := range []string{"0.16.0", "0.33.0"} {
+		t.Run(v, func(t *testing.T) {
+			pre, cache := startPrefill(t, v)
+			addr := fmt.Sprintf("tcp://127.0.0.1:%d", pre.Port())
+
+			// JSON, with the hash inputs of the server's configuration: everything it advertises, hash matching.
+			args := append([]string{"probe", addr, "--vllm-version", v, "--nixl-lib-dir", dir, "--json", "--timeout", "2s",
+				"--engine-id", pre.EngineID()}, hashArgs(testModel)...)
+			r := runCLI(t, args...)
+			require.Equal(t, 0, r.code, r.stderr)
+			rep := decodeJSON[probeReport](t, r.stdout)
+			require.Len(t, rep.Ranks, 1)
+			rr := rep.Ranks[0]
+			require.NotNil(t, rr.HashMatch)
+			require.True(t, *rr.HashMatch)
+			require.Len(t, rr.CompatibilityHash, 64)
+			require.Equal(t, rep.LocalHash, rr.CompatibilityHash)
+			md := rr.Metadata
+			require.Equal(t, pre.EngineID(), md.EngineID)
+			require.Equal(t, pre.Agent().Name(), md.AgentName, "the NIXL agent name, parsed by NIXL from the blob")
+			require.Positive(t, md.AgentMetadataBytes)
+			g := cache.Geometry()
+			require.Equal(t, int64(g.NumBlocks), md.NumBlocks)
+			require.Equal(t, int64(g.BlockSize), md.BlockSize)
+			require.Equal(t, g.BlockLens(), md.BlockLens)
+			require.Equal(t, "HND", md.KVCacheLayout)
+			require.Len(t, md.Regions, g.NumRegions())
+			var total int64
+			for i, reg := range md.Regions {
+				require.Equal(t, cache.RegionBases()[i], reg.BaseInt)
+				require.Equal(t, fmt.Sprintf("0x%x", cache.RegionBases()[i]), reg.Base)
+				require.Equal(t, int64(g.NumBlocks)*g.BlockLen(), reg.Len)
+				total += reg.Len
+			}
+			require.Equal(t, int64(len(cache.Bytes())), total)
+			if v == "0.33.0" {
+				require.NotNil(t, rr.ClockOffset, "H4 framing sends the server's clock")
+			}
+
+			// Text output says the same.
+			r = runCLI(t, "probe", addr, "--vllm-version", v, "--nixl-lib-dir", dir)
+			require.Equal(t, 0, r.code, r.stderr)
+			require.Contains(t, r.stdout, pre.EngineID())
+			require.Contains(t, r.stdout, pre.Agent().Name())
+			require.Contains(t, r.stdout, fmt.Sprintf("%#016x", cache.RegionBases()[0]))
+
+			// Without NIXL: the blob's size instead of the agent name.
+			r = runCLI(t, "probe", addr, "--vllm-version", v, "--no-nixl", "--json")
+			require.Equal(t, 0, r.code, r.stderr)
+			rep = decodeJSON[probeReport](t, r.stdout)
+			require.Empty(t, rep.Ranks[0].Metadata.AgentName)
+			require.Equal(t, md.AgentMetadataBytes, rep.Ranks[0].Metadata.AgentMetadataBytes)
+
+			// Another model: the report is printed, then one line and exit status 1.
+			other := testModel
+			other.Model = "test/other"
+			r = runCLI(t, append([]string{"probe", addr, "--vllm-version", v, "--no-nixl"}, hashArgs(other)...)...)
+			require.Contains(t, r.stdout, "MISMATCH")
+			requireOneLine(t, r, exitError, "compatibility hash mismatch")
+
+			r = runCLI(t, "probe", addr, "--vllm-version", v, "--no-nixl", "--engine-id", "someone-else")
+			requireOneLine(t, r, exitError, "someone-else")
+
+			// A rank the worker does not serve.
+			r = runCLI(t, "probe", addr, "--vllm-version", v, "--no-nixl", "--rank", "0,3", "--timeout", "2s")
+			requireOneLine(t, r, exitError, "rejected")
+		})
+	}
+}
+
+func TestProbeWrongVersion(t *testing.T) {
+	pre, _ := startPrefill(t, "0.33.0")
+	addr := fmt.Sprintf("127.0.0.1:%d", pre.Port())
+	// A 0.16 request (H2 framing) to a 0.33 worker: refused with a hint at --vllm-version.
+	r := runCLI(t, "probe", addr, "--vllm-version", "0.16.0", "--no-nixl", "--timeout", "2s", "--attempts", "1")
+	requireOneLine(t, r, exitError, "--vllm-version")
+}
+
+func TestProbeUnreachable(t *testing.T) {
+	// A port nobody listens on.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := l.Addr().String()
+	require.NoError(t, l.Close())
+	r := runCLI(t, "probe", "tcp://"+addr, "--vllm-version", "0.16.0", "--no-nixl", "--timeout", "200ms", "--attempts", "1")
+	requireOneLine(t, r, exitError, "no reply", "is the prefill worker up")
+
+	r = runCLI(t, "probe", "not an address", "--vllm-version", "0.16.0", "--no-nixl", "--timeout", "200ms", "--attempts", "1")
+	require.NotEqual(t, 0, r.code)
+	requireOneLine(t, r, r.code)
+}
