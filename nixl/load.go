@@ -121,6 +121,7 @@ func Load(opts LoadOptions) (*Library, error) {
 		}
 		return loaded, nil
 	}
+	raceWorkaround(log)
 	var tried []string
 	for _, cand := range candidates(opts.LibDir) {
 		path := cand.path
@@ -227,4 +228,18 @@ func mustLoaded() error {
 		return errors.Join(ErrNotLoaded, errors.New("call nixl.Load first"))
 	}
 	return nil
+}
+
+// raceWorkaround keeps UCX from loading its InfiniBand transport modules in binaries built with -race, unless
+// UCX_MODULES is set. Those modules pull in libnl-route-3, whose ELF destructor crashes (SIGSEGV in
+// rtnl_tc_unregister) when the process exits through C's exit(): the race runtime's __tsan_fini does exactly
+// that, while ordinary Go binaries leave with exit_group and never run C destructors. Race builds are test
+// builds, and loopback tests need no InfiniBand; set UCX_MODULES (e.g. "*") to load every module anyway.
+func raceWorkaround(log *zap.Logger) {
+	if !raceBuild || os.Getenv("UCX_MODULES") != "" {
+		return
+	}
+	if err := os.Setenv("UCX_MODULES", "^ib*"); err == nil {
+		log.Info("race build: UCX_MODULES=^ib* so that libnl-route's exit-time destructor (loaded by UCX's IB modules) cannot crash the process at exit")
+	}
 }

@@ -1,0 +1,5 @@
+//go:build !race
+
+package nixl
+
+const raceBuild = false
