@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -156,7 +157,7 @@ func goClientAgainst(t *testing.T, mode string) {
 			require.NoError(t, err)
 			stdout, err := cmd.StdoutPipe()
 			require.NoError(t, err)
-			var stderr strings.Builder
+			var stderr syncBuffer
 			cmd.Stderr = &stderr
 			require.NoError(t, cmd.Start())
 			defer func() {
@@ -196,7 +197,25 @@ func goClientAgainst(t *testing.T, mode string) {
 	}
 }
 
-func waitStderr(cmd *exec.Cmd, stderr *strings.Builder) string {
+// syncBuffer is a strings.Builder safe to read while exec's copier goroutine writes into it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func waitStderr(cmd *exec.Cmd, stderr *syncBuffer) string {
 	_ = cmd.Wait()
 	return stderr.String()
 }
