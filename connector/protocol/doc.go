@@ -15,6 +15,28 @@
 // connector version 15). Decoders never panic on network input and return errors wrapping the package's
 // sentinels (ErrMalformed, ErrMissingField, ErrHashMismatch, ...).
 //
+// What differs on the wire between the two supported releases (read in their wheels):
+//
+//   - Side channel: 0.16 requests are msgpack [bin "get_meta_msg", tp_rank] and the reply is one frame (H2);
+//     0.33 requests are [bin "get_meta_msg", pp_rank, tp_rank] and the reply has a second frame, msgpack
+//     float64 of the listener's time.perf_counter() (H4; vLLM's decoder asserts exactly two frames).
+//   - NixlAgentMetadata: 0.16 has 8 required fields (engine_id, agent_metadata, kv_caches_base_addr, device_id,
+//     num_blocks, block_lens, kv_cache_layout, block_size); 0.33 has 21: block_strides after block_lens,
+//     then ssm_sizes, attn_backend_name, physical_blocks_per_logical_kv_block after block_size (all required),
+//     then 9 fields with defaults: region_num_blocks, region_group_ids, region_names, region_mem_types
+//     (None), dcp_size, pcp_size (1), ple_block_len (None), region_members ([]), packed_member_layouts ({}).
+//     The handshake payload {compatibility_hash, agent_metadata_bytes} is the same.
+//   - Compatibility hash: both hash vllm_version, nixl_connector_version (2 vs 15), model, dtype, num_kv_heads,
+//     head_size, num_hidden_layers, attn_backend_name, cache_dtype; 0.16 adds cross_layers_blocks, 0.33 adds
+//     is_hma_enabled, speculative_config and transfer_mode.
+//   - kv_transfer_params: 0.16 remote_block_ids is a flat list and P returns 8 keys; 0.33 has one list per
+//     KV-cache group and adds dcp_size, pp_size, remote_num_tokens, remote_blocks_expiry_time,
+//     remote_registration_generation and transfer_mode.
+//   - Notifications: both "<remote_request_id>:<n>"; n is D's TP size in 0.16 (P derives the count) and the
+//     number of expected consumers in 0.33. 0.33 adds "HB:<id>,<id>" heartbeats renewing 30 s leases
+//     (sent every 5 s, extending to now+20 s); 0.16 frees unread blocks after 480 s instead.
+//   - KV layout era: A (K and V separate regions) in 0.16, C (K/V packed in the last dim) in 0.33.
+//
 // Concurrency: Profiles and all values here are plain data; every function is safe for concurrent use.
 // The package builds with CGO_ENABLED=0.
 package protocol
