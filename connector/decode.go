@@ -173,6 +173,12 @@ func (d *Decode) Pull(ctx context.Context, requestID string, kv protocol.KVTrans
 	if len(kv.RemoteBlockIDs) != 1 {
 		return fail(fmt.Errorf("%w: %d KV-cache groups; gonixl serves models with one group", ErrBadParams, len(kv.RemoteBlockIDs)))
 	}
+	if kv.RemoteHost == "" || kv.RemotePort <= 0 || kv.RemotePort > 65535 {
+		return fail(fmt.Errorf("%w: remote_host %q / remote_port %d do not name a side channel", ErrBadParams, kv.RemoteHost, kv.RemotePort))
+	}
+	if kv.RemoteRequestID == "" {
+		return fail(fmt.Errorf("%w: remote_request_id is empty (the prefill side could never match the notification)", ErrBadParams))
+	}
 	remoteIDs := kv.RemoteBlockIDs[0]
 	if len(remoteIDs) != len(localBlocks) {
 		return fail(fmt.Errorf("%w: %d remote blocks for %d local blocks", ErrBadParams, len(remoteIDs), len(localBlocks)))

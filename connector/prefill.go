@@ -351,10 +351,7 @@ func (p *Prefill) handleNotification(raw nixl.Notification) {
 	}
 	if n.IsHeartbeat() {
 		p.metrics.Heartbeats.Add(1)
-		ext := p.cfg.Profile.LeaseExtension
-		if ext == 0 {
-			ext = p.hold
-		}
+		ext := p.leaseExtension()
 		p.mu.Lock()
 		for _, id := range n.Heartbeat {
 			if h := p.held[id]; h != nil {
@@ -394,6 +391,16 @@ func (p *Prefill) handleNotification(raw nixl.Notification) {
 		p.metrics.BlocksFreed.Add(int64(len(h.blocks)))
 		log.Debug("decode peer finished reading; blocks freed", zap.Int("blocks", len(h.blocks)))
 	}
+}
+
+// leaseExtension is how far a heartbeat pushes a lease: vLLM's kv_lease_duration·2/3, where HoldTimeout (when
+// set) plays kv_lease_duration, so a shortened hold is not stretched to the default 20 s by one heartbeat.
+func (p *Prefill) leaseExtension() time.Duration {
+	pr := p.cfg.Profile
+	if pr.LeaseExtension <= 0 || pr.LeaseDuration <= 0 {
+		return p.hold
+	}
+	return time.Duration(float64(p.hold) * (float64(pr.LeaseExtension) / float64(pr.LeaseDuration)))
 }
 
 func (p *Prefill) expire(now time.Time) {

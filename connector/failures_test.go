@@ -1,0 +1,260 @@
+package connector
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/gonixl/gonixl/connector/protocol"
+	"github.com/gonixl/gonixl/nixl"
+)
+
+// The decode side never notifies: the prefill side frees the blocks once the hold (lease / abort timeout)
+// passes, never before, logs it with the request and engine ids, and counts it. A notification that arrives
+// after that is logged and counted as a bad message, not double-freed.
+func TestPrefillExpiry(t *testing.T) {
+	for _, p := range protocol.Profiles {
+		t.Run(p.Name, func(t *testing.T) {
+			const hold = 250 * time.Millisecond
+			plog, plogs := observed()
+			pr := newPair(t, p, pairOpts{hold: hold, prefillLog: plog})
+			ctx := ctxT(t, 10*time.Second)
+			start := time.Now()
+			kv, err := pr.pre.Prefill(ctx, "never-read", 3*tinyBlock, patternFill(pr.pcache, 3))
+			require.NoError(t, err)
+			assert.EqualValues(t, 3, pr.preM.BlocksHeld.Load())
+			require.Eventually(t, func() bool { return pr.pre.Held() == 0 }, 5*time.Second, 5*time.Millisecond)
+			assert.GreaterOrEqual(t, time.Since(start), hold, "blocks must not be freed before the hold ends")
+			assert.Zero(t, pr.pre.pool.InUse())
+			assert.EqualValues(t, 3, pr.preM.BlocksExpired.Load())
+			assert.EqualValues(t, 1, pr.preM.RequestsExpired.Load())
+			assert.Zero(t, pr.preM.BlocksHeld.Load())
+			assert.Zero(t, pr.preM.BlocksFreed.Load())
+			exp := plogs.FilterMessage("decode peer never confirmed reading; blocks freed at expiry").All()
+			require.Len(t, exp, 1)
+			f := fieldsOf(exp[0])
+			assert.Equal(t, "never-read", f["request_id"])
+			assert.Equal(t, pr.pre.EngineID(), f["engine_id"])
+			assert.EqualValues(t, 3, f["blocks"])
+
+			// A decode peer that shows up late: its notification is for a request no longer held.
+			_, err = pr.dec.Pull(ctx, "late", kv, localBlocks(3, 0))
+			require.NoError(t, err)
+			require.Eventually(t, func() bool { return pr.preM.BadMessages.Load() == 1 }, 5*time.Second, 5*time.Millisecond)
+			assert.Zero(t, pr.preM.BlocksFreed.Load())
+			assert.Zero(t, pr.pre.pool.InUse())
+			late := plogs.FilterMessage("notification for a request that is not held (already freed, expired, or unknown)").All()
+			require.Len(t, late, 1)
+			assert.Equal(t, "never-read", fieldsOf(late[0])["request_id"])
+		})
+	}
+}
+
+// Profiles with leases: "HB:<id>" heartbeats from the decode peer keep a request's blocks past its lease;
+// once they stop, the blocks are freed a lease extension (2/3 of the lease) later. In 0.16, which has no
+// leases, the same message is a malformed notification and changes nothing.
+func TestPrefillLeaseHeartbeats(t *testing.T) {
+	for _, p := range protocol.Profiles {
+		t.Run(p.Name, func(t *testing.T) {
+			const hold = time.Second
+			pr := newPair(t, p, pairOpts{hold: hold})
+			ctx := ctxT(t, 20*time.Second)
+			// Handshake with a first request, so the decode agent knows the prefill agent.
+			kv0, err := pr.pre.Prefill(ctx, "warm", tinyBlock, nil)
+			require.NoError(t, err)
+			_, err = pr.dec.Pull(ctx, "warm", kv0, localBlocks(1, 0))
+			require.NoError(t, err)
+			pr.dec.mu.Lock()
+			remote := pr.dec.remotes[pr.pre.EngineID()].agent
+			pr.dec.mu.Unlock()
+
+			start := time.Now()
+			_, err = pr.pre.Prefill(ctx, "leased", 2*tinyBlock, nil)
+			require.NoError(t, err)
+			msg := []byte(protocol.HeartbeatPrefix + "leased,unknown-id")
+			var last time.Time
+			for time.Since(start) < 2*hold {
+				require.NoError(t, pr.dec.Agent().SendNotification(remote, msg))
+				last = time.Now()
+				time.Sleep(50 * time.Millisecond)
+			}
+			if !p.Leases {
+				require.Eventually(t, func() bool { return pr.pre.Held() == 0 }, 5*time.Second, 5*time.Millisecond)
+				assert.Positive(t, pr.preM.BadMessages.Load(), "0.16 reads HB: as a malformed notification")
+				assert.Zero(t, pr.preM.Heartbeats.Load())
+				assert.EqualValues(t, 1, pr.preM.RequestsExpired.Load())
+				return
+			}
+			// Leases: heartbeats kept it past 2× the lease.
+			require.Eventually(t, func() bool { return pr.preM.Heartbeats.Load() > 10 }, 5*time.Second, 5*time.Millisecond)
+			assert.Equal(t, 1, pr.pre.Held(), "heartbeats must keep the lease alive")
+			require.Eventually(t, func() bool { return pr.pre.Held() == 0 }, 5*time.Second, 5*time.Millisecond)
+			ext := hold * 2 / 3
+			assert.GreaterOrEqual(t, time.Since(last), ext-100*time.Millisecond, "freed a lease extension after the last heartbeat")
+			assert.Less(t, time.Since(last), ext+2*time.Second, "a shortened lease is extended by 2/3 of itself, not the default 20 s")
+			assert.EqualValues(t, 1, pr.preM.RequestsExpired.Load())
+			assert.Zero(t, pr.preM.BadMessages.Load())
+			assert.Zero(t, pr.pre.pool.InUse())
+		})
+	}
+}
+
+// kv_transfer_params that cannot be served are refused with ErrBadParams before anything is transferred:
+// the local blocks stay untouched and the prefill side gets no notification.
+func TestPullRejectsBadParams(t *testing.T) {
+	for _, p := range protocol.Profiles {
+		t.Run(p.Name, func(t *testing.T) {
+			pr := newPair(t, p, pairOpts{prefillBlocks: 32, decodeBlocks: 16})
+			ctx := ctxT(t, 20*time.Second)
+			good, err := pr.pre.Prefill(ctx, "r", 2*tinyBlock, patternFill(pr.pcache, 9))
+			require.NoError(t, err)
+			local := []int{1, 2}
+			with := func(f func(k *protocol.KVTransferParams)) protocol.KVTransferParams {
+				k := good
+				k.RemoteBlockIDs = protocol.BlockIDs{append([]int64(nil), good.RemoteBlockIDs[0]...)}
+				f(&k)
+				return k
+			}
+			cases := []struct {
+				name  string
+				kv    protocol.KVTransferParams
+				local []int
+			}{
+				{"remote id past the remote cache", with(func(k *protocol.KVTransferParams) { k.RemoteBlockIDs[0][1] = 32 }), local},
+				{"remote id far out of range", with(func(k *protocol.KVTransferParams) { k.RemoteBlockIDs[0][0] = 1 << 40 }), local},
+				{"negative remote id", with(func(k *protocol.KVTransferParams) { k.RemoteBlockIDs[0][0] = -1 }), local},
+				{"remote null block", with(func(k *protocol.KVTransferParams) { k.RemoteBlockIDs[0][0] = 0 }), local},
+				{"duplicate remote ids", with(func(k *protocol.KVTransferParams) { k.RemoteBlockIDs[0][1] = k.RemoteBlockIDs[0][0] }), local},
+				{"more remote than local blocks", good, []int{1}},
+				{"two KV-cache groups", with(func(k *protocol.KVTransferParams) { k.RemoteBlockIDs = append(k.RemoteBlockIDs, []int64{3}) }), local},
+				{"no block ids", with(func(k *protocol.KVTransferParams) { k.RemoteBlockIDs = nil }), nil},
+				{"local id past the local cache", good, []int{1, 16}},
+				{"local null block", good, []int{0, 1}},
+				{"duplicate local ids", good, []int{3, 3}},
+				{"not a prefill response", with(func(k *protocol.KVTransferParams) { k.DoRemotePrefill = false }), local},
+				{"no engine id", with(func(k *protocol.KVTransferParams) { k.RemoteEngineID = "" }), local},
+				{"no request id", with(func(k *protocol.KVTransferParams) { k.RemoteRequestID = "" }), local},
+				{"no host", with(func(k *protocol.KVTransferParams) { k.RemoteHost = "" }), local},
+				{"port out of range", with(func(k *protocol.KVTransferParams) { k.RemotePort = 70000 }), local},
+				{"heterogeneous TP", with(func(k *protocol.KVTransferParams) { k.TPSize = 2 }), local},
+			}
+			for _, c := range cases {
+				_, err := pr.dec.Pull(ctx, "bad", c.kv, c.local)
+				require.ErrorIs(t, err, ErrBadParams, c.name)
+				t.Logf("%s: %v", c.name, err)
+			}
+			// A foreign engine id at this address: the handshake names another engine.
+			_, err = pr.dec.Pull(ctx, "bad", with(func(k *protocol.KVTransferParams) { k.RemoteEngineID = "someone-else" }), local)
+			require.ErrorIs(t, err, protocol.ErrEngineMismatch)
+
+			assert.EqualValues(t, len(cases)+1, pr.decM.RequestErrors.Load())
+			assert.Zero(t, pr.decM.Requests.Load())
+			requireZero(t, pr.dcache, []int{1, 2, 3, 15})
+			time.Sleep(100 * time.Millisecond)
+			assert.Zero(t, pr.preM.Notifications.Load(), "nothing was transferred, so nothing was notified")
+			assert.Equal(t, 1, pr.pre.Held())
+
+			// The good params still work afterwards.
+			_, err = pr.dec.Pull(ctx, "good", good, local)
+			require.NoError(t, err)
+			requirePattern(t, pr.dcache, local, good.RemoteBlockIDs[0], 9)
+			require.Eventually(t, func() bool { return pr.pre.Held() == 0 }, 5*time.Second, 5*time.Millisecond)
+		})
+	}
+}
+
+// A decode peer whose compatibility hash differs (another model) is refused at the handshake with a clear
+// error naming both hashes; nothing is read, so the prefill side frees the blocks at expiry and says so.
+// With the check disabled (vLLM's enforce_handshake_compat=false) the same pair works.
+func TestHandshakeHashMismatch(t *testing.T) {
+	for _, p := range protocol.Profiles {
+		t.Run(p.Name, func(t *testing.T) {
+			other := tinyCompat(p)
+			other.Model = "gonixl/another-model"
+			plog, plogs := observed()
+			pr := newPair(t, p, pairOpts{decodeCompat: &other, hold: 300 * time.Millisecond, prefillLog: plog})
+			ctx := ctxT(t, 10*time.Second)
+			kv, err := pr.pre.Prefill(ctx, "h", tinyBlock, nil)
+			require.NoError(t, err)
+			_, err = pr.dec.Pull(ctx, "h", kv, []int{1})
+			require.ErrorIs(t, err, protocol.ErrHashMismatch)
+			want, _ := p.CompatHash(tinyCompat(p).CompatInputs)
+			mine, _ := p.CompatHash(other.CompatInputs)
+			assert.Contains(t, err.Error(), want)
+			assert.Contains(t, err.Error(), mine)
+			assert.Contains(t, err.Error(), "enforce_handshake_compat")
+			assert.Zero(t, pr.decM.Handshakes.Load())
+			require.Eventually(t, func() bool { return pr.pre.Held() == 0 }, 5*time.Second, 5*time.Millisecond)
+			assert.EqualValues(t, 1, pr.preM.RequestsExpired.Load())
+			require.Len(t, plogs.FilterMessage("decode peer never confirmed reading; blocks freed at expiry").All(), 1)
+
+			// Opt-out.
+			skip := other
+			skip.SkipCheck = true
+			pr2 := newPair(t, p, pairOpts{decodeCompat: &skip})
+			kv, err = pr2.pre.Prefill(ctx, "h2", tinyBlock, patternFill(pr2.pcache, 4))
+			require.NoError(t, err)
+			_, err = pr2.dec.Pull(ctx, "h2", kv, []int{1})
+			require.NoError(t, err)
+			requirePattern(t, pr2.dcache, []int{1}, kv.RemoteBlockIDs[0], 4)
+		})
+	}
+}
+
+// A decode peer of another vLLM profile (0.16 against 0.33 and back) gets a clear handshake error, and the
+// prefill side logs the request it could not understand, with its engine id, and counts it.
+func TestHandshakeProfileMismatch(t *testing.T) {
+	p16, _ := protocol.ProfileByName("0.16")
+	p33, _ := protocol.ProfileByName("0.33")
+	for _, c := range []struct{ pre, dec protocol.Profile }{{p33, p16}, {p16, p33}} {
+		t.Run(fmt.Sprintf("prefill %s, decode %s", c.pre.Name, c.dec.Name), func(t *testing.T) {
+			plog, plogs := observed()
+			dec := c.dec
+			pr := newPair(t, c.pre, pairOpts{decodeProfile: &dec, prefillLog: plog})
+			ctx := ctxT(t, 10*time.Second)
+			kv, err := pr.pre.Prefill(ctx, "m", tinyBlock, nil)
+			require.NoError(t, err)
+			start := time.Now()
+			_, err = pr.dec.Pull(ctx, "m", kv, []int{1})
+			require.Error(t, err)
+			assert.Less(t, time.Since(start), 5*time.Second)
+			assert.Contains(t, err.Error(), "handshake with "+pr.pre.EngineID())
+			t.Logf("decode side: %v", err)
+			assert.Zero(t, pr.decM.Handshakes.Load())
+			rejected := plogs.FilterMessage("malformed metadata request; answering with an empty payload").All()
+			require.NotEmpty(t, rejected, "the prefill side must log the request it cannot serve")
+			assert.Equal(t, pr.pre.EngineID(), fieldsOf(rejected[0])["engine_id"])
+			assert.Equal(t, c.pre.Name, fieldsOf(rejected[0])["profile"])
+			assert.Positive(t, pr.pre.server.Stats().Rejected)
+			assert.Zero(t, pr.pre.server.Stats().Served)
+		})
+	}
+}
+
+// The NIXL backend list is per agent: "UCX" explicitly (as ParseBackends reads vLLM's extra config) works like
+// the default, and an unknown backend is a clear error at construction.
+func TestBackendsConfig(t *testing.T) {
+	p, _ := protocol.ProfileByName("0.33")
+	pr := newPair(t, p, pairOpts{backends: ParseBackends([]string{"ucx"})})
+	ctx := ctxT(t, 10*time.Second)
+	kv, err := pr.pre.Prefill(ctx, "b", tinyBlock, patternFill(pr.pcache, 2))
+	require.NoError(t, err)
+	_, err = pr.dec.Pull(ctx, "b", kv, []int{1})
+	require.NoError(t, err)
+	requirePattern(t, pr.dcache, []int{1}, kv.RemoteBlockIDs[0], 2)
+	names := []string{}
+	for _, b := range pr.pre.Agent().Backends() {
+		names = append(names, b.Plugin())
+	}
+	assert.Equal(t, []string{"UCX"}, names)
+
+	c := newCache(t, tinyGeom(t, p, 4))
+	_, err = NewPrefill(PrefillConfig{Profile: p, Library: testLib(t), Cache: c, Compat: tinyCompat(p),
+		Backends: []nixl.BackendSpec{{Plugin: "NO_SUCH_PLUGIN"}}})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "NO_SUCH_PLUGIN")
+	t.Logf("unknown backend: %v", err)
+}
