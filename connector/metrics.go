@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -100,13 +101,24 @@ func (m *Metrics) WritePrometheus(w io.Writer) {
 		names = append(names, n)
 	}
 	sort.Strings(names)
+	// Each family is one contiguous group (the text format requires it): the summary, then the maxima.
 	fmt.Fprintf(w, "# HELP gonixl_latency_seconds Latencies of handshakes, stagings and transfers.\n# TYPE gonixl_latency_seconds summary\n")
 	for _, n := range names {
 		s := m.hists[n]
-		fmt.Fprintf(w, "gonixl_latency_seconds_sum{op=%q} %g\ngonixl_latency_seconds_count{op=%q} %d\n", n, s.sum.Seconds(), n, s.count)
-		fmt.Fprintf(w, "gonixl_latency_max_seconds{op=%q} %g\n", n, s.max.Seconds())
+		op := promLabel(n)
+		fmt.Fprintf(w, "gonixl_latency_seconds_sum{op=\"%s\"} %g\ngonixl_latency_seconds_count{op=\"%s\"} %d\n", op, s.sum.Seconds(), op, s.count)
+	}
+	fmt.Fprintf(w, "# HELP gonixl_latency_max_seconds Longest handshake, staging and transfer seen.\n# TYPE gonixl_latency_max_seconds gauge\n")
+	for _, n := range names {
+		fmt.Fprintf(w, "gonixl_latency_max_seconds{op=\"%s\"} %g\n", promLabel(n), m.hists[n].max.Seconds())
 	}
 	m.mu.Unlock()
+}
+
+// promLabel escapes a label value as the text format wants it: only \\, \" and \n (Go's %q would write
+// \t or \u escapes that Prometheus does not read).
+func promLabel(v string) string {
+	return strings.NewReplacer(`\`, `\\`, `"`, `\"`, "\n", `\n`).Replace(v)
 }
 
 // Handler serves the metrics (mount it at /metrics).
