@@ -17,10 +17,16 @@ FUZZTIME     ?= 30s
 BENCHTIME    ?= 1x
 TEST_FLAGS   ?= -race -count=1 -timeout 25m
 
+# vLLM's own source (its PyPI wheels, no dependencies) for test vectors and interop tests; read, never imported
+# whole. The versions are those of the supported wire profiles (connector/protocol.Profiles).
+VLLM_VERSIONS  ?= 0.16.0 0.33.0
+VLLM_WHEEL_DIR ?= $(HOME)/.cache/gonixl/vllm-wheels
+
 export NIXL_LIB_DIR
 export GONIXL_PYTHON := $(VENV_PY)
+export VLLM_WHEEL_DIR
 
-.PHONY: all build vet nixl pydeps deps test test-pure test-go demo fuzz bench vectors clean help
+.PHONY: all build vet nixl pydeps vllm-wheels deps test test-pure test-go demo fuzz bench vectors clean help
 
 all: build
 
@@ -52,7 +58,14 @@ $(VENV)/.complete: python/requirements.txt $(NIXL_HOME)/cu$(NIXL_CUDA)-$(NIXL_VE
 	@$(VENV_PY) -m pip install -q --disable-pip-version-check --no-deps $(NIXL_HOME)/cu$(NIXL_CUDA)-$(NIXL_VERSION)/wheel/*.whl
 	@touch $@
 
-deps: nixl pydeps
+vllm-wheels:
+	@mkdir -p $(VLLM_WHEEL_DIR)
+	@for v in $(VLLM_VERSIONS); do \
+	  ls $(VLLM_WHEEL_DIR)/vllm-$$v-*.whl >/dev/null 2>&1 || { echo "fetching vllm $$v wheel (source for interop tests)" >&2; \
+	  $(PYTHON) -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: -d $(VLLM_WHEEL_DIR) vllm==$$v || exit 1; }; \
+	done
+
+deps: nixl pydeps vllm-wheels
 
 # Pure-Go packages must build and pass without cgo.
 test-pure:
@@ -65,7 +78,7 @@ test-go:
 
 test: deps test-pure test-go
 
-demo: deps
+demo: nixl
 	$(GO) run ./examples/disagg
 
 fuzz:
@@ -74,7 +87,7 @@ fuzz:
 bench: deps
 	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) ./...
 
-vectors: pydeps
+vectors: pydeps vllm-wheels
 	$(VENV_PY) python/gen_vectors.py
 
 clean:

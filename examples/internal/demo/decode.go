@@ -2,7 +2,6 @@ package demo
 
 import (
 	"bytes"
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"sync/atomic"
@@ -102,25 +101,12 @@ func (s *DecodeServer) Close() {
 
 // Handler returns the OpenAI-shaped HTTP API: POST /v1/completions, GET /version, /health, /metrics.
 func (s *DecodeServer) Handler() http.Handler {
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /version", func(w http.ResponseWriter, _ *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]string{"version": s.cfg.VLLMVersion})
-	})
-	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
-	mux.Handle("GET /metrics", s.role.Metrics().Handler())
-	mux.HandleFunc("POST /v1/completions", s.completions)
-	return mux
+	return apiMux(s.cfg.VLLMVersion, s.role.Metrics().Handler(), s.completions)
 }
 
 func (s *DecodeServer) completions(w http.ResponseWriter, r *http.Request) {
-	var req CompletionRequest
-	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 16<<20)).Decode(&req); err != nil {
-		writeError(w, http.StatusBadRequest, "invalid JSON body: "+err.Error())
-		return
-	}
-	kv, err := s.profile.DecodeParams(orNull(req.KVTransferParams))
-	if err != nil {
-		writeError(w, http.StatusBadRequest, "kv_transfer_params: "+err.Error())
+	req, kv, ok := readCompletion(w, r, s.profile)
+	if !ok {
 		return
 	}
 	if !kv.DoRemotePrefill {

@@ -196,27 +196,19 @@ func (s *PrefillServer) compute(row, tokens int, seed uint64) error {
 
 // Handler returns the OpenAI-shaped HTTP API: POST /v1/completions, GET /version, /health, /metrics.
 func (s *PrefillServer) Handler() http.Handler {
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /version", func(w http.ResponseWriter, _ *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]string{"version": s.cfg.VLLMVersion})
-	})
-	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
-	mux.Handle("GET /metrics", s.role.Metrics().Handler())
-	mux.HandleFunc("POST /v1/completions", s.completions)
-	return mux
+	return apiMux(s.cfg.VLLMVersion, s.role.Metrics().Handler(), s.completions)
 }
 
 func (s *PrefillServer) completions(w http.ResponseWriter, r *http.Request) {
-	var req CompletionRequest
-	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 16<<20)).Decode(&req); err != nil {
-		writeError(w, http.StatusBadRequest, "invalid JSON body: "+err.Error())
+	req, kv, ok := readCompletion(w, r, s.profile)
+	if !ok {
 		return
 	}
-	kv, err := s.profile.DecodeParams(orNull(req.KVTransferParams))
-	if err != nil || !kv.DoRemoteDecode {
+	if !kv.DoRemoteDecode {
 		writeError(w, http.StatusBadRequest, "this is a prefill worker: send kv_transfer_params with do_remote_decode=true")
 		return
 	}
+	var err error
 	tokens := Tokens(req.Prompt)
 	if tokens == 0 || tokens > s.cfg.MaxSeq {
 		writeError(w, http.StatusBadRequest, fmt.Sprintf("prompt has %d tokens; this worker takes 1..%d", tokens, s.cfg.MaxSeq))
@@ -262,11 +254,37 @@ func (s *PrefillServer) completions(w http.ResponseWriter, r *http.Request) {
 	})
 }
 
-func orNull(b json.RawMessage) []byte {
-	if len(b) == 0 {
-		return []byte("null")
+// apiMux serves what both workers share: GET /version (the vLLM version the worker speaks), /health, /metrics,
+// and POST /v1/completions.
+func apiMux(version string, metrics http.Handler, completions http.HandlerFunc) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /version", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"version": version})
+	})
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
+	mux.Handle("GET /metrics", metrics)
+	mux.HandleFunc("POST /v1/completions", completions)
+	return mux
+}
+
+// readCompletion decodes a completion request and its kv_transfer_params (absent = null), answering 400 itself
+// when either is malformed.
+func readCompletion(w http.ResponseWriter, r *http.Request, p protocol.Profile) (CompletionRequest, protocol.KVTransferParams, bool) {
+	var req CompletionRequest
+	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 16<<20)).Decode(&req); err != nil {
+		writeError(w, http.StatusBadRequest, "invalid JSON body: "+err.Error())
+		return req, protocol.KVTransferParams{}, false
 	}
-	return b
+	raw := []byte(req.KVTransferParams)
+	if len(raw) == 0 {
+		raw = []byte("null")
+	}
+	kv, err := p.DecodeParams(raw)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "kv_transfer_params: "+err.Error())
+		return req, kv, false
+	}
+	return req, kv, true
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {

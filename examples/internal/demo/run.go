@@ -1,9 +1,13 @@
 package demo
 
 import (
+	"go.uber.org/zap"
+
 	"context"
 	"flag"
 	"fmt"
+	"github.com/gonixl/gonixl/layout"
+	"github.com/gonixl/gonixl/nixl"
 	"os"
 )
 
@@ -18,19 +22,11 @@ func RunPrefill(ctx context.Context, args []string) error {
 	rows := fs.Int("batch-rows", 4, "NxDI batch rows of the device KV tensors (concurrent prefills)")
 	maxSeq := fs.Int("max-seq", 3072, "NxDI KV cache length per row (longest prompt)")
 	nrt := fs.String("nrt-lib", "", "libnrt path (default: libnrt.so.1 if installed, else gonixl's fake libnrt)")
-	if err := fs.Parse(args); err != nil {
+	log, lib, order, err := c.parse(fs, args)
+	if err != nil {
 		return err
 	}
-	log := c.Logger()
 	defer log.Sync()
-	lib, err := c.Library(log)
-	if err != nil {
-		return err
-	}
-	order, err := c.BlockOrder()
-	if err != nil {
-		return err
-	}
 	s, err := NewPrefillServer(PrefillConfig{VLLMVersion: c.VLLMVersion, Model: Qwen3_0_6B, NumBlocks: c.NumBlocks, BatchRows: *rows,
 		MaxSeq: *maxSeq, Order: order, NRTPath: *nrt, Backends: c.BackendSpecs(), Library: lib, Logger: log, SideChannel: *side})
 	if err != nil {
@@ -49,19 +45,11 @@ func RunDecode(ctx context.Context, args []string) error {
 	c.Register(fs)
 	addr := fs.String("http", "127.0.0.1:8200", "HTTP listen address (OpenAI-compatible API)")
 	gpu := fs.Bool("gpu", false, "put the KV cache in CUDA device memory (needs a GPU and libcuda.so.1)")
-	if err := fs.Parse(args); err != nil {
+	log, lib, order, err := c.parse(fs, args)
+	if err != nil {
 		return err
 	}
-	log := c.Logger()
 	defer log.Sync()
-	lib, err := c.Library(log)
-	if err != nil {
-		return err
-	}
-	order, err := c.BlockOrder()
-	if err != nil {
-		return err
-	}
 	cfg := DecodeConfig{VLLMVersion: c.VLLMVersion, Model: Qwen3_0_6B, NumBlocks: c.NumBlocks, Order: order,
 		Backends: c.BackendSpecs(), Library: lib, Logger: log}
 	if *gpu {
@@ -80,4 +68,21 @@ func RunDecode(ctx context.Context, args []string) error {
 	return Serve(ctx, *addr, s.Handler(), func(url string) {
 		fmt.Fprintf(os.Stdout, "READY %s engine=%s\n", url, s.Role().EngineID())
 	})
+}
+
+// parse parses the flags, then makes the logger, loads NIXL and reads the block order.
+func (c *Common) parse(fs *flag.FlagSet, args []string) (*zap.Logger, *nixl.Library, layout.BlockOrder, error) {
+	if err := fs.Parse(args); err != nil {
+		return nil, nil, 0, err
+	}
+	log := c.Logger()
+	lib, err := c.Library(log)
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	order, err := c.BlockOrder()
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	return log, lib, order, nil
 }
