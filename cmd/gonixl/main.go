@@ -206,11 +206,15 @@ func upperFirst(s string) string {
 // parseArgs parses flags that may come before or after the positional arguments ("probe tcp://h:p --json").
 // -h prints the command's help and returns flag.ErrHelp.
 func parseArgs(fs *flag.FlagSet, args []string) ([]string, error) {
+	// The flag package calls Usage on every parse error too; print the help only for -h.
+	help := fs.Usage
+	fs.Usage = func() {}
+	defer func() { fs.Usage = help }()
 	var pos []string
 	for {
 		if err := fs.Parse(args); err != nil {
 			if errors.Is(err, flag.ErrHelp) {
-				fs.Usage()
+				help()
 				return nil, flag.ErrHelp
 			}
 			return nil, &usageError{msg: err.Error()}

@@ -161,7 +161,11 @@ func TestHelp(t *testing.T) {
 func TestBadCommandLine(t *testing.T) {
 	requireOneLine(t, runCLI(t, "frobnicate"), exitUsage, `unknown command "frobnicate"`)
 	requireOneLine(t, runCLI(t, "help", "frobnicate"), exitUsage, `unknown command "frobnicate"`)
-	requireOneLine(t, runCLI(t, "env", "--no-such-flag"), exitUsage, "no-such-flag", "gonixl env -h")
+	for _, c := range commands {
+		r := runCLI(t, c.name, "--no-such-flag")
+		requireOneLine(t, r, exitUsage, "no-such-flag", "gonixl "+c.name+" -h")
+		require.Empty(t, r.stdout, "no help text on a bad flag")
+	}
 	requireOneLine(t, runCLI(t, "env", "--require", "gpu"), exitUsage, `unknown component "gpu"`)
 	requireOneLine(t, runCLI(t, "probe", "--vllm-version", "0.16.0"), exitUsage, "one address")
 	requireOneLine(t, runCLI(t, "probe", "127.0.0.1:1"), exitUsage, "--vllm-version is required")
