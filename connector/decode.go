@@ -229,7 +229,12 @@ func (d *Decode) Pull(ctx context.Context, requestID string, kv protocol.KVTrans
 	stopHB()
 	res.Transfer = time.Since(start)
 	if err != nil {
-		// The peer may be gone: drop its handshake so the next request does it again.
+		// The peer may be gone: release (cancel) the request first, then drop the handshake, so the remote
+		// agent's metadata and descriptor list are not invalidated under a live transfer; the next request
+		// handshakes again.
+		if cerr := x.Close(); cerr != nil {
+			log.Warn("releasing the failed READ", zap.Error(cerr))
+		}
 		d.forget(kv.RemoteEngineID, re)
 		return fail(fmt.Errorf("connector: READ of %d blocks from %s: %w", len(ids), kv.RemoteEngineID, err))
 	}
