@@ -75,7 +75,7 @@ func (c *compatFlags) register(fs *flag.FlagSet) {
 	fs.Int64Var(&c.layers, "layers", 0, "hash input: num_hidden_layers")
 	fs.StringVar(&c.attn, "attn-backend", "FLASH_ATTN", "hash input: attention backend name")
 	fs.StringVar(&c.cacheDtype, "cache-dtype", "auto", "hash input: KV cache dtype (--kv-cache-dtype)")
-	fs.BoolVar(&c.hma, "hma", false, "hash input (0.33): is_hma_enabled (vLLM on CUDA: true unless hybrid KV is disabled; gonixl's roles: false)")
+	fs.BoolVar(&c.hma, "hma", true, "hash input (0.33): is_hma_enabled, vLLM's default; --hma=false when the decode side disables the hybrid KV cache manager (gonixl's demo roles do)")
 	fs.BoolVar(&c.crossLayers, "cross-layers", false, "hash input (0.16): cross_layers_blocks")
 	fs.StringVar(&c.transferMode, "transfer-mode", "", "hash input (0.33): transfer_mode (default pull)")
 }

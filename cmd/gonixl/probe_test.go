@@ -1,20 +1,28 @@
 package main
 
 import (
+	"bufio"
+	"context"
+	"encoding/json"
 	"fmt"
 	"net"
+	"os/exec"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/gonixl/gonixl/connector/protocol"
+	"github.com/gonixl/gonixl/internal/testenv"
 )
 
 func hashArgs(in protocol.CompatInputs) []string {
 	return []string{"--model", in.Model, "--dtype", in.Dtype, "--kv-heads", strconv.FormatInt(in.NumKVHeads, 10),
 		"--head-size", strconv.FormatInt(in.HeadSize, 10), "--layers", strconv.FormatInt(in.NumHiddenLayers, 10),
-		"--attn-backend", in.AttnBackendName, "--cache-dtype", in.CacheDtype}
+		"--attn-backend", in.AttnBackendName, "--cache-dtype", in.CacheDtype, "--hma=" + strconv.FormatBool(in.HMAEnabled)}
 }
 
 func TestProbe(t *testing.T) {
@@ -109,4 +117,75 @@ func TestProbeUnreachable(t *testing.T) {
 	r = runCLI(t, "probe", "not an address", "--vllm-version", "0.16.0", "--no-nixl", "--timeout", "200ms", "--attempts", "1")
 	require.NotEqual(t, 0, r.code)
 	requireOneLine(t, r, r.code)
+}
+
+// A vLLM-style prefill worker in Python (the NIXL wheel's Python API, vLLM's side-channel framing, and vLLM's
+// own handshake classes and hash when its wheel is available) probed by the CLI.
+func TestProbePythonPrefill(t *testing.T) {
+	dir := nixlDir(t)
+	py := testenv.Python(t)
+	testenv.PythonModules(t, py, "msgspec", "zmq", "numpy", "nixl_cu12")
+	script := filepath.Join(testenv.RepoRoot(), "python", "vllm_prefill_peer.py")
+	const layers, heads, headDim, blockSize, numBlocks = 2, 2, 64, 16, 32
+	for _, p := range protocol.Profiles {
+		t.Run(p.Name, func(t *testing.T) {
+			in := protocol.CompatInputs{VLLMVersion: p.MinVersion, Model: "gonixl/test-tiny", Dtype: "torch.bfloat16", NumKVHeads: heads,
+				HeadSize: headDim, NumHiddenLayers: layers, AttnBackendName: "FLASH_ATTN", CacheDtype: "auto", HMAEnabled: true}
+			hash, err := p.CompatHash(in)
+			require.NoError(t, err)
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, py, script, "--profile", p.Name, "--layers", fmt.Sprint(layers), "--heads", fmt.Sprint(heads),
+				"--head-dim", fmt.Sprint(headDim), "--block-size", fmt.Sprint(blockSize), "--model", in.Model, "--hash", hash,
+				"--seed", "7", "--num-blocks", fmt.Sprint(numBlocks), "--timeout", "30")
+			var stderr strings.Builder
+			cmd.Stderr = &stderr
+			out, err := cmd.StdoutPipe()
+			require.NoError(t, err)
+			require.NoError(t, cmd.Start())
+			t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+			rd := bufio.NewReader(out)
+			var hello struct {
+				EngineID string          `json:"engine_id"`
+				Hash     string          `json:"hash"`
+				Params   json.RawMessage `json:"kv_transfer_params"`
+			}
+			for {
+				line, err := rd.ReadString('\n')
+				require.NoError(t, err, "python prefill peer: %s", stderr.String())
+				if strings.HasPrefix(line, "{") {
+					require.NoError(t, json.Unmarshal([]byte(line), &hello), line)
+					break
+				}
+			}
+			require.Equal(t, hash, hello.Hash, "Go's hash is vLLM's")
+			kv, err := p.DecodeParams(hello.Params)
+			require.NoError(t, err)
+
+			args := append([]string{"probe", fmt.Sprintf("tcp://%s:%d", kv.RemoteHost, kv.RemotePort), "--vllm-version", p.MinVersion,
+				"--nixl-lib-dir", dir, "--json", "--timeout", "5s", "--engine-id", hello.EngineID}, hashArgs(in)...)
+			r := runCLI(t, args...)
+			require.Equal(t, 0, r.code, "%s; python: %s", r.stderr, stderr.String())
+			rep := decodeJSON[probeReport](t, r.stdout)
+			rr := rep.Ranks[0]
+			require.True(t, *rr.HashMatch)
+			require.Equal(t, hash, rr.CompatibilityHash)
+			md := rr.Metadata
+			require.Equal(t, hello.EngineID, md.EngineID)
+			require.Regexp(t, `^[0-9a-f]{8}-[0-9a-f]{4}-`, md.AgentName, "the Python agent's name (a uuid4), read by NIXL")
+			regions, blockLen := 2*layers, int64(blockSize*heads*headDim*2)
+			if p.Layout == protocol.LayoutC {
+				regions, blockLen = layers, 2*blockLen
+			}
+			require.Len(t, md.Regions, regions)
+			require.EqualValues(t, numBlocks, md.NumBlocks)
+			require.EqualValues(t, blockSize, md.BlockSize)
+			for i, reg := range md.Regions {
+				require.Equal(t, numBlocks*blockLen, reg.Len)
+				if i > 0 {
+					require.Equal(t, md.Regions[i-1].BaseInt+uint64(reg.Len), reg.BaseInt, "numpy arena, regions back to back")
+				}
+			}
+		})
+	}
 }
