@@ -422,8 +422,8 @@ func (p *Prefill) expire(now time.Time) {
 	}
 }
 
-// Close stops the side channel and the notification loop, then deregisters the cache and closes the agent.
-// Held blocks are dropped with it. Idempotent.
+// Close stops the side channel and the notification loop, deregisters the cache and closes the agent, then
+// returns the blocks still held for decode peers to the allocator. Idempotent.
 func (p *Prefill) Close() error {
 	var err error
 	p.closed.Do(func() {
@@ -435,7 +435,16 @@ func (p *Prefill) Close() error {
 		if cerr := p.reg.close(); err == nil {
 			err = cerr
 		}
-		p.log.Info("prefill worker closed")
+		// The cache is deregistered and the agent gone, so no decode peer can read the held blocks any more:
+		// give them back to the allocator (a neuron.Stager outlives the role).
+		p.mu.Lock()
+		held := p.held
+		p.held = map[string]*heldReq{}
+		p.mu.Unlock()
+		for _, h := range held {
+			p.release(h)
+		}
+		p.log.Info("prefill worker closed", zap.Int("dropped_requests", len(held)))
 	})
 	return err
 }

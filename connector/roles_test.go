@@ -246,3 +246,26 @@ func TestPrefillDuplicateIDRace(t *testing.T) {
 	require.True(t, pr.pre.Abort("same"))
 	assert.Zero(t, pr.pre.pool.InUse())
 }
+
+// Close gives the blocks still held for decode peers back to the allocator, after the cache is deregistered
+// (no peer can read them any more), and is idempotent.
+func TestPrefillCloseReleasesHeld(t *testing.T) {
+	p, _ := protocol.ProfileByName("0.33")
+	c := newCache(t, tinyGeom(t, p, 16))
+	m := &Metrics{}
+	pre, err := NewPrefill(PrefillConfig{Profile: p, Library: testLib(t), Cache: c, Compat: tinyCompat(p), Metrics: m})
+	require.NoError(t, err)
+	ctx := ctxT(t, 10*time.Second)
+	_, err = pre.Prefill(ctx, "a", 3*tinyBlock, nil)
+	require.NoError(t, err)
+	_, err = pre.Prefill(ctx, "b", tinyBlock, nil)
+	require.NoError(t, err)
+	assert.Equal(t, 4, pre.pool.InUse())
+	require.NoError(t, pre.Close())
+	assert.Zero(t, pre.pool.InUse())
+	assert.Zero(t, pre.Held())
+	assert.Zero(t, m.BlocksHeld.Load())
+	require.NoError(t, pre.Close())
+	_, err = pre.Agent().LocalMetadata()
+	require.Error(t, err, "the agent is closed")
+}
