@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"time"
 
@@ -41,6 +42,36 @@ type benchWelcome struct {
 	Len      uint64 `json:"len,omitempty"`
 	Seed     uint64 `json:"seed,omitempty"`
 	Error    string `json:"error,omitempty"`
+}
+
+// check validates a hello (network input) before anything is allocated for it.
+func (h benchHello) check(maxMem int64) error {
+	switch {
+	case h.Version != benchProtoVersion:
+		return fmt.Errorf("protocol version %d, this server speaks %d (use the same gonixl on both hosts)", h.Version, benchProtoVersion)
+	case h.Bytes <= 0 || h.Bytes > maxMem:
+		return fmt.Errorf("asked for %d bytes; this server allows 1..%d (--max-mem)", h.Bytes, maxMem)
+	case h.Agent == "" || len(h.Agent) > 4096:
+		return errors.New("no (or an absurd) initiator agent name in the hello")
+	case len(h.Metadata) == 0:
+		return errors.New("no NIXL metadata in the hello")
+	}
+	return nil
+}
+
+// check validates a welcome (network input) for a sweep that needs size bytes.
+func (w benchWelcome) check(size int64) error {
+	switch {
+	case w.Error != "":
+		return fmt.Errorf("the bench server refused: %s", w.Error)
+	case w.Version != benchProtoVersion:
+		return fmt.Errorf("the bench server speaks protocol %d, this gonixl %d; use the same gonixl on both hosts", w.Version, benchProtoVersion)
+	case w.Agent == "" || len(w.Metadata) == 0 || w.Addr == 0:
+		return errors.New("incomplete welcome (no agent, metadata or buffer address)")
+	case w.Len < uint64(size) || w.Addr > math.MaxUint64-w.Len:
+		return fmt.Errorf("the server's buffer (%d bytes at %#x) cannot hold the sweep's %d bytes", w.Len, w.Addr, size)
+	}
+	return nil
 }
 
 type benchBye struct {
@@ -144,14 +175,8 @@ func serveOne(ctx context.Context, agent *nixl.Agent, conn net.Conn, cfg serveCo
 		_ = writeLine(conn, benchWelcome{Version: benchProtoVersion, Error: msg})
 		return errors.New(msg)
 	}
-	if hello.Version != benchProtoVersion {
-		return refuse("protocol version %d, this server speaks %d (use the same gonixl on both hosts)", hello.Version, benchProtoVersion)
-	}
-	if hello.Bytes <= 0 || hello.Bytes > cfg.maxMem {
-		return refuse("asked for %d bytes; this server allows 1..%d (--max-mem)", hello.Bytes, cfg.maxMem)
-	}
-	if len(hello.Metadata) == 0 {
-		return refuse("no NIXL metadata in the hello")
+	if err := hello.check(cfg.maxMem); err != nil {
+		return refuse("%v", err)
 	}
 	mem, err := nixl.AllocHost(hello.Bytes, nixl.HostOptions{})
 	if err != nil {
@@ -224,11 +249,8 @@ func benchPeer(ctx context.Context, lib *nixl.Library, addr string, timeout time
 	if err := readLine(bufio.NewReaderSize(conn, 64<<10), &w); err != nil {
 		return fmt.Errorf("no welcome from %s: %w (is it a `gonixl bench --serve`?)", addr, err)
 	}
-	if w.Error != "" {
-		return fmt.Errorf("the bench server refused: %s", w.Error)
-	}
-	if w.Version != benchProtoVersion || w.Agent == "" || len(w.Metadata) == 0 || w.Addr == 0 {
-		return fmt.Errorf("%s sent an incomplete welcome (protocol %d); use the same gonixl on both hosts", addr, w.Version)
+	if err := w.check(size); err != nil {
+		return fmt.Errorf("%s: %w", addr, err)
 	}
 	_ = conn.SetDeadline(time.Time{})
 	err = benchWithAgent(ctx, ini, cfg, w.Metadata, benchTarget{agent: w.Agent, addr: w.Addr, len: w.Len, seed: w.Seed}, rep)

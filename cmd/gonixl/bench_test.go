@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -192,4 +193,30 @@ func TestSubprocessSmoke(t *testing.T) {
 	require.Equal(t, exitError, ee.ExitCode())
 	require.Equal(t, 1, strings.Count(stderr.String(), "\n"), stderr.String())
 	require.True(t, strings.HasPrefix(stderr.String(), "gonixl inspect: "), stderr.String())
+}
+
+// FuzzBenchControl feeds arbitrary lines to the bench's control-message decoding (both directions): never a
+// panic, and nothing accepted that asks for more memory than allowed or names no buffer.
+func FuzzBenchControl(f *testing.F) {
+	f.Add([]byte(`{"gonixl_bench": 1, "bytes": 4096, "agent": "a", "metadata": "AAEC"}` + "\n"))
+	f.Add([]byte(`{"gonixl_bench": 1, "agent": "t", "metadata": "AAEC", "addr": 140000000000, "len": 8192, "seed": 3}` + "\n"))
+	f.Add([]byte(`{"gonixl_bench": 1, "error": "no"}` + "\n"))
+	f.Add([]byte(`{"gonixl_bench": 1, "bytes": -1}` + "\n"))
+	f.Add([]byte("GET / HTTP/1.0\r\n\r\n"))
+	f.Add([]byte(`{"done": true}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		const maxMem, size = 1 << 20, 4096
+		var h benchHello
+		if readLine(bufio.NewReader(bytes.NewReader(b)), &h) == nil && h.check(maxMem) == nil {
+			require.Positive(t, h.Bytes)
+			require.LessOrEqual(t, h.Bytes, int64(maxMem))
+			require.NotEmpty(t, h.Metadata)
+		}
+		var w benchWelcome
+		if readLine(bufio.NewReader(bytes.NewReader(b)), &w) == nil && w.check(size) == nil {
+			require.Empty(t, w.Error)
+			require.NotZero(t, w.Addr)
+			require.GreaterOrEqual(t, w.Len, uint64(size))
+		}
+	})
 }
