@@ -154,7 +154,7 @@ func TestPrefillKilledMidRead(t *testing.T) {
 	for _, p := range protocol.Profiles {
 		t.Run(p.Name, func(t *testing.T) {
 			l := testLib(t)
-			const blocks, tokens = 1024, 1000 * tinyBlock // 1000 blocks: 16 MiB (0.16) or 16 MiB (0.33) per READ
+			const blocks, tokens = 8192, 8000 * tinyBlock // 8000 blocks of 16 KiB: 125 MiB per READ
 			engine := fmt.Sprintf("killed-%s-%d", p.Name, time.Now().UnixNano())
 			port := freePort(t)
 			peer := startPeer(t, p, engine, port, blocks, tokens, 1, 7)
@@ -174,31 +174,33 @@ func TestPrefillKilledMidRead(t *testing.T) {
 			require.NoError(t, err)
 			requirePattern(t, dc, local, kv.RemoteBlockIDs[0], 7)
 
-			// Pull in a loop and kill the peer while READs are in flight.
+			// Pull in a loop and kill the peer while a READ is in flight.
 			const deadline = 3 * time.Second
 			type outcome struct {
-				err  error
-				took time.Duration
+				err   error
+				start time.Time
+				took  time.Duration
 			}
 			results := make(chan outcome, 1024)
-			running := make(chan struct{})
+			started := make(chan struct{}, 1)
 			go func() {
 				defer close(results)
 				for i := 0; ; i++ {
-					if i == 2 {
-						close(running)
-					}
 					pctx, cancel := context.WithTimeout(context.Background(), deadline)
 					start := time.Now()
+					if i == 2 {
+						started <- struct{}{}
+					}
 					_, err := d.Pull(pctx, fmt.Sprintf("loop-%d", i), kv, local)
 					cancel()
-					results <- outcome{err, time.Since(start)}
+					results <- outcome{err, start, time.Since(start)}
 					if err != nil || i > 5000 {
 						return
 					}
 				}
 			}()
-			<-running
+			<-started
+			time.Sleep(time.Millisecond)
 			killedAt := time.Now()
 			peer.kill()
 			var last outcome
@@ -208,7 +210,8 @@ func TestPrefillKilledMidRead(t *testing.T) {
 			}
 			require.Error(t, last.err, "pulls from a dead prefill engine must fail")
 			assert.Less(t, time.Since(killedAt), 2*deadline+2*time.Second, "the failure must come within the deadline")
-			t.Logf("pull after SIGKILL failed after %v: %v", last.took, last.err)
+			t.Logf("pull failed %v after SIGKILL (in flight at the kill: %v; it ran %v): %v",
+				last.start.Add(last.took).Sub(killedAt), last.start.Before(killedAt), last.took, last.err)
 			assert.EqualValues(t, 1, m.RequestErrors.Load())
 			d.mu.Lock()
 			assert.Empty(t, d.remotes, "the dead engine's handshake is dropped")
