@@ -102,6 +102,7 @@ func runEnv(ctx context.Context, env *cmdEnv, args []string) error {
 	nf.register(fs)
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	require := fs.String("require", "", "comma-separated components that must be usable: nixl, zmq, cuda, neuron (exit status 1 otherwise)")
+	noNIXL := fs.Bool("no-nixl", false, "do not load NIXL (report it as skipped)")
 	noNeuronInit := fs.Bool("no-neuron-init", false, "only check that libnrt loads; do not initialise the Neuron runtime")
 	pos, err := parseArgs(fs, args)
 	if err != nil {
@@ -130,8 +131,12 @@ func runEnv(ctx context.Context, env *cmdEnv, args []string) error {
 			vars[k] = v
 		}
 	}
+	nixlRep := nixlReport{Error: "skipped (--no-nixl)"}
+	if !*noNIXL {
+		nixlRep = nixlEnv(nf)
+	}
 	rep := envReport{
-		NIXL:   nixlEnv(nf),
+		NIXL:   nixlRep,
 		ZMQ:    zmqEnv(),
 		CUDA:   cudaEnv(),
 		Neuron: neuronEnv(!*noNeuronInit),
@@ -297,6 +302,8 @@ func printEnv(env *cmdEnv, r envReport) {
 				fmt.Fprintf(w, "    %-12s   %s=%s\n", "", k, p.Params[k])
 			}
 		}
+	} else if len(r.NIXL.Tried) == 0 {
+		fmt.Fprintf(w, "  %s\n", r.NIXL.Error)
 	} else {
 		fmt.Fprintf(w, "  not loaded: %s\n", r.NIXL.Error)
 		for _, t := range r.NIXL.Tried {

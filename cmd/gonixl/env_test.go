@@ -11,6 +11,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/gonixl/gonixl/internal/testenv"
+	"github.com/gonixl/gonixl/neuron"
 	"github.com/gonixl/gonixl/nixl"
 )
 
@@ -117,4 +119,29 @@ func TestProbeWithoutNIXL(t *testing.T) {
 	require.Empty(t, rep.Ranks[0].Metadata.AgentName)
 	require.Positive(t, rep.Ranks[0].Metadata.AgentMetadataBytes)
 	require.Equal(t, pre.EngineID(), rep.Ranks[0].Metadata.EngineID)
+}
+
+// TestEnvNeuron points env at gonixl's fake libnrt (loaded through the same dlopen path as the real runtime):
+// the runtime's version and NeuronCores are reported; --no-neuron-init only checks that it loads.
+func TestEnvNeuron(t *testing.T) {
+	lib, err := neuron.BuildFakeNRT(t.TempDir())
+	if err != nil {
+		testenv.Missing(t, "a C compiler for the fake libnrt", err.Error())
+	}
+	t.Setenv(neuron.EnvLibrary, lib)
+	t.Setenv("FAKE_NRT_NUM_CORES", "4")
+	t.Setenv("FAKE_NRT_VERSION", "2.31.24")
+	r := runCLI(t, "env", "--json", "--no-nixl", "--require", "neuron")
+	require.Equal(t, 0, r.code, r.stderr)
+	rep := decodeJSON[envReport](t, r.stdout)
+	require.True(t, rep.Neuron.Found, rep.Neuron.Error)
+	require.Equal(t, lib, rep.Neuron.Path)
+	require.Contains(t, rep.Neuron.Version, "2.31.24")
+	require.Equal(t, 4, rep.Neuron.VisibleCores)
+	require.Equal(t, 4, rep.Neuron.TotalCores)
+	require.Equal(t, lib, rep.Env[neuron.EnvLibrary])
+
+	r = runCLI(t, "env", "--no-nixl", "--no-neuron-init")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "libnrt loads (runtime not initialised")
 }
