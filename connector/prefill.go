@@ -289,12 +289,12 @@ func (p *Prefill) Prefill(ctx context.Context, requestID string, numTokens int, 
 // Abort frees a held request's blocks now (e.g. the client went away). It reports whether it was held.
 func (p *Prefill) Abort(requestID string) bool {
 	p.mu.Lock()
+	defer p.mu.Unlock()
 	h := p.held[requestID]
-	delete(p.held, requestID)
-	p.mu.Unlock()
 	if h == nil {
 		return false
 	}
+	delete(p.held, requestID)
 	p.release(h)
 	return true
 }
@@ -306,6 +306,8 @@ func (p *Prefill) Held() int {
 	return len(p.held)
 }
 
+// release gives a held request's blocks back and updates the gauge. Callers hold p.mu and have removed h
+// from p.held, so Held() == 0 implies every block is back and counted.
 func (p *Prefill) release(h *heldReq) {
 	if err := p.alloc.Release(h.blocks); err != nil {
 		p.log.Warn("releasing blocks failed", zap.String("request_id", h.id), zap.Error(err))
@@ -384,11 +386,11 @@ func (p *Prefill) handleNotification(raw nixl.Notification) {
 	done := h.got >= h.expected
 	if done {
 		delete(p.held, n.RequestID)
+		p.release(h)
+		p.metrics.BlocksFreed.Add(int64(len(h.blocks)))
 	}
 	p.mu.Unlock()
 	if done {
-		p.release(h)
-		p.metrics.BlocksFreed.Add(int64(len(h.blocks)))
 		log.Debug("decode peer finished reading; blocks freed", zap.Int("blocks", len(h.blocks)))
 	}
 }
@@ -410,13 +412,13 @@ func (p *Prefill) expire(now time.Time) {
 		if now.After(h.expiry) {
 			gone = append(gone, h)
 			delete(p.held, id)
+			p.release(h)
+			p.metrics.BlocksExpired.Add(int64(len(h.blocks)))
+			p.metrics.RequestsExpired.Add(1)
 		}
 	}
 	p.mu.Unlock()
 	for _, h := range gone {
-		p.release(h)
-		p.metrics.BlocksExpired.Add(int64(len(h.blocks)))
-		p.metrics.RequestsExpired.Add(1)
 		p.log.Warn("decode peer never confirmed reading; blocks freed at expiry",
 			zap.String("request_id", h.id), zap.Int("blocks", len(h.blocks)), zap.Duration("held_for", p.hold))
 	}
@@ -440,10 +442,10 @@ func (p *Prefill) Close() error {
 		p.mu.Lock()
 		held := p.held
 		p.held = map[string]*heldReq{}
-		p.mu.Unlock()
 		for _, h := range held {
 			p.release(h)
 		}
+		p.mu.Unlock()
 		p.log.Info("prefill worker closed", zap.Int("dropped_requests", len(held)))
 	})
 	return err
