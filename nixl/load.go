@@ -65,8 +65,13 @@ func (l *Library) HasCustomParams() bool { return l.custom }
 // Version returns NIXL's version when it can be read from the library's folder layout (the wheel's
 // dist-info or the folder name given by the Makefile), else "".
 func (l *Library) Version() string {
-	// .nixl/cuXX-<version>/lib/libnixl_capi.so as unpacked by scripts/fetch-nixl.sh
-	base := filepath.Base(filepath.Dir(l.Dir()))
+	// .nixl/cuXX-<version>/lib/libnixl_capi.so as unpacked by scripts/fetch-nixl.sh (often reached through the
+	// .nixl/current symlink, so resolve links first)
+	dir := l.Dir()
+	if real, err := filepath.EvalSymlinks(dir); err == nil {
+		dir = real
+	}
+	base := filepath.Base(filepath.Dir(dir))
 	if i := strings.IndexByte(base, '-'); i > 0 && strings.HasPrefix(base, "cu") {
 		return base[i+1:]
 	}

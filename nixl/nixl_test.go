@@ -598,3 +598,19 @@ func loadFailMain() int {
 	fmt.Printf("ErrNotLoaded=%v\n", errors.Is(err, nixl.ErrNotLoaded))
 	return 0
 }
+
+func TestLibraryInfo(t *testing.T) {
+	l := loadLib(t)
+	require.FileExists(t, l.Path())
+	require.DirExists(t, l.PluginDir())
+	require.Equal(t, l.PluginDir(), os.Getenv("NIXL_PLUGIN_DIR"))
+	if strings.Contains(l.Path(), "/.nixl/") {
+		// Unpacked by `make nixl` (.nixl/cuXX-<version>/lib, usually through the .nixl/current symlink).
+		require.Regexp(t, `^\d+\.\d+\.\d+`, l.Version())
+	}
+	again, err := nixl.Load(nixl.LoadOptions{})
+	require.NoError(t, err)
+	require.Same(t, l, again, "one NIXL per process")
+	_, err = nixl.Load(nixl.LoadOptions{LibDir: t.TempDir()})
+	require.ErrorIs(t, err, nixl.ErrInvalidState, "a second, different NIXL")
+}

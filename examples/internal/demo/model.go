@@ -43,6 +43,7 @@ func (m Model) Compat(vllmVersion string) connector.Compat {
 	return connector.Compat{CompatInputs: protocol.CompatInputs{
 		VLLMVersion: vllmVersion, Model: m.Name, Dtype: "torch.bfloat16", NumKVHeads: int64(m.NumKVHeads),
 		HeadSize: int64(m.HeadDim), NumHiddenLayers: int64(m.NumLayers), AttnBackendName: "FLASH_ATTN", CacheDtype: "auto",
+		HMAEnabled: true, // vLLM's default (the hybrid KV-cache manager is on unless disabled); hashed by 0.33
 	}}
 }
 
