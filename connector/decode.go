@@ -45,30 +45,49 @@ type DecodeConfig struct {
 }
 
 // Decode is the decode role: it handshakes with prefill engines (once per engine, cached, redone after a
-// failure), checks compatibility, and READs a request's blocks into local blocks with one NIXL request,
-// notifying the prefill side. It is safe for concurrent use.
+// failure), checks compatibility, and READs a request's blocks into local blocks with one NIXL request per
+// prefill rank it reads (one with equal TP sizes), notifying the prefill side. Heterogeneous tensor
+// parallelism follows vLLM (layout.ReadPlan): with more decode than prefill ranks each decode rank reads its
+// heads' slice of one prefill rank's blocks; with more prefill ranks it fills its blocks from several.
+// It is safe for concurrent use.
 type Decode struct {
 	cfg     DecodeConfig
 	log     *zap.Logger
 	metrics *Metrics
 	reg     *registered
-	local   *nixl.Prepped
 	hash    string
 
 	mu      sync.Mutex
 	remotes map[string]*remoteEngine // by engine id
 }
 
-// remoteEngine is a handshaken prefill rank.
+// DeviceContext is a Cache whose NIXL calls must run with its device context current on the calling OS
+// thread (a CUDA cache: UCX's CUDA transports use the current context). The decode role prepares local
+// descriptor lists and makes and posts transfers through Do.
+type DeviceContext interface {
+	Do(fn func() error) error
+}
+
+// remoteEngine is a handshaken prefill engine: the plan of which of its ranks this decode rank reads, and the
+// handshake with each of them.
 type remoteEngine struct {
 	once    chan struct{} // closed when the handshake finished (ok or not)
 	err     error
-	agent   string
-	geom    layout.Geometry
-	prepped *nixl.Prepped
 	addr    string
-	meta    protocol.AgentMetadata
+	tp      int // the prefill engine's TP size
+	plan    *layout.ReadPlan
+	sources []*source
 	took    time.Duration
+}
+
+// source is one prefill rank this decode rank reads.
+type source struct {
+	rank    int
+	agent   string
+	meta    protocol.AgentMetadata
+	remote  *nixl.Prepped // the prefill rank's blocks as this rank reads them
+	local   *nixl.Prepped // the local blocks (or their slices) they land in
+	pairLen int64         // bytes per descriptor pair
 }
 
 // NewDecode registers the local cache and prepares its descriptor list.
@@ -108,14 +127,6 @@ func NewDecode(cfg DecodeConfig) (*Decode, error) {
 		return nil, err
 	}
 	d := &Decode{cfg: cfg, log: log, metrics: metrics, reg: reg, remotes: map[string]*remoteEngine{}}
-	descs, err := reg.localDescs()
-	if err == nil {
-		d.local, err = reg.agent.Prep("", cfg.Cache.MemType(), descs)
-	}
-	if err != nil {
-		reg.close()
-		return nil, err
-	}
 	if cfg.Profile.Payload == protocol.PayloadM1 && !cfg.Compat.SkipCheck {
 		if d.hash, err = cfg.Profile.CompatHash(cfg.Compat.CompatInputs); err != nil {
 			d.Close()
@@ -180,17 +191,15 @@ func (d *Decode) Pull(ctx context.Context, requestID string, kv protocol.KVTrans
 		return fail(fmt.Errorf("%w: remote_request_id is empty (the prefill side could never match the notification)", ErrBadParams))
 	}
 	remoteIDs := kv.RemoteBlockIDs[0]
-	if len(remoteIDs) != len(localBlocks) {
-		return fail(fmt.Errorf("%w: %d remote blocks for %d local blocks", ErrBadParams, len(remoteIDs), len(localBlocks)))
-	}
-	if kv.TPSize > 1 && kv.TPSize != d.cfg.TPSize {
-		return fail(fmt.Errorf("%w: prefill TP %d != decode TP %d: heterogeneous TP is not supported by gonixl's decode role yet", ErrBadParams, kv.TPSize, d.cfg.TPSize))
-	}
 	if err := d.reg.geom.CheckBlockIDs(localBlocks, 0); err != nil {
 		return fail(fmt.Errorf("%w: local blocks: %v", ErrBadParams, err))
 	}
+	prefillTP := kv.TPSize
+	if prefillTP <= 0 {
+		prefillTP = 1 // vLLM assumes 1 when tp_size is absent
+	}
 	addr := "tcp://" + net.JoinHostPort(kv.RemoteHost, strconv.Itoa(kv.RemotePort))
-	re, hsTook, err := d.remote(ctx, kv.RemoteEngineID, addr)
+	re, hsTook, err := d.remote(ctx, kv.RemoteEngineID, addr, prefillTP)
 	if err != nil {
 		return fail(err)
 	}
@@ -199,47 +208,73 @@ func (d *Decode) Pull(ctx context.Context, requestID string, kv protocol.KVTrans
 	for i, v := range remoteIDs {
 		ids[i] = int(v)
 	}
-	if err := re.geom.CheckBlockIDs(ids, 0); err != nil {
-		return fail(fmt.Errorf("%w: remote block ids against the prefill engine's %d blocks: %v", ErrBadParams, re.geom.NumBlocks, err))
+	if err := re.plan.Remote.CheckBlockIDs(ids, 0); err != nil {
+		return fail(fmt.Errorf("%w: remote block ids against the prefill engine's %d blocks: %v", ErrBadParams, re.plan.Remote.NumBlocks, err))
 	}
-	remoteIdx, err := re.geom.DescIndices(ids, nil)
+	if r := re.plan.BlockSizeRatio(); len(localBlocks) != (len(ids)+r-1)/r {
+		return fail(fmt.Errorf("%w: %d remote blocks need %d local blocks (block size ratio %d), got %d", ErrBadParams,
+			len(ids), (len(ids)+r-1)/r, r, len(localBlocks)))
+	}
+	localIdx, remoteIdx, err := re.plan.Indices(localBlocks, ids, nil, nil)
 	if err != nil {
 		return fail(fmt.Errorf("%w: %v", ErrBadParams, err))
 	}
-	localIdx, err := d.reg.geom.DescIndices(localBlocks, nil)
+	count := re.plan.NotifsExpected()
+	if d.cfg.Profile.Notif == protocol.NotifDecodeTPSize {
+		count = d.cfg.TPSize
+	}
+	notif, err := d.cfg.Profile.EncodeNotification(protocol.Notification{RequestID: kv.RemoteRequestID, Count: count})
 	if err != nil {
 		return fail(fmt.Errorf("%w: %v", ErrBadParams, err))
 	}
-	notif, err := d.cfg.Profile.EncodeNotification(protocol.Notification{RequestID: kv.RemoteRequestID, Count: d.notifCount()})
-	if err != nil {
-		return fail(fmt.Errorf("%w: %v", ErrBadParams, err))
-	}
-	x, err := d.reg.agent.MakeXfer(nixl.Read, d.local, localIdx, re.prepped, remoteIdx, nixl.WithNotification(notif))
-	if err != nil {
-		return fail(err)
-	}
-	defer x.Close()
+	xfers := make([]*nixl.Xfer, 0, len(re.sources))
+	defer func() {
+		for _, x := range xfers {
+			_ = x.Close()
+		}
+	}()
 	start := time.Now()
-	if _, err := x.Post(); err != nil {
-		d.forget(kv.RemoteEngineID, re)
-		return fail(err)
+	err = d.do(func() error {
+		for _, src := range re.sources {
+			x, err := d.reg.agent.MakeXfer(nixl.Read, src.local, localIdx, src.remote, remoteIdx, nixl.WithNotification(notif))
+			if err != nil {
+				return err
+			}
+			xfers = append(xfers, x)
+			if _, err := x.Post(); err != nil {
+				return err
+			}
+			res.Bytes += int64(len(localIdx)) * src.pairLen
+		}
+		return nil
+	})
+	if err == nil {
+		agents := make([]string, len(re.sources))
+		for i, src := range re.sources {
+			agents[i] = src.agent
+		}
+		stopHB := d.heartbeat(agents, kv.RemoteRequestID)
+		for _, x := range xfers {
+			if err = x.Wait(ctx); err != nil {
+				break
+			}
+		}
+		stopHB()
 	}
-	stopHB := d.heartbeat(re.agent, kv.RemoteRequestID)
-	err = x.Wait(ctx)
-	stopHB()
 	res.Transfer = time.Since(start)
 	if err != nil {
-		// The peer may be gone: release (cancel) the request first, then drop the handshake, so the remote
-		// agent's metadata and descriptor list are not invalidated under a live transfer; the next request
+		// The peer may be gone: release (cancel) the requests first, then drop the handshake, so the remote
+		// agents' metadata and descriptor lists are not invalidated under a live transfer; the next request
 		// handshakes again.
-		if cerr := x.Close(); cerr != nil {
-			log.Warn("releasing the failed READ", zap.Error(cerr))
+		for _, x := range xfers {
+			if cerr := x.Close(); cerr != nil {
+				log.Warn("releasing the failed READ", zap.Error(cerr))
+			}
 		}
 		d.forget(kv.RemoteEngineID, re)
 		return fail(fmt.Errorf("connector: READ of %d blocks from %s: %w", len(ids), kv.RemoteEngineID, err))
 	}
 	res.Blocks = len(ids)
-	res.Bytes = int64(len(localIdx)) * d.reg.geom.DescLen()
 	if hb, ok := d.cfg.Cache.(HostBuffered); ok {
 		t := time.Now()
 		if err := hb.CopyToDevice(ctx, localBlocks); err != nil {
@@ -254,17 +289,17 @@ func (d *Decode) Pull(ctx context.Context, requestID string, kv protocol.KVTrans
 	return res, nil
 }
 
-// notifCount is the number after ':' in the notification: D's TP size (0.16) or the number of consumers
-// P waits for (0.33: one per decode rank reading this prefill rank).
-func (d *Decode) notifCount() int {
-	if d.cfg.Profile.Notif == protocol.NotifDecodeTPSize {
-		return d.cfg.TPSize
+// do runs fn with the cache's device context current when the cache needs one (DeviceContext).
+func (d *Decode) do(fn func() error) error {
+	if dc, ok := d.cfg.Cache.(DeviceContext); ok {
+		return dc.Do(fn)
 	}
-	return 1
+	return fn()
 }
 
-// heartbeat renews the request's lease while the READ runs, in profiles with leases.
-func (d *Decode) heartbeat(agent, remoteRequestID string) func() {
+// heartbeat renews the request's lease on every prefill agent read while the READs run, in profiles with
+// leases.
+func (d *Decode) heartbeat(agents []string, remoteRequestID string) func() {
 	p := d.cfg.Profile
 	if !p.Leases || p.HeartbeatInterval <= 0 {
 		return func() {}
@@ -284,8 +319,10 @@ func (d *Decode) heartbeat(agent, remoteRequestID string) func() {
 			case <-stop:
 				return
 			case <-t.C:
-				if err := d.reg.agent.SendNotification(agent, msg); err == nil {
-					d.metrics.Heartbeats.Add(1)
+				for _, a := range agents {
+					if err := d.reg.agent.SendNotification(a, msg); err == nil {
+						d.metrics.Heartbeats.Add(1)
+					}
 				}
 			}
 		}
@@ -294,16 +331,17 @@ func (d *Decode) heartbeat(agent, remoteRequestID string) func() {
 }
 
 // remote returns the handshaken prefill engine, doing the handshake once (concurrent callers wait for it).
-func (d *Decode) remote(ctx context.Context, engineID, addr string) (*remoteEngine, time.Duration, error) {
+func (d *Decode) remote(ctx context.Context, engineID, addr string, prefillTP int) (*remoteEngine, time.Duration, error) {
 	d.mu.Lock()
 	re := d.remotes[engineID]
-	if re != nil && re.addr != addr {
+	if re != nil && (re.addr != addr || re.tp != prefillTP) {
 		d.mu.Unlock()
-		return nil, 0, fmt.Errorf("%w: engine %s was handshaken at %s, now named at %s", ErrBadParams, engineID, re.addr, addr)
+		return nil, 0, fmt.Errorf("%w: engine %s was handshaken at %s with TP %d, now named at %s with TP %d",
+			ErrBadParams, engineID, re.addr, re.tp, addr, prefillTP)
 	}
 	mine := re == nil
 	if mine {
-		re = &remoteEngine{once: make(chan struct{}), addr: addr}
+		re = &remoteEngine{once: make(chan struct{}), addr: addr, tp: prefillTP}
 		d.remotes[engineID] = re
 	}
 	d.mu.Unlock()
@@ -330,23 +368,20 @@ func (d *Decode) remote(ctx context.Context, engineID, addr string) (*remoteEngi
 	}
 }
 
-// handshake fetches the prefill rank's metadata, checks it, loads the NIXL agent and prepares the remote
-// descriptor list over all its blocks and regions.
-func (d *Decode) handshake(ctx context.Context, engineID string, re *remoteEngine) error {
+// fetch asks the prefill engine's side channel for one rank's metadata and checks it (hash, engine id).
+func (d *Decode) fetch(ctx context.Context, engineID, addr string, rank int) (protocol.AgentMetadata, layout.Geometry, error) {
 	p := d.cfg.Profile
-	// With equal TP sizes, decode rank r reads prefill rank r.
-	rank := protocol.Rank{TP: d.cfg.TPRank}
-	reply, err := sidechannel.Fetch(ctx, p, re.addr, rank, sidechannel.FetchOptions{
+	reply, err := sidechannel.Fetch(ctx, p, addr, protocol.Rank{TP: rank}, sidechannel.FetchOptions{
 		Timeout:  d.cfg.HandshakeTimeout,
 		Attempts: d.cfg.HandshakeRetries + 1,
 		Logger:   d.log,
 	})
 	if err != nil {
-		return fmt.Errorf("connector: handshake with %s at %s: %w", engineID, re.addr, err)
+		return protocol.AgentMetadata{}, layout.Geometry{}, fmt.Errorf("connector: handshake with %s rank %d at %s: %w", engineID, rank, addr, err)
 	}
 	md, err := p.OpenHandshake(reply.Payload, protocol.HandshakeCheck{LocalHash: d.hash, EnforceHash: !d.cfg.Compat.SkipCheck, ExpectedEngineID: engineID})
 	if err != nil {
-		return fmt.Errorf("connector: handshake with %s at %s: %w", engineID, re.addr, err)
+		return md, layout.Geometry{}, fmt.Errorf("connector: handshake with %s rank %d at %s: %w", engineID, rank, addr, err)
 	}
 	geom, err := layout.PeerGeometry(d.reg.geom, layout.Peer{
 		NumBlocks:     int(md.NumBlocks),
@@ -356,62 +391,123 @@ func (d *Decode) handshake(ctx context.Context, engineID string, re *remoteEngin
 		NumRegions:    len(md.KVCachesBaseAddr),
 	})
 	if err != nil {
-		return fmt.Errorf("connector: prefill engine %s has an incompatible KV cache: %w", engineID, err)
+		return md, geom, fmt.Errorf("connector: prefill engine %s rank %d has an incompatible KV cache: %w", engineID, rank, err)
 	}
-	name, err := d.reg.agent.LoadRemoteMetadata(md.AgentMetadata)
+	return md, geom, nil
+}
+
+// handshake fetches the metadata of the prefill ranks this decode rank reads, plans the reads (layout.ReadPlan:
+// which ranks, which head slices), loads each rank's NIXL agent and prepares both descriptor lists per rank.
+func (d *Decode) handshake(ctx context.Context, engineID string, re *remoteEngine) (err error) {
+	dTP, dRank := d.cfg.TPSize, d.cfg.TPRank
+	first := dRank * re.tp / dTP // the first prefill rank this rank reads, whichever TP is larger
+	md, geom, err := d.fetch(ctx, engineID, re.addr, first)
 	if err != nil {
-		return fmt.Errorf("connector: loading prefill engine %s's NIXL metadata: %w", engineID, err)
-	}
-	descs, err := geom.Descs(md.KVCachesBaseAddr, uint64(md.DeviceID))
-	if err != nil {
-		_ = d.reg.agent.InvalidateRemoteMetadata(name)
 		return err
 	}
+	total := int(d.cfg.Compat.NumKVHeads)
+	if total <= 0 {
+		total = d.reg.geom.NumKVHeads * dTP
+	}
+	if re.plan, err = layout.NewReadPlan(d.reg.geom, dTP, dRank, geom, re.tp, total); err != nil {
+		return fmt.Errorf("%w: decode rank %d of %d cannot read prefill engine %s (TP %d): %v", ErrBadParams, dRank, dTP, engineID, re.tp, err)
+	}
+	defer func() {
+		if err != nil {
+			d.release(re)
+		}
+	}()
+	for _, rank := range re.plan.SourceRanks() {
+		if rank != first {
+			var g layout.Geometry
+			if md, g, err = d.fetch(ctx, engineID, re.addr, rank); err != nil {
+				return err
+			}
+			if g != geom {
+				return fmt.Errorf("connector: prefill engine %s: rank %d's cache (%v) differs from rank %d's (%v)", engineID, rank, g, first, geom)
+			}
+		}
+		src := &source{rank: rank, meta: md}
+		re.sources = append(re.sources, src)
+		if src.agent, err = d.reg.agent.LoadRemoteMetadata(md.AgentMetadata); err != nil {
+			return fmt.Errorf("connector: loading prefill engine %s rank %d's NIXL metadata: %w", engineID, rank, err)
+		}
+		rdescs, err := re.plan.RemoteDescs(md.KVCachesBaseAddr, uint64(md.DeviceID))
+		if err != nil {
+			return err
+		}
+		if src.remote, err = d.prepRemote(src.agent, md, toNixl(rdescs)); err != nil {
+			return fmt.Errorf("connector: preparing prefill engine %s rank %d's %d descriptors: %w", engineID, rank, len(rdescs), err)
+		}
+		ldescs, err := re.plan.LocalDescs(d.cfg.Cache.RegionBases(), d.cfg.Cache.DeviceID(), rank)
+		if err != nil {
+			return err
+		}
+		if len(ldescs) > 0 {
+			src.pairLen = int64(ldescs[0].Len)
+		}
+		if err = d.do(func() (err error) {
+			src.local, err = d.reg.agent.Prep("", d.cfg.Cache.MemType(), toNixl(ldescs))
+			return err
+		}); err != nil {
+			return fmt.Errorf("connector: preparing the local descriptors for prefill rank %d: %w", rank, err)
+		}
+		d.log.Info("handshake done", zap.String("remote_engine_id", engineID), zap.String("addr", re.addr), zap.Int("remote_rank", rank),
+			zap.String("remote_agent", src.agent), zap.String("remote_geometry", geom.String()))
+	}
+	return nil
+}
+
+// prepRemote prepares a prefill rank's descriptors in the memory type its metadata names (DRAM when it names
+// none; VRAM is tried too, for a GPU prefill worker of a vLLM version that does not say).
+func (d *Decode) prepRemote(agent string, md protocol.AgentMetadata, descs []nixl.Desc) (*nixl.Prepped, error) {
 	mem := nixl.DRAM
 	if len(md.RegionMemTypes) > 0 {
 		if m, err := nixl.ParseMemType(md.RegionMemTypes[0]); err == nil {
 			mem = m
 		}
 	}
-	pl, err := d.reg.agent.Prep(name, mem, toNixl(descs))
+	pl, err := d.reg.agent.Prep(agent, mem, descs)
 	if err != nil && len(md.RegionMemTypes) == 0 {
-		// The metadata does not say where the remote memory is: try VRAM too (a GPU prefill worker).
-		if pl2, err2 := d.reg.agent.Prep(name, nixl.VRAM, toNixl(descs)); err2 == nil {
-			pl, err = pl2, nil
+		if pl2, err2 := d.reg.agent.Prep(agent, nixl.VRAM, descs); err2 == nil {
+			return pl2, nil
 		}
 	}
-	if err != nil {
-		_ = d.reg.agent.InvalidateRemoteMetadata(name)
-		return fmt.Errorf("connector: preparing prefill engine %s's %d descriptors: %w", engineID, len(descs), err)
+	return pl, err
+}
+
+// release closes a remote engine's descriptor lists and forgets its agents.
+func (d *Decode) release(re *remoteEngine) {
+	for _, src := range re.sources {
+		if src.remote != nil {
+			_ = src.remote.Close()
+		}
+		if src.local != nil {
+			_ = src.local.Close()
+		}
+		if src.agent != "" {
+			_ = d.reg.agent.InvalidateRemoteMetadata(src.agent)
+		}
 	}
-	re.agent, re.geom, re.prepped, re.meta = name, geom, pl, md
-	d.log.Info("handshake done", zap.String("remote_engine_id", engineID), zap.String("addr", re.addr),
-		zap.String("remote_agent", name), zap.String("remote_geometry", geom.String()))
-	return nil
+	re.sources = nil
 }
 
 // forget drops a remote engine's handshake (after a failed transfer), so the next pull does it again.
 func (d *Decode) forget(engineID string, re *remoteEngine) {
 	d.mu.Lock()
-	if d.remotes[engineID] == re {
+	mine := d.remotes[engineID] == re
+	if mine {
 		delete(d.remotes, engineID)
-	} else {
-		re = nil
 	}
 	d.mu.Unlock()
-	if re == nil {
+	if !mine {
 		return
 	}
-	if re.prepped != nil {
-		_ = re.prepped.Close()
-	}
-	if re.agent != "" {
-		_ = d.reg.agent.InvalidateRemoteMetadata(re.agent)
-	}
+	d.release(re)
 	d.log.Info("dropped handshake after a failure; it is redone on the next request", zap.String("remote_engine_id", engineID))
 }
 
-// Close releases the remote lists, the local list, the registration and the agent. Idempotent.
+// Close releases the remote and local descriptor lists, the registration and the agent. Idempotent.
 func (d *Decode) Close() error {
 	d.mu.Lock()
 	remotes := d.remotes
@@ -420,15 +516,9 @@ func (d *Decode) Close() error {
 	for _, re := range remotes {
 		select {
 		case <-re.once:
+			d.release(re)
 		default:
-			continue
 		}
-		if re.prepped != nil {
-			_ = re.prepped.Close()
-		}
-	}
-	if d.local != nil {
-		_ = d.local.Close()
 	}
 	return d.reg.close()
 }

@@ -68,7 +68,7 @@ func TestPrefillLeaseHeartbeats(t *testing.T) {
 			_, err = pr.dec.Pull(ctx, "warm", kv0, localBlocks(1, 0))
 			require.NoError(t, err)
 			pr.dec.mu.Lock()
-			remote := pr.dec.remotes[pr.pre.EngineID()].agent
+			remote := pr.dec.remotes[pr.pre.EngineID()].sources[0].agent
 			pr.dec.mu.Unlock()
 
 			start := time.Now()

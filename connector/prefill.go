@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net"
 	"sync"
 	"time"
 
@@ -37,6 +38,10 @@ type PrefillConfig struct {
 	Host string
 	// Port is the side-channel port (remote_port); 0 picks a free port. vLLM's default is Profile.SideChannelPort.
 	Port int
+	// SideChannel, when set, is a side channel shared by the workers of one engine (vLLM serves every TP rank
+	// of an engine on one port): the role publishes its rank's payload there and withdraws it on Close, but
+	// neither binds nor closes it. Host and Port are then ignored.
+	SideChannel *sidechannel.Server
 	// Compat holds the compatibility-hash inputs (vLLM ≥ 0.13 profiles).
 	Compat Compat
 	// HoldTimeout overrides how long unread blocks are held: the profile's lease (renewed by heartbeats) or
@@ -58,7 +63,8 @@ type Prefill struct {
 	reg     *registered
 	pool    *BlockPool
 	alloc   BlockAllocator
-	server  *sidechannel.Server
+	server  *sidechannel.Server // owned side channel
+	shared  *sidechannel.Server // or one shared by the engine's workers
 	payload []byte
 	hold    time.Duration
 	port    int
@@ -151,19 +157,28 @@ func NewPrefill(cfg PrefillConfig) (*Prefill, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	p.cancel = cancel
-	srv, err := sidechannel.NewServer(ctx, cfg.Profile, sidechannel.ServerConfig{
-		Host:     cfg.Host,
-		Port:     cfg.Port,
-		Payloads: map[protocol.Rank][]byte{cfg.Rank: p.payload},
-		Logger:   log,
-	})
-	if err != nil {
-		cancel()
-		reg.close()
-		return nil, fmt.Errorf("connector: side channel on %s:%d: %w", cfg.Host, cfg.Port, err)
+	srv := cfg.SideChannel
+	if srv != nil {
+		srv.SetPayload(cfg.Rank, p.payload)
+		if h, _, err := net.SplitHostPort(srv.Addr()); err == nil {
+			p.cfg.Host = h
+		}
+	} else {
+		srv, err = sidechannel.NewServer(ctx, cfg.Profile, sidechannel.ServerConfig{
+			Host:     cfg.Host,
+			Port:     cfg.Port,
+			Payloads: map[protocol.Rank][]byte{cfg.Rank: p.payload},
+			Logger:   log,
+		})
+		if err != nil {
+			cancel()
+			reg.close()
+			return nil, fmt.Errorf("connector: side channel on %s:%d: %w", cfg.Host, cfg.Port, err)
+		}
+		p.server = srv // owned
 	}
 	p.port = srv.Port()
-	p.server = srv
+	p.shared = cfg.SideChannel
 	p.wg.Add(1)
 	go p.loop(ctx)
 	log.Info("prefill worker ready", zap.String("side_channel", srv.Endpoint()), zap.String("vllm_profile", cfg.Profile.Name),
@@ -430,6 +445,9 @@ func (p *Prefill) Close() error {
 	var err error
 	p.closed.Do(func() {
 		p.cancel()
+		if p.shared != nil {
+			p.shared.SetPayload(p.cfg.Rank, nil)
+		}
 		if p.server != nil {
 			err = p.server.Close()
 		}

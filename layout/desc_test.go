@@ -258,3 +258,19 @@ func TestReadPlanRejects(t *testing.T) {
 	_, err = p.RemoteDescs(nil, 0)
 	require.ErrorIs(t, err, ErrSizeMismatch)
 }
+
+func TestReadPlanHeterogeneousTPNeedsHND(t *testing.T) {
+	g := Geometry{NumLayers: 2, NumBlocks: 8, BlockSize: 16, NumKVHeads: 4, HeadDim: 64, DType: BF16, Order: NHD, Plan: PlanSplitKV}
+	d := g
+	d.NumKVHeads = 2
+	_, err := NewReadPlan(d, 2, 1, g, 1, 4)
+	require.ErrorIs(t, err, ErrIncompatible)
+	_, err = NewReadPlan(g, 1, 0, d, 2, 4)
+	require.ErrorIs(t, err, ErrIncompatible)
+	// Equal heads per rank need no slicing: NHD is fine.
+	_, err = NewReadPlan(g, 2, 1, g, 2, 8)
+	require.NoError(t, err)
+	g.Order, d.Order = HND, HND
+	_, err = NewReadPlan(d, 2, 1, g, 1, 4)
+	require.NoError(t, err)
+}

@@ -104,6 +104,11 @@ func NewReadPlan(local Geometry, localTP, localRank int, remote Geometry, remote
 		return nil, fmt.Errorf("%w: heads per rank local %d (want %d for TP %d), remote %d (want %d for TP %d)",
 			ErrBlockLenMismatch, local.NumKVHeads, hl, localTP, remote.NumKVHeads, hr, remoteTP)
 	}
+	if hl != hr && local.Order != HND {
+		// A rank's heads are a contiguous slice of a block only when heads are outermost.
+		return nil, fmt.Errorf("%w: local TP %d and remote TP %d hold different heads per rank (%d vs %d), which needs the HND block order on both sides (got %v); vLLM requires kv_cache_layout HND for heterogeneous TP",
+			ErrIncompatible, localTP, remoteTP, hl, hr, local.Order)
+	}
 	if local.BlockSize%remote.BlockSize != 0 {
 		return nil, fmt.Errorf("%w: local block size %d is not a multiple of remote %d (vLLM rejects P_bs > D_bs)",
 			ErrIncompatible, local.BlockSize, remote.BlockSize)

@@ -149,6 +149,20 @@ func (s *Server) SetPayloads(m map[protocol.Rank][]byte) {
 	s.mu.Unlock()
 }
 
+// SetPayload serves payload for one rank (nil stops serving it), leaving the other ranks as they are: the
+// prefill workers of one engine share one side channel, each publishing its own rank.
+func (s *Server) SetPayload(r protocol.Rank, payload []byte) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c := copyPayloads(s.payloads)
+	if payload == nil {
+		delete(c, r)
+	} else {
+		c[r] = append([]byte(nil), payload...)
+	}
+	s.payloads = c
+}
+
 // Stats returns the counters so far.
 func (s *Server) Stats() Stats {
 	return Stats{Served: s.served.Load(), Rejected: s.rejected.Load(), Dropped: s.dropped.Load()}

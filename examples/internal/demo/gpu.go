@@ -25,6 +25,9 @@ func (c gpuCache) Register(a *nixl.Agent, opts ...nixl.Option) (*nixl.Registrati
 	return c.KVCache.Register(a, opts...)
 }
 
+// Do runs fn with the GPU's context current (the decode role prepares and posts NIXL transfers through it).
+func (c gpuCache) Do(fn func() error) error { return c.Device().Do(fn) }
+
 func newGPUCache(cfg DecodeConfig) (gpuCache, func(), error) {
 	drv, err := cuda.Load(cuda.LoadOptions{})
 	if err != nil {
