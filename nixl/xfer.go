@@ -272,7 +272,7 @@ func (x *Xfer) Post(opts ...Option) (State, error) {
 	}
 	defer freeOpts(o)
 	st := C.gx_post_xfer_req(x.ref.a.h, h, o)
-	if err := check(op, st, fmt.Sprintf("%s with %s (a request still in progress cannot be reposted)", x.op, x.remote)); err != nil {
+	if err := check(op, st, fmt.Sprintf("%s with %s: either the request is still in progress (it cannot be reposted until Status says Done) or the peer went away (load its metadata again after it restarts)", x.op, x.remote)); err != nil {
 		return InProgress, err
 	}
 	if Status(st) == StatusSuccess {
