@@ -23,7 +23,7 @@ type HostOptions struct {
 }
 
 // HostMem is page-aligned host memory from mmap, outside the Go heap, suitable for NIXL registration as
-// DRAM. Close unmaps it (idempotent); deregister it first. Bytes and Addr stay valid until Close.
+// DRAM. Its pages are populated when it is allocated. Close unmaps it (idempotent); deregister it first. Bytes and Addr stay valid until Close.
 // A HostMem is safe for concurrent use; the bytes themselves are the caller's to synchronise.
 type HostMem struct {
 	mu     sync.Mutex
@@ -50,7 +50,9 @@ func AllocHost(size int64, opts HostOptions) (*HostMem, error) {
 		huge bool
 	)
 	prot := syscall.PROT_READ | syscall.PROT_WRITE
-	flags := syscall.MAP_PRIVATE | syscall.MAP_ANONYMOUS
+	// MAP_POPULATE faults every page in now: a KV cache is used whole, and a transfer that lands on untouched
+	// pages pays a page fault (and the kernel's zeroing) per 4 KiB, which caps it at a few GB/s.
+	flags := syscall.MAP_PRIVATE | syscall.MAP_ANONYMOUS | syscall.MAP_POPULATE
 	if opts.HugePages {
 		hsz := (size + hugePageSize - 1) / hugePageSize * hugePageSize
 		if b, err = syscall.Mmap(-1, 0, int(hsz), prot, flags|syscall.MAP_HUGETLB); err == nil {

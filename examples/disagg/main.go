@@ -220,14 +220,14 @@ func summary(results []outcome, wall time.Duration) error {
 	sort.Slice(results, func(i, j int) bool { return results[i].id < results[j].id })
 	fmt.Println()
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "request\ttokens\tblocks\tstage ms\thandshake ms\ttransfer ms\tGB/s\tend-to-end ms\tverified\t")
+	fmt.Fprintln(tw, "request\ttokens\tblocks\tstage ms\tstage GB/s\thandshake ms\ttransfer ms\tGB/s\tend-to-end ms\tverified\t")
 	var bytes, verified int64
 	var xferMS float64
 	failed := 0
 	for _, r := range results {
 		if r.err != nil {
 			failed++
-			fmt.Fprintf(tw, "%s\t%d\t-\t-\t-\t-\t-\t-\tFAILED\t\n", r.id, r.tokens)
+			fmt.Fprintf(tw, "%s\t%d\t-\t-\t-\t-\t-\t-\t-\tFAILED\t\n", r.id, r.tokens)
 			continue
 		}
 		t := r.res.Decode.Gonixl
@@ -239,7 +239,8 @@ func summary(results []outcome, wall time.Duration) error {
 		bytes += t.Bytes
 		verified += t.VerifiedBytes
 		xferMS += t.TransferMS
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%.1f\t%.1f\t%.1f\t%.2f\t%.1f\t%s\t\n", r.id, r.tokens, t.Blocks, r.res.Prefill.Gonixl.StageMS,
+		st := r.res.Prefill.Gonixl
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%.1f\t%.2f\t%.1f\t%.1f\t%.2f\t%.1f\t%s\t\n", r.id, r.tokens, t.Blocks, st.StageMS, gbps(st.Bytes, st.StageMS),
 			t.HandshakeMS, t.TransferMS, gbps(t.Bytes, t.TransferMS), float64(r.res.Total.Microseconds())/1000, ok)
 	}
 	tw.Flush()

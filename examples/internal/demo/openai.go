@@ -43,6 +43,7 @@ type Usage struct {
 
 // Timing is what each side measured (milliseconds), carried in the responses for the demo's summary.
 type Timing struct {
+	ComputeMS     float64 `json:"compute_ms,omitempty"` // the demo's stand-in for the model writing the device KV
 	StageMS       float64 `json:"stage_ms,omitempty"`
 	HandshakeMS   float64 `json:"handshake_ms,omitempty"`
 	TransferMS    float64 `json:"transfer_ms,omitempty"`

@@ -226,9 +226,13 @@ func (s *PrefillServer) completions(w http.ResponseWriter, r *http.Request) {
 	}
 	start := time.Now()
 	err = s.compute(row, tokens, Seed(req.Prompt))
+	computed := time.Now()
+	var stage time.Duration
 	var out protocol.KVTransferParams
 	if err == nil {
 		out, err = s.role.Prefill(r.Context(), id, tokens, func(ctx context.Context, blocks []int) error {
+			t := time.Now()
+			defer func() { stage = time.Since(t) }()
 			return s.stager.Stage(ctx, neuron.Request{ID: id, Row: row, Tokens: tokens, BlockIDs: blocks})
 		})
 	}
@@ -238,7 +242,6 @@ func (s *PrefillServer) completions(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusInternalServerError, err.Error())
 		return
 	}
-	stage := time.Since(start)
 	g := s.stager.Geometry()
 	raw, err := s.profile.EncodeParams(out)
 	if err != nil {
@@ -250,7 +253,7 @@ func (s *PrefillServer) completions(w http.ResponseWriter, r *http.Request) {
 		Choices:          []Choice{{Index: 0, Text: " ", FinishReason: "length"}},
 		Usage:            Usage{PromptTokens: tokens, CompletionTokens: 1, TotalTokens: tokens + 1},
 		KVTransferParams: raw,
-		Gonixl:           &Timing{StageMS: ms(stage), Blocks: g.NeededBlocks(tokens), Bytes: int64(g.NeededBlocks(tokens)) * g.BlockLen() * int64(g.NumRegions())},
+		Gonixl:           &Timing{ComputeMS: ms(computed.Sub(start)), StageMS: ms(stage), Blocks: g.NeededBlocks(tokens), Bytes: int64(g.NeededBlocks(tokens)) * g.BlockLen() * int64(g.NumRegions())},
 	})
 }
 
