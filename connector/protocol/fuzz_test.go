@@ -3,6 +3,7 @@ package protocol
 import (
 	"encoding/hex"
 	"math"
+	"runtime"
 	"strconv"
 	"testing"
 
@@ -180,4 +181,26 @@ func FuzzPyFloatRepr(f *testing.F) {
 		require.NoError(t, err, s)
 		require.Equal(t, math.Float64bits(x), math.Float64bits(y), s)
 	})
+}
+
+// A length claim far beyond the message (here a 3.5 GB bin in a short payload, found by FuzzInspect) must be
+// refused from the header, without allocating what it claims.
+func TestHostileLengthClaimsDoNotAllocate(t *testing.T) {
+	for _, p := range Profiles {
+		for name, msg := range map[string][]byte{
+			"bin32":   append([]byte("\x81\xaeagent_metadata\xc6\xd0\x77\x00\x13"), make([]byte, 64)...),
+			"str32":   append([]byte("\x81\xa9engine_id\xdb\xd0\x77\x00\x13"), make([]byte, 64)...),
+			"array32": append([]byte("\x81\xb3kv_caches_base_addr\xdd\xd0\x77\x00\x13"), make([]byte, 64)...),
+			"map32":   append([]byte("\xdf\xd0\x77\x00\x13"), make([]byte, 64)...),
+			"unknown": append([]byte("\x81\xa3zzz\xc6\xd0\x77\x00\x13"), make([]byte, 64)...),
+			"ext32":   append([]byte("\x81\xa3zzz\xc9\xd0\x77\x00\x13\x01"), make([]byte, 64)...),
+		} {
+			var before, after runtime.MemStats
+			runtime.ReadMemStats(&before)
+			_, err := p.DecodeMetadata(msg)
+			runtime.ReadMemStats(&after)
+			require.ErrorIs(t, err, ErrMalformed, "%s %s", p.Name, name)
+			require.Less(t, after.TotalAlloc-before.TotalAlloc, uint64(1<<20), "%s %s allocated what it claimed", p.Name, name)
+		}
+	}
 }

@@ -2,6 +2,8 @@ package protocol
 
 import (
 	"bytes"
+	"encoding/binary"
+	"io"
 	"math"
 	"unicode/utf8"
 
@@ -49,6 +51,9 @@ func (r *reader) mapLen(field string) (int, error) {
 	if err != nil {
 		return 0, malformed(r.obj, field, "bad map header: %v", err)
 	}
+	if n > r.buf.Len()/2 { // every entry takes at least two bytes
+		return 0, malformed(r.obj, field, "map claims %d entries with %d bytes left", n, r.buf.Len())
+	}
 	return n, nil
 }
 
@@ -64,6 +69,9 @@ func (r *reader) arrayLen(field string) (int, error) {
 	if err != nil {
 		return 0, malformed(r.obj, field, "bad array header: %v", err)
 	}
+	if n > r.buf.Len() { // every element takes at least one byte
+		return 0, malformed(r.obj, field, "array claims %d elements with %d bytes left", n, r.buf.Len())
+	}
 	return n, nil
 }
 
@@ -75,10 +83,11 @@ func (r *reader) str(field string) (string, error) {
 	if !msgpcode.IsFixedString(c) && c != msgpcode.Str8 && c != msgpcode.Str16 && c != msgpcode.Str32 {
 		return "", r.fail(field, "str", c)
 	}
-	s, err := r.d.DecodeString()
+	b, err := r.raw(field)
 	if err != nil {
-		return "", malformed(r.obj, field, "bad str: %v", err)
+		return "", err
 	}
+	s := string(b)
 	if !utf8.ValidString(s) {
 		return "", malformed(r.obj, field, "str is not valid UTF-8")
 	}
@@ -93,12 +102,78 @@ func (r *reader) bin(field string) ([]byte, error) {
 	if c != msgpcode.Bin8 && c != msgpcode.Bin16 && c != msgpcode.Bin32 {
 		return nil, r.fail(field, "bin (Python bytes)", c)
 	}
-	b, err := r.d.DecodeBytes()
+	b, err := r.raw(field)
 	if err != nil {
-		return nil, malformed(r.obj, field, "bad bin: %v", err)
+		return nil, err
 	}
 	if len(b) == 0 {
 		return nil, nil // empty bytes decode as nil, like every empty list here
+	}
+	return b, nil
+}
+
+// rawLen reads the header of a str, bin or ext value and returns the length of its payload (for ext, the type
+// byte included), refusing a length larger than what is left: a hostile 4 GiB claim in a 100-byte message
+// must fail here, not make a decoder allocate it.
+func (r *reader) rawLen(field string) (int, error) {
+	c, err := r.buf.ReadByte()
+	if err != nil {
+		return 0, malformed(r.obj, field, "truncated input")
+	}
+	size := 0 // bytes of the length field
+	n := 0
+	switch {
+	case msgpcode.IsFixedString(c):
+		n = int(c & 0x1f)
+	case c == msgpcode.Str8 || c == msgpcode.Bin8:
+		size = 1
+	case c == msgpcode.Str16 || c == msgpcode.Bin16:
+		size = 2
+	case c == msgpcode.Str32 || c == msgpcode.Bin32:
+		size = 4
+	case c == msgpcode.FixExt1 || c == msgpcode.FixExt2 || c == msgpcode.FixExt4 || c == msgpcode.FixExt8 || c == msgpcode.FixExt16:
+		n = 1 + map[byte]int{msgpcode.FixExt1: 1, msgpcode.FixExt2: 2, msgpcode.FixExt4: 4, msgpcode.FixExt8: 8, msgpcode.FixExt16: 16}[c]
+	case c == msgpcode.Ext8:
+		size = 1
+	case c == msgpcode.Ext16:
+		size = 2
+	case c == msgpcode.Ext32:
+		size = 4
+	default:
+		return 0, r.fail(field, "str, bin or ext", c)
+	}
+	if size > 0 {
+		var hdr [4]byte
+		if _, err := io.ReadFull(r.buf, hdr[:size]); err != nil {
+			return 0, malformed(r.obj, field, "truncated length")
+		}
+		switch size {
+		case 1:
+			n = int(hdr[0])
+		case 2:
+			n = int(binary.BigEndian.Uint16(hdr[:2]))
+		case 4:
+			n = int(binary.BigEndian.Uint32(hdr[:4]))
+		}
+		if c == msgpcode.Ext8 || c == msgpcode.Ext16 || c == msgpcode.Ext32 {
+			n++ // the ext type byte
+		}
+	}
+	if n > r.buf.Len() {
+		return 0, malformed(r.obj, field, "%s claims %d bytes with %d left", codeName(c), n, r.buf.Len())
+	}
+	return n, nil
+}
+
+// raw reads a str or bin value's bytes (length-checked by rawLen).
+func (r *reader) raw(field string) ([]byte, error) {
+	n, err := r.rawLen(field)
+	if err != nil {
+		return nil, err
+	}
+	b := make([]byte, n)
+	if _, err := io.ReadFull(r.buf, b); err != nil {
+		return nil, malformed(r.obj, field, "truncated value")
 	}
 	return b, nil
 }
@@ -220,6 +295,16 @@ func (r *reader) skip(field string, depth int) error {
 			}
 		}
 		return nil
+	case msgpcode.IsFixedString(c) || c == msgpcode.Str8 || c == msgpcode.Str16 || c == msgpcode.Str32 ||
+		c == msgpcode.Bin8 || c == msgpcode.Bin16 || c == msgpcode.Bin32 ||
+		c == msgpcode.FixExt1 || c == msgpcode.FixExt2 || c == msgpcode.FixExt4 || c == msgpcode.FixExt8 || c == msgpcode.FixExt16 ||
+		c == msgpcode.Ext8 || c == msgpcode.Ext16 || c == msgpcode.Ext32:
+		n, err := r.rawLen(field)
+		if err != nil {
+			return err
+		}
+		_, err = r.buf.Seek(int64(n), io.SeekCurrent)
+		return err
 	}
 	if err := r.d.Skip(); err != nil {
 		return malformed(r.obj, field, "bad value: %v", err)
