@@ -1,0 +1,36 @@
+// Package connector makes Go programs prefill or decode workers that are wire-compatible with vLLM's
+// NixlConnector (pull mode): a vLLM-style proxy — or vLLM itself on the other side — cannot tell them from
+// vLLM workers of the configured version.
+//
+// # Roles
+//
+// A Prefill (NewPrefill) owns a registered KV cache, serves its rank's handshake on the ZMQ side channel
+// (connector/sidechannel), and for each request takes blocks, fills them (Prefill's FillFunc: a Neuron
+// staging, a CPU computation) and returns the kv_transfer_params of vLLM's prefill response. It holds the
+// blocks until the decode peer's transfer notifications arrive, renews them on "HB:" heartbeats where the
+// profile has leases, and frees them at lease expiry or abort timeout, logging and counting each expiry.
+//
+// A Decode (NewDecode) takes those kv_transfer_params (do_remote_prefill), handshakes once per prefill
+// engine (cached; dropped and redone after a failed transfer), checks the compatibility hash and the peer's
+// geometry, validates every block id before anything moves (ErrBadParams), READs the blocks with one NIXL
+// request per prefill rank it reads (heterogeneous TP as vLLM plans it, layout.ReadPlan), notifies the
+// prefill side with the profile's message, and reports timings (Result).
+//
+// Which vLLM version is spoken is data: a protocol.Profile (protocol.ProfileFor("0.16.0")). The cache's
+// region plan must be that version's layout era (PlanFor).
+//
+// # Caches
+//
+// Cache is what the roles register and publish: DRAMCache here, a neuron.Stager (Neuron KV staged through
+// pinned DRAM) or a cuda.KVCache (GPU memory) from the device packages, which this package never imports.
+// Optional interfaces add what a device needs: BlockAllocator (the cache hands out the blocks), Registrar
+// (the cache registers itself), DeviceContext (NIXL calls run with the device context current) and
+// HostBuffered (a host-buffered decode cache copied to the device after each READ).
+//
+// # Concurrency and lifetime
+//
+// Prefill, Decode, DRAMCache, BlockPool and Metrics are safe for concurrent use. Close is idempotent: a
+// Prefill stops its side channel and notification loop, then deregisters the cache and closes its NIXL agent;
+// a Decode releases its descriptor lists, registration and agent. Close the roles before the caches they
+// registered.
+package connector
