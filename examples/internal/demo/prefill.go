@@ -171,27 +171,30 @@ func (s *PrefillServer) Close() {
 }
 
 // compute writes what a model's prefill would leave in the NxDI KV tensors for one request: every layer's K
-// and V, heads × positions [0, tokens) of batch row `row`.
+// and V, heads × positions [0, tokens) of batch row `row`, in one batched device write.
 func (s *PrefillServer) compute(row, tokens int, seed uint64) error {
 	m := s.cfg.Model
 	rowBytes := m.HeadDim * m.DType.Size()
-	buf := make([]byte, tokens*rowBytes)
+	n := tokens * rowBytes
+	host := make([]byte, 2*m.NumLayers*m.NumKVHeads*n)
+	batches := make([]neuron.Batch, 0, 2*m.NumLayers)
 	for l := 0; l < m.NumLayers; l++ {
 		for _, kv := range []layout.KV{layout.K, layout.V} {
 			t := s.k[l]
 			if kv == layout.V {
 				t = s.v[l]
 			}
+			b := neuron.Batch{Tensor: t}
 			for h := 0; h < m.NumKVHeads; h++ {
+				buf := host[:n:n]
+				host = host[n:]
 				FillHead(buf, seed, l, kv, h)
-				off := uint64(((row*m.NumKVHeads + h) * s.cfg.MaxSeq) * rowBytes)
-				if err := t.Write(buf, off); err != nil {
-					return err
-				}
+				b.Ops = append(b.Ops, neuron.Op{Offset: uint64((row*m.NumKVHeads + h) * s.cfg.MaxSeq * rowBytes), Buf: buf})
 			}
+			batches = append(batches, b)
 		}
 	}
-	return nil
+	return s.rt.WriteBatch(batches)
 }
 
 // Handler returns the OpenAI-shaped HTTP API: POST /v1/completions, GET /version, /health, /metrics.
