@@ -34,6 +34,11 @@ type DecodeConfig struct {
 	TPRank, TPSize int
 	// Compat holds the compatibility-hash inputs and the opt-out (SkipCheck).
 	Compat Compat
+	// PeerOrder, when set, is the physical block order of the prefill side's bytes where it differs from the
+	// kv_cache_layout label it publishes: a vLLM prefill worker with kv_buffer_device="cpu" in layout eras
+	// A/B holds NHD bytes under an "HND" label. Bytes are copied as they are, so the local cache's order must
+	// equal the peer's physical order.
+	PeerOrder layout.BlockOrder
 	// HandshakeTimeout bounds one side-channel round trip (default: the profile's, 5 s in vLLM).
 	HandshakeTimeout time.Duration
 	// HandshakeRetries is how many times a failed handshake is retried (default 2).
@@ -392,6 +397,9 @@ func (d *Decode) fetch(ctx context.Context, engineID, addr string, rank int) (pr
 	})
 	if err != nil {
 		return md, geom, fmt.Errorf("connector: prefill engine %s rank %d has an incompatible KV cache: %w", engineID, rank, err)
+	}
+	if d.cfg.PeerOrder != 0 {
+		geom.Order = d.cfg.PeerOrder
 	}
 	return md, geom, nil
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/gonixl/gonixl/connector/protocol"
 	"github.com/gonixl/gonixl/connector/sidechannel"
+	"github.com/gonixl/gonixl/layout"
 	"github.com/gonixl/gonixl/nixl"
 )
 
@@ -38,6 +39,11 @@ type PrefillConfig struct {
 	Host string
 	// Port is the side-channel port (remote_port); 0 picks a free port. vLLM's default is Profile.SideChannelPort.
 	Port int
+	// KVCacheLayout is the kv_cache_layout label published in the handshake; "" publishes the cache's
+	// physical block order. vLLM compares labels, not bytes, and a vLLM decode worker with
+	// kv_buffer_device="cpu" in layout eras A/B (e.g. 0.16) holds NHD bytes under its device label (usually
+	// "HND"): serve it with an NHD cache (Geometry.Order) and KVCacheLayout "HND".
+	KVCacheLayout string
 	// SideChannel, when set, is a side channel shared by the workers of one engine (vLLM serves every TP rank
 	// of an engine on one port): the role publishes its rank's payload there and withdraws it on Close, but
 	// neither binds nor closes it. Host and Port are then ignored.
@@ -144,6 +150,13 @@ func NewPrefill(cfg PrefillConfig) (*Prefill, error) {
 		return nil, err
 	}
 	md.AttnBackendName = cfg.Compat.AttnBackendName
+	if cfg.KVCacheLayout != "" {
+		if _, err := layout.ParseBlockOrder(cfg.KVCacheLayout); err != nil {
+			reg.close()
+			return nil, fmt.Errorf("connector: PrefillConfig.KVCacheLayout: %w", err)
+		}
+		md.KVCacheLayout = cfg.KVCacheLayout
+	}
 	hash := ""
 	if cfg.Profile.Payload == protocol.PayloadM1 {
 		if hash, err = cfg.Profile.CompatHash(cfg.Compat.CompatInputs); err != nil {

@@ -30,6 +30,7 @@ type PrefillConfig struct {
 	BatchRows   int    // NxDI batch rows of the device KV tensors (concurrent prefills)
 	MaxSeq      int    // NxDI cache length (tokens per row)
 	Order       layout.BlockOrder
+	Label       string // kv_cache_layout label to publish ("" = Order)
 	NRTPath     string // libnrt: "" = the real libnrt.so.1 if present, else the fake one built in a temp dir
 	Backends    []nixl.BackendSpec
 	HoldTimeout time.Duration // 0: the profile's
@@ -132,7 +133,7 @@ func NewPrefillServer(cfg PrefillConfig) (s *PrefillServer, err error) {
 	}
 	if s.role, err = connector.NewPrefill(connector.PrefillConfig{
 		Profile: p, Library: cfg.Library, Cache: s.stager, Backends: cfg.Backends, Port: cfg.SideChannel,
-		Compat: cfg.Model.Compat(cfg.VLLMVersion), HoldTimeout: cfg.HoldTimeout, Logger: log,
+		Compat: cfg.Model.Compat(cfg.VLLMVersion), HoldTimeout: cfg.HoldTimeout, Logger: log, KVCacheLayout: cfg.Label,
 	}); err != nil {
 		return nil, err
 	}

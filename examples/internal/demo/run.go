@@ -22,13 +22,14 @@ func RunPrefill(ctx context.Context, args []string) error {
 	rows := fs.Int("batch-rows", 4, "NxDI batch rows of the device KV tensors (concurrent prefills)")
 	maxSeq := fs.Int("max-seq", 3072, "NxDI KV cache length per row (longest prompt)")
 	nrt := fs.String("nrt-lib", "", "libnrt path (default: libnrt.so.1 if installed, else gonixl's fake libnrt)")
+	label := fs.String("kv-layout-label", "", "kv_cache_layout label to publish when it differs from -kv-layout (a vLLM 0.16 decode worker with kv_buffer_device=cpu: -kv-layout NHD -kv-layout-label HND)")
 	log, lib, order, err := c.parse(fs, args)
 	if err != nil {
 		return err
 	}
 	defer log.Sync()
 	s, err := NewPrefillServer(PrefillConfig{VLLMVersion: c.VLLMVersion, Model: Qwen3_0_6B, NumBlocks: c.NumBlocks, BatchRows: *rows,
-		MaxSeq: *maxSeq, Order: order, NRTPath: *nrt, Backends: c.BackendSpecs(), Library: lib, Logger: log, SideChannel: *side})
+		MaxSeq: *maxSeq, Order: order, NRTPath: *nrt, Label: *label, Backends: c.BackendSpecs(), Library: lib, Logger: log, SideChannel: *side})
 	if err != nil {
 		return err
 	}
