@@ -88,15 +88,6 @@ func (r *registered) close() error {
 	return err
 }
 
-// localDescs returns the full descriptor list of the cache as vLLM lays it out.
-func (r *registered) localDescs() ([]nixl.Desc, error) {
-	ld, err := r.geom.Descs(r.cache.RegionBases(), r.cache.DeviceID())
-	if err != nil {
-		return nil, err
-	}
-	return toNixl(ld), nil
-}
-
 func toNixl(ds []layout.Desc) []nixl.Desc {
 	out := make([]nixl.Desc, len(ds))
 	for i, d := range ds {

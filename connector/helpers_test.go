@@ -158,13 +158,12 @@ type pairOpts struct {
 }
 
 type pair struct {
-	p            protocol.Profile
-	pre          *Prefill
-	dec          *Decode
-	pcache       *DRAMCache
-	dcache       *DRAMCache
-	preM, decM   *Metrics
-	prefillAgent string
+	p          protocol.Profile
+	pre        *Prefill
+	dec        *Decode
+	pcache     *DRAMCache
+	dcache     *DRAMCache
+	preM, decM *Metrics
 }
 
 // newPair starts a Go prefill role and a Go decode role of profile p in this process, each on its own DRAM
