@@ -26,7 +26,7 @@ export NIXL_LIB_DIR
 export GONIXL_PYTHON := $(VENV_PY)
 export VLLM_WHEEL_DIR
 
-.PHONY: all build vet nixl pydeps vllm-wheels deps test test-pure test-go demo fuzz bench vectors clean help
+.PHONY: all build vet lint nixl pydeps vllm-wheels deps test test-pure test-go demo fuzz bench vectors clean help
 
 all: build
 
@@ -36,12 +36,17 @@ help:
 	@echo "make nixl   - download the pinned NIXL wheel ($(NIXL_VERSION), cu$(NIXL_CUDA)) and unpack its libraries"
 	@echo "make fuzz   - run every fuzz target for FUZZTIME (default $(FUZZTIME)) each"
 	@echo "make bench  - run the benchmarks (ratios against in-run baselines)"
+	@echo "make lint   - go vet and staticcheck"
 
 build:
 	$(GO) build ./...
 
 vet:
 	$(GO) vet ./...
+
+# staticcheck from the Go module proxy (not a module dependency).
+lint: vet
+	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
 
 nixl: $(NIXL_HOME)/cu$(NIXL_CUDA)-$(NIXL_VERSION)/.complete
 	@ln -sfn cu$(NIXL_CUDA)-$(NIXL_VERSION) $(NIXL_HOME)/current
