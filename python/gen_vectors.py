@@ -9,9 +9,14 @@ no deps) and encodes fixed values with the real msgspec.
 What comes from where:
   metadata, payload, metadata_decode, hash: vLLM's classes/functions from the wheel + real msgspec.
   requests, clock:   msgspec.msgpack.encode of the tuples/floats vLLM's handshake code builds
-                     ((GET_META_MSG, tp) in 0.16, (GET_META_MSG, pp, tp) + perf_counter frame in 0.33).
-  params, notifications: reproduced from the dict/f-string construction in the release's request_finished /
-                     notification code (read in the wheel; not executable without torch), dumped with json.
+                     ((GET_META_MSG, tp) in H2, (GET_META_MSG, pp, tp) + perf_counter frame in H4).
+  params:            the key order of the pull-mode request_finished dict, read from the wheel with ast
+                     (vllm_defs.wire_facts), values of the types it assigns, dumped with json.
+  notifications:     reproduced from the release's f-string / "HB:" construction (read in the wheel).
+  wire:              the row's facts for the Python peers (framing, block-id shape, leases, layout era), with
+                     framing/leases/layout checked against the wheel's source.
+
+`python/gen_vectors.py 0.32.0 0.31.0` regenerates only those releases.
   pyjson.json:       Python's json.dumps(sort_keys=True) on tricky values (floats, escapes, nesting).
 """
 
@@ -32,9 +37,32 @@ import vllm_defs  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "testdata" / "vllm"
 
-# vLLM release -> gonixl profile name.
-RELEASES = {"0.16.0": "0.16", "0.33.0": "0.33"}
+# vLLM release -> gonixl profile (connector/protocol.Profiles) and the facts of that row that the Python peers
+# need. framing, layout and leases are cross-checked against the wheel's own source (vllm_defs.wire_facts);
+# remote_block_ids' shape and the notification count's meaning were read in the release's request_finished and
+# notification code ("tp_size": D's world size, "consumers": the number of expected consumers).
+# Several releases share a row where their connector sources are identical; one vector file per row's first
+# release, plus 0.17.0 (the 0.16 row spans 0.16-0.17).
+def _row(profile, framing, flat, notif, leases, layout):
+    return dict(profile=profile, framing=framing, block_ids_flat=flat, notif=notif, leases=leases, layout=layout)
 
+
+RELEASES = {
+    "0.16.0": _row("0.16", "H2", True, "tp_size", False, "A"),
+    "0.17.0": _row("0.16", "H2", True, "tp_size", False, "A"),
+    "0.18.0": _row("0.18", "H2", False, "tp_size", False, "A"),
+    "0.20.0": _row("0.20", "H2", False, "tp_size", False, "A"),
+    "0.21.0": _row("0.21", "H2", False, "tp_size", False, "A"),
+    "0.22.0": _row("0.22", "H2", False, "tp_size", True, "A"),
+    "0.23.0": _row("0.23", "H2", False, "tp_size", True, "B"),
+    "0.26.0": _row("0.26", "H4", False, "tp_size", True, "C"),
+    "0.28.0": _row("0.28", "H4", False, "tp_size", True, "C"),
+    "0.29.0": _row("0.29", "H4", False, "consumers", True, "C"),
+    "0.30.0": _row("0.30", "H4", False, "consumers", True, "C"),
+    "0.31.0": _row("0.31", "H4", False, "consumers", True, "C"),
+    "0.32.0": _row("0.32", "H4", False, "consumers", True, "C"),
+    "0.33.0": _row("0.33", "H4", False, "consumers", True, "C"),
+}
 
 def blob(n: int, seed: int) -> bytes:
     """Deterministic pseudo-random bytes standing in for a NIXL agent blob."""
@@ -229,9 +257,9 @@ def hash_vectors(defs):
     return out
 
 
-def request_vectors(defs, profile):
+def request_vectors(defs, row):
     out = []
-    if profile == "0.16":  # (GET_META_MSG, tp_rank)
+    if row["framing"] == "H2":  # (GET_META_MSG, tp_rank)
         for tp in (0, 3, 127, 200, 70000):
             out.append({"pp": 0, "tp": tp, "hex": msgspec.msgpack.encode((defs.get_meta_msg, tp)).hex()})
     else:  # (GET_META_MSG, pp_rank, tp_rank)
@@ -245,31 +273,29 @@ def clock_vectors():
             for v in (12345.5, 0.0, 1e-9, 987654.321, 3.0e7)]
 
 
-def params_vectors(profile):
-    """kv_transfer_params exactly as each release's request_finished builds them (reproduced, then json.dumps)."""
+def params_vectors(row, keys):
+    """kv_transfer_params as the release's pull-mode request_finished builds them: its dict keys in its order
+    (read from the wheel), values of the types that code assigns, then json.dumps."""
     common = dict(do_remote_prefill=True, do_remote_decode=False)
-    if profile == "0.16":
-        cases = {
-            "prefill_response": dict(**common, remote_block_ids=[1, 2, 3], remote_engine_id="7c1e6a0e-2d5b",
-                                     remote_request_id="cmpl-8f0c-0-1a2b3c4d", remote_host="10.0.0.5",
-                                     remote_port=5600, tp_size=1),
-            "tp2_many_blocks": dict(**common, remote_block_ids=list(range(100, 140)), remote_engine_id="e\u00e9",
-                                    remote_request_id="chatcmpl-x:y-0-deadbeef", remote_host="localhost",
-                                    remote_port=5601, tp_size=2),
-        }
-    else:
-        cases = {
-            "prefill_response": dict(**common, remote_block_ids=([1, 2, 3],), remote_engine_id="7c1e6a0e-2d5b",
-                                     remote_request_id="cmpl-8f0c-0-1a2b3c4d", remote_host="10.0.0.5",
-                                     remote_port=5600, tp_size=1, dcp_size=1, pp_size=1, remote_num_tokens=40,
-                                     remote_blocks_expiry_time=None, remote_registration_generation=1,
-                                     transfer_mode="pull"),
-            "hybrid_two_groups": dict(**common, remote_block_ids=([5, 6, 7, 8], [9]), remote_engine_id="e1",
-                                      remote_request_id="r-1", remote_host="::1", remote_port=5602, tp_size=4,
-                                      dcp_size=2, pp_size=2, remote_num_tokens=50,
-                                      remote_blocks_expiry_time=1234.5, remote_registration_generation=3,
-                                      transfer_mode="pull"),
-        }
+
+    def make(blocks, **vals):
+        vals = {**common, **vals, "remote_block_ids": blocks[0] if row["block_ids_flat"] else tuple(blocks)}
+        return {k: vals[k] for k in keys}
+
+    base = dict(remote_engine_id="7c1e6a0e-2d5b", remote_request_id="cmpl-8f0c-0-1a2b3c4d", remote_host="10.0.0.5",
+                remote_port=5600, tp_size=1, dcp_size=1, pp_size=1, remote_num_tokens=40,
+                remote_blocks_expiry_time=None, remote_registration_generation=1, transfer_mode="pull")
+    cases = {
+        "prefill_response": make([[1, 2, 3]], **base),
+        "tp2_many_blocks": make([list(range(100, 140))], **{**base, "remote_engine_id": "e\u00e9",
+                                "remote_request_id": "chatcmpl-x:y-0-deadbeef", "remote_host": "localhost",
+                                "remote_port": 5601, "tp_size": 2, "remote_num_tokens": 632}),
+    }
+    if not row["block_ids_flat"]:
+        cases["hybrid_two_groups"] = make([[5, 6, 7, 8], [9]], **{
+            **base, "remote_engine_id": "e1", "remote_request_id": "r-1", "remote_host": "::1", "remote_port": 5602,
+            "tp_size": 4, "dcp_size": 2, "pp_size": 2, "remote_num_tokens": 50, "remote_blocks_expiry_time": 1234.5,
+            "remote_registration_generation": 3})
     out = [{"name": k, "json": json.dumps(v)} for k, v in cases.items()]
     out.append({"name": "proxy_to_prefill", "json": json.dumps(dict(
         do_remote_decode=True, do_remote_prefill=False, remote_engine_id=None, remote_block_ids=None,
@@ -277,13 +303,13 @@ def params_vectors(profile):
     return out
 
 
-def notif_vectors(profile):
+def notif_vectors(row):
     out = []
-    # D: notif_id = f"{remote_request_id}:{n}".encode(); n = D's TP size (0.16) or expected consumers (0.33).
+    # D: notif_id = f"{remote_request_id}:{n}".encode(); n = D's TP size or the expected consumers.
     for rid, n in (("cmpl-8f0c-0-1a2b3c4d", 1), ("chatcmpl-a:b:c-7", 4), ("\u8bf7\u6c42-\u00e9", 2)):
         s = f"{rid}:{n}"
         out.append({"text": s, "hex": s.encode().hex(), "request_id": rid, "count": n, "heartbeat": None})
-    if profile == "0.33":
+    if row["leases"]:
         ids = ["reqA", "reqB-1a2b3c4d"]
         s = "HB:" + ",".join(ids)  # D's heartbeat: ("HB:" + ",".join(req_ids)).encode()
         out.append({"text": s, "hex": s.encode().hex(), "request_id": "", "count": 0, "heartbeat": ids})
@@ -325,8 +351,16 @@ def pyjson_vectors():
 
 def main():
     OUT.mkdir(parents=True, exist_ok=True)
-    for release, profile in RELEASES.items():
+    only = set(sys.argv[1:])
+    for release, row in RELEASES.items():
+        if only and release not in only:
+            continue
+        profile = row["profile"]
         defs = vllm_defs.Defs(release)
+        facts = vllm_defs.wire_facts(defs)
+        for k in ("framing", "leases", "layout"):
+            if facts[k] is not None and facts[k] != row[k]:
+                raise SystemExit(f"vllm {release}: the wheel says {k}={facts[k]!r}, RELEASES says {row[k]!r}")
         doc = {
             "comment": "Generated by python/gen_vectors.py (make vectors); do not edit.",
             "vllm_version": defs.version,
@@ -338,11 +372,14 @@ def main():
             "metadata_fields": [f.name for f in defs.fields()],
             "metadata": metadata_vectors(defs),
             "metadata_decode": decode_vectors(defs),
-            "requests": request_vectors(defs, profile),
+            "wire": {"framing": row["framing"], "block_ids_flat": row["block_ids_flat"], "notif": row["notif"],
+                     "leases": row["leases"], "layout": row["layout"], "layout_from_wheel": facts["layout"] is not None,
+                     "params_keys": facts["params_keys"]},
+            "requests": request_vectors(defs, row),
             "clock": clock_vectors(),
             "hash": hash_vectors(defs),
-            "params": params_vectors(profile),
-            "notifications": notif_vectors(profile),
+            "params": params_vectors(row, facts["params_keys"]),
+            "notifications": notif_vectors(row),
         }
         meta = {v["name"]: bytes.fromhex(v["hex"]) for v in doc["metadata"]}
         doc["payload"] = []

@@ -164,6 +164,61 @@ class Defs:
         return captured["json"]
 
 
+def wire_facts(defs: "Defs") -> dict:
+    """Protocol facts read from the release's own connector source with `ast` (nothing executed):
+
+      framing:     "H2" when _nixl_handshake_listener decodes (msg, tp_rank), "H3" for (msg, pp_rank, tp_rank),
+                   "H4" when it also sends msgpack(time.perf_counter()) as a second reply frame
+      params_keys: the keyword order of the dict(...) that the pull-mode request_finished returns as
+                   kv_transfer_params
+      leases:      whether P's notification handling knows "HB:" heartbeats
+      layout:      FLASH_ATTN get_kv_cache_shape: "A" (2, nb, ...), "B" (nb, 2, ...), "C" (nb, H, bs, 2*D);
+                   None where the shape is not defined there (0.29+: vllm/v1/kv_cache_layout.py)
+    """
+    base = "vllm/distributed/kv_transfer/kv_connector/v1/"
+    order = [base + "nixl/pull_scheduler.py", base + "nixl/scheduler.py", base + "nixl/base_scheduler.py",
+             base + "nixl_connector.py"]
+    out: dict = {"framing": None, "params_keys": None, "leases": False, "layout": None}
+    with zipfile.ZipFile(defs.wheel) as z:
+        names = set(z.namelist())
+        conn = [n for n in sorted(names) if n.startswith(base + "nixl") and n.endswith(".py")]
+        srcs = {n: z.read(n).decode() for n in conn}
+        fa = "vllm/v1/attention/backends/flash_attn.py"
+        fa_src = z.read(fa).decode() if fa in names else ""
+    out["leases"] = any('"HB:"' in s for s in srcs.values())
+    for path in order:
+        if path not in srcs:
+            continue
+        tree = ast.parse(srcs[path])
+        for fn in ast.walk(tree):
+            if isinstance(fn, ast.FunctionDef) and fn.name == "_nixl_handshake_listener" and out["framing"] is None:
+                for node in ast.walk(fn):
+                    if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
+                            and ast.unparse(node.value.func) == "msgspec.msgpack.decode"
+                            and isinstance(node.targets[0], ast.Tuple)):
+                        out["framing"] = {2: "H2", 3: "H3"}[len(node.targets[0].elts)]
+                if out["framing"] == "H3" and "time.perf_counter()" in ast.unparse(fn):
+                    out["framing"] = "H4"
+            if isinstance(fn, ast.FunctionDef) and fn.name == "request_finished" and out["params_keys"] is None:
+                for node in ast.walk(fn):
+                    if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "dict":
+                        keys = [k.arg for k in node.keywords]
+                        if "remote_engine_id" in keys:
+                            out["params_keys"] = keys
+    for node in ast.walk(ast.parse(fa_src)) if fa_src else []:
+        if isinstance(node, ast.FunctionDef) and node.name == "get_kv_cache_shape":
+            for r in ast.walk(node):
+                if isinstance(r, ast.Return) and isinstance(r.value, ast.Tuple):
+                    e = [ast.unparse(x) for x in r.value.elts]
+                    if e[:2] == ["2", "num_blocks"]:
+                        out["layout"] = "A"
+                    elif e[:2] == ["num_blocks", "2"]:
+                        out["layout"] = "B"
+                    elif e[0] == "num_blocks" and e[-1] == "2 * head_size":
+                        out["layout"] = "C"
+    return out
+
+
 def _find_method(src: str, name: str) -> ast.FunctionDef | None:
     for node in ast.walk(ast.parse(src)):
         if isinstance(node, ast.ClassDef):

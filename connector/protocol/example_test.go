@@ -13,11 +13,14 @@ func ExampleProfileFor() {
 		panic(err)
 	}
 	fmt.Println(p)
-	_, err = protocol.ProfileFor("0.17.0")
+	p, _ = protocol.ProfileFor("0.24.0") // one row serves 0.23.0 up to 0.25.x
+	fmt.Println(p, p.Layout)
+	_, err = protocol.ProfileFor("0.34.0")
 	fmt.Println(err)
 	// Output:
 	// vLLM 0.33 (H4/M1, connector v15)
-	// protocol: no profile for this vLLM version: vLLM "0.17.0" (supported: 0.16.x, 0.33.x)
+	// vLLM 0.23 (H2/M1, connector v4) B
+	// protocol: no profile for this vLLM version: vLLM "0.34.0" (supported: 0.16.x–0.17.x, 0.18.x–0.19.x, 0.20.x, 0.21.x, 0.22.x, 0.23.x–0.25.x, 0.26.x–0.27.x, 0.28.x, 0.29.x, 0.30.x, 0.31.x, 0.32.x, 0.33.x)
 }
 
 // Reproduce the compatibility hash a vLLM 0.16.0 decode instance computes for Qwen3-0.6B.

@@ -426,11 +426,31 @@ func newSchema(name string, fields ...string) Schema {
 }
 
 var (
-	// schemaV016: vLLM 0.13–0.16 (NIXL_CONNECTOR_VERSION 1–2), read from 0.16.0's nixl_connector.py.
-	schemaV016 = newSchema("0.16", "engine_id", "agent_metadata", "kv_caches_base_addr", "device_id",
+	// schemaV016: vLLM 0.13–0.17 (NIXL_CONNECTOR_VERSION 1–2), read from 0.16.0's and 0.17.0's nixl_connector.py.
+	schemaV016 = newSchema("0.13–0.17", "engine_id", "agent_metadata", "kv_caches_base_addr", "device_id",
 		"num_blocks", "block_lens", "kv_cache_layout", "block_size")
-	// schemaV033: NIXL_CONNECTOR_VERSION 15, read from 0.33.0's v1/nixl/metadata.py.
-	schemaV033 = newSchema("0.33", "engine_id", "agent_metadata", "kv_caches_base_addr", "device_id",
+	// schemaV018: 0.18–0.19 (still version 2): ssm_sizes appended (0.18.0's and 0.19.0's nixl_connector.py).
+	schemaV018 = newSchema("0.18–0.19", append(schemaV016.Fields(), "ssm_sizes")...)
+	// schemaV020: 0.20 (version 2): attn_backend_name appended (0.20.0's v1/nixl/metadata.py).
+	schemaV020 = newSchema("0.20", append(schemaV018.Fields(), "attn_backend_name")...)
+	// schemaV021: versions 3–7 (0.21–0.28): physical_blocks_per_logical_kv_block appended (0.21.0–0.28.0's
+	// v1/nixl/metadata.py).
+	schemaV021 = newSchema("0.21–0.28", append(schemaV020.Fields(), "physical_blocks_per_logical_kv_block")...)
+	// schemaV029: version 9 (0.29): block_strides after block_lens; dcp_size, pcp_size (default 1) at the end.
+	schemaV029 = newSchema("0.29", "engine_id", "agent_metadata", "kv_caches_base_addr", "device_id",
+		"num_blocks", "block_lens", "block_strides", "kv_cache_layout", "block_size", "ssm_sizes",
+		"attn_backend_name", "physical_blocks_per_logical_kv_block", "dcp_size", "pcp_size")
+	// schemaV030: version 11 (0.30): region_num_blocks, region_group_ids, region_names, region_mem_types
+	// (default None) before dcp_size.
+	schemaV030 = newSchema("0.30", "engine_id", "agent_metadata", "kv_caches_base_addr", "device_id",
+		"num_blocks", "block_lens", "block_strides", "kv_cache_layout", "block_size", "ssm_sizes",
+		"attn_backend_name", "physical_blocks_per_logical_kv_block", "region_num_blocks", "region_group_ids",
+		"region_names", "region_mem_types", "dcp_size", "pcp_size")
+	// schemaV031: version 13 (0.31): region_members, packed_member_layouts (default empty) at the end.
+	schemaV031 = newSchema("0.31", append(schemaV030.Fields(), "region_members", "packed_member_layouts")...)
+	// schemaV032: versions 14–15 (0.32–0.33, identical): ple_block_len (default None) before region_members, read from
+	// 0.32.0's and 0.33.0's v1/nixl/metadata.py.
+	schemaV032 = newSchema("0.32–0.33", "engine_id", "agent_metadata", "kv_caches_base_addr", "device_id",
 		"num_blocks", "block_lens", "block_strides", "kv_cache_layout", "block_size", "ssm_sizes",
 		"attn_backend_name", "physical_blocks_per_logical_kv_block", "region_num_blocks", "region_group_ids",
 		"region_names", "region_mem_types", "dcp_size", "pcp_size", "ple_block_len", "region_members",
@@ -506,7 +526,7 @@ func decodeMetadata(s Schema, b []byte) (AgentMetadata, error) {
 		}
 		if f.required {
 			return m, &FieldError{Object: objMeta, Field: f.name, Err: ErrMissingField,
-				Detail: fmt.Sprintf("the peer's NixlAgentMetadata lacks %q; it likely runs a vLLM release other than profile %s", f.name, s.name)}
+				Detail: fmt.Sprintf("the peer's NixlAgentMetadata lacks %q; it likely runs a vLLM release other than %s", f.name, s.name)}
 		}
 		f.def(&m)
 	}

@@ -139,11 +139,29 @@ type Profile struct {
 	HandshakeTimeout time.Duration
 }
 
-// Profiles is the table of supported vLLM releases, oldest first. Each row was read from that release's wheel
-// (vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py for 0.16, the v1/nixl/ package for 0.33).
+// Profiles is the table of supported vLLM releases, oldest first. Each row was read from its releases' wheels
+// (vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py up to 0.19, the v1/nixl/ package from 0.20;
+// vllm/envs.py; vllm/v1/attention/backends/flash_attn.py and, from 0.29, vllm/v1/kv_cache_layout.py). A row
+// spans several releases only where their connector sources are identical (patch releases were compared file
+// by file). What changes from one row to the next:
+//
+//	0.16–0.17  H2, M1, version 2, flat remote_block_ids, layout A, abort timeout 480 s
+//	0.18–0.19  + ssm_sizes; hash + is_hma_enabled; remote_block_ids one list per KV-cache group
+//	0.20       + attn_backend_name (last metadata field)
+//	0.21       version 3: + physical_blocks_per_logical_kv_block; params + remote_num_tokens
+//	0.22       version 4: leases and "HB:" heartbeats replace the abort timeout
+//	0.23–0.25  layout B (blocks first, K/V halves per block)
+//	0.26–0.27  version 5: H4 (pp rank in the request, clock frame); layout C; params + remote_blocks_expiry_time
+//	0.28       version 7: hash + speculative_config, transfer_mode; params + transfer_mode
+//	0.29       version 9: + block_strides, dcp_size, pcp_size; hash − cross_layers_blocks; params + dcp_size,
+//	           pp_size; the notification count is the number of consumers
+//	0.30       version 11: + region_num_blocks, region_group_ids, region_names, region_mem_types
+//	0.31       version 13: + region_members, packed_member_layouts
+//	0.32       version 14: + ple_block_len
+//	0.33       version 15: params + remote_registration_generation
 var Profiles = []Profile{
 	{
-		Name: "0.16", MinVersion: "0.16.0", MaxVersion: "0.17.0",
+		Name: "0.16", MinVersion: "0.16.0", MaxVersion: "0.18.0",
 		Framing:          FramingH2,
 		Payload:          PayloadM1,
 		Schema:           schemaV016,
@@ -164,15 +182,274 @@ var Profiles = []Profile{
 		HandshakeTimeout: 5 * time.Second,
 	},
 	{
+		Name: "0.18", MinVersion: "0.18.0", MaxVersion: "0.20.0",
+		Framing:          FramingH2,
+		Payload:          PayloadM1,
+		Schema:           schemaV018,
+		ConnectorVersion: 2,
+		HashFactors: []string{
+			"vllm_version", "nixl_connector_version", "model", "dtype", "num_kv_heads", "head_size",
+			"num_hidden_layers", "attn_backend_name", "cache_dtype", "cross_layers_blocks", "is_hma_enabled",
+		},
+		BlockIDs: BlockIDsGrouped,
+		ParamsKeys: []string{
+			"do_remote_prefill", "do_remote_decode", "remote_block_ids", "remote_engine_id", "remote_request_id",
+			"remote_host", "remote_port", "tp_size",
+		},
+		Notif:            NotifDecodeTPSize,
+		AbortTimeout:     480 * time.Second,
+		Layout:           LayoutA,
+		SideChannelPort:  5600,
+		HandshakeTimeout: 5 * time.Second,
+	},
+	{
+		Name: "0.20", MinVersion: "0.20.0", MaxVersion: "0.21.0",
+		Framing:          FramingH2,
+		Payload:          PayloadM1,
+		Schema:           schemaV020,
+		ConnectorVersion: 2,
+		HashFactors: []string{
+			"vllm_version", "nixl_connector_version", "model", "dtype", "num_kv_heads", "head_size",
+			"num_hidden_layers", "attn_backend_name", "cache_dtype", "cross_layers_blocks", "is_hma_enabled",
+		},
+		BlockIDs: BlockIDsGrouped,
+		ParamsKeys: []string{
+			"do_remote_prefill", "do_remote_decode", "remote_block_ids", "remote_engine_id", "remote_request_id",
+			"remote_host", "remote_port", "tp_size",
+		},
+		Notif:            NotifDecodeTPSize,
+		AbortTimeout:     480 * time.Second,
+		Layout:           LayoutA,
+		SideChannelPort:  5600,
+		HandshakeTimeout: 5 * time.Second,
+	},
+	{
+		Name: "0.21", MinVersion: "0.21.0", MaxVersion: "0.22.0",
+		Framing:          FramingH2,
+		Payload:          PayloadM1,
+		Schema:           schemaV021,
+		ConnectorVersion: 3,
+		HashFactors: []string{
+			"vllm_version", "nixl_connector_version", "model", "dtype", "num_kv_heads", "head_size",
+			"num_hidden_layers", "attn_backend_name", "cache_dtype", "cross_layers_blocks", "is_hma_enabled",
+		},
+		BlockIDs: BlockIDsGrouped,
+		ParamsKeys: []string{
+			"do_remote_prefill", "do_remote_decode", "remote_block_ids", "remote_engine_id", "remote_request_id",
+			"remote_host", "remote_port", "tp_size", "remote_num_tokens",
+		},
+		Notif:            NotifDecodeTPSize,
+		AbortTimeout:     480 * time.Second,
+		Layout:           LayoutA,
+		SideChannelPort:  5600,
+		HandshakeTimeout: 5 * time.Second,
+	},
+	{
+		Name: "0.22", MinVersion: "0.22.0", MaxVersion: "0.23.0",
+		Framing:          FramingH2,
+		Payload:          PayloadM1,
+		Schema:           schemaV021,
+		ConnectorVersion: 4,
+		HashFactors: []string{
+			"vllm_version", "nixl_connector_version", "model", "dtype", "num_kv_heads", "head_size",
+			"num_hidden_layers", "attn_backend_name", "cache_dtype", "cross_layers_blocks", "is_hma_enabled",
+		},
+		BlockIDs: BlockIDsGrouped,
+		ParamsKeys: []string{
+			"do_remote_prefill", "do_remote_decode", "remote_block_ids", "remote_engine_id", "remote_request_id",
+			"remote_host", "remote_port", "tp_size", "remote_num_tokens",
+		},
+		Notif:             NotifDecodeTPSize,
+		Leases:            true,
+		LeaseDuration:     30 * time.Second,
+		HeartbeatInterval: 5 * time.Second,
+		LeaseExtension:    20 * time.Second,
+		Layout:            LayoutA,
+		SideChannelPort:   5600,
+		HandshakeTimeout:  5 * time.Second,
+	},
+	{
+		Name: "0.23", MinVersion: "0.23.0", MaxVersion: "0.26.0",
+		Framing:          FramingH2,
+		Payload:          PayloadM1,
+		Schema:           schemaV021,
+		ConnectorVersion: 4,
+		HashFactors: []string{
+			"vllm_version", "nixl_connector_version", "model", "dtype", "num_kv_heads", "head_size",
+			"num_hidden_layers", "attn_backend_name", "cache_dtype", "cross_layers_blocks", "is_hma_enabled",
+		},
+		BlockIDs: BlockIDsGrouped,
+		ParamsKeys: []string{
+			"do_remote_prefill", "do_remote_decode", "remote_block_ids", "remote_engine_id", "remote_request_id",
+			"remote_host", "remote_port", "tp_size", "remote_num_tokens",
+		},
+		Notif:             NotifDecodeTPSize,
+		Leases:            true,
+		LeaseDuration:     30 * time.Second,
+		HeartbeatInterval: 5 * time.Second,
+		LeaseExtension:    20 * time.Second,
+		Layout:            LayoutB,
+		SideChannelPort:   5600,
+		HandshakeTimeout:  5 * time.Second,
+	},
+	{
+		Name: "0.26", MinVersion: "0.26.0", MaxVersion: "0.28.0",
+		Framing:          FramingH4,
+		Payload:          PayloadM1,
+		Schema:           schemaV021,
+		ConnectorVersion: 5,
+		HashFactors: []string{
+			"vllm_version", "nixl_connector_version", "model", "dtype", "num_kv_heads", "head_size",
+			"num_hidden_layers", "attn_backend_name", "cache_dtype", "cross_layers_blocks", "is_hma_enabled",
+		},
+		BlockIDs: BlockIDsGrouped,
+		ParamsKeys: []string{
+			"do_remote_prefill", "do_remote_decode", "remote_block_ids", "remote_engine_id", "remote_request_id",
+			"remote_host", "remote_port", "tp_size", "remote_num_tokens", "remote_blocks_expiry_time",
+		},
+		Notif:             NotifDecodeTPSize,
+		Leases:            true,
+		LeaseDuration:     30 * time.Second,
+		HeartbeatInterval: 5 * time.Second,
+		LeaseExtension:    20 * time.Second,
+		Layout:            LayoutC,
+		SideChannelPort:   5600,
+		HandshakeTimeout:  5 * time.Second,
+	},
+	{
+		Name: "0.28", MinVersion: "0.28.0", MaxVersion: "0.29.0",
+		Framing:          FramingH4,
+		Payload:          PayloadM1,
+		Schema:           schemaV021,
+		ConnectorVersion: 7,
+		HashFactors: []string{
+			"vllm_version", "nixl_connector_version", "model", "dtype", "num_kv_heads", "head_size",
+			"num_hidden_layers", "attn_backend_name", "cache_dtype", "cross_layers_blocks", "is_hma_enabled", "speculative_config",
+			"transfer_mode",
+		},
+		BlockIDs: BlockIDsGrouped,
+		ParamsKeys: []string{
+			"do_remote_prefill", "do_remote_decode", "remote_block_ids", "remote_engine_id", "remote_request_id",
+			"remote_host", "remote_port", "tp_size", "remote_num_tokens", "remote_blocks_expiry_time", "transfer_mode",
+		},
+		Notif:             NotifDecodeTPSize,
+		Leases:            true,
+		LeaseDuration:     30 * time.Second,
+		HeartbeatInterval: 5 * time.Second,
+		LeaseExtension:    20 * time.Second,
+		Layout:            LayoutC,
+		SideChannelPort:   5600,
+		HandshakeTimeout:  5 * time.Second,
+	},
+	{
+		Name: "0.29", MinVersion: "0.29.0", MaxVersion: "0.30.0",
+		Framing:          FramingH4,
+		Payload:          PayloadM1,
+		Schema:           schemaV029,
+		ConnectorVersion: 9,
+		HashFactors: []string{
+			"vllm_version", "nixl_connector_version", "model", "dtype", "num_kv_heads", "head_size",
+			"num_hidden_layers", "attn_backend_name", "cache_dtype", "is_hma_enabled", "speculative_config", "transfer_mode",
+		},
+		BlockIDs: BlockIDsGrouped,
+		ParamsKeys: []string{
+			"do_remote_prefill", "do_remote_decode", "remote_block_ids", "remote_engine_id", "remote_request_id",
+			"remote_host", "remote_port", "tp_size", "dcp_size", "pp_size", "remote_num_tokens",
+			"remote_blocks_expiry_time", "transfer_mode",
+		},
+		Notif:             NotifConsumers,
+		Leases:            true,
+		LeaseDuration:     30 * time.Second,
+		HeartbeatInterval: 5 * time.Second,
+		LeaseExtension:    20 * time.Second,
+		Layout:            LayoutC,
+		SideChannelPort:   5600,
+		HandshakeTimeout:  5 * time.Second,
+	},
+	{
+		Name: "0.30", MinVersion: "0.30.0", MaxVersion: "0.31.0",
+		Framing:          FramingH4,
+		Payload:          PayloadM1,
+		Schema:           schemaV030,
+		ConnectorVersion: 11,
+		HashFactors: []string{
+			"vllm_version", "nixl_connector_version", "model", "dtype", "num_kv_heads", "head_size",
+			"num_hidden_layers", "attn_backend_name", "cache_dtype", "is_hma_enabled", "speculative_config", "transfer_mode",
+		},
+		BlockIDs: BlockIDsGrouped,
+		ParamsKeys: []string{
+			"do_remote_prefill", "do_remote_decode", "remote_block_ids", "remote_engine_id", "remote_request_id",
+			"remote_host", "remote_port", "tp_size", "dcp_size", "pp_size", "remote_num_tokens",
+			"remote_blocks_expiry_time", "transfer_mode",
+		},
+		Notif:             NotifConsumers,
+		Leases:            true,
+		LeaseDuration:     30 * time.Second,
+		HeartbeatInterval: 5 * time.Second,
+		LeaseExtension:    20 * time.Second,
+		Layout:            LayoutC,
+		SideChannelPort:   5600,
+		HandshakeTimeout:  5 * time.Second,
+	},
+	{
+		Name: "0.31", MinVersion: "0.31.0", MaxVersion: "0.32.0",
+		Framing:          FramingH4,
+		Payload:          PayloadM1,
+		Schema:           schemaV031,
+		ConnectorVersion: 13,
+		HashFactors: []string{
+			"vllm_version", "nixl_connector_version", "model", "dtype", "num_kv_heads", "head_size",
+			"num_hidden_layers", "attn_backend_name", "cache_dtype", "is_hma_enabled", "speculative_config", "transfer_mode",
+		},
+		BlockIDs: BlockIDsGrouped,
+		ParamsKeys: []string{
+			"do_remote_prefill", "do_remote_decode", "remote_block_ids", "remote_engine_id", "remote_request_id",
+			"remote_host", "remote_port", "tp_size", "dcp_size", "pp_size", "remote_num_tokens",
+			"remote_blocks_expiry_time", "transfer_mode",
+		},
+		Notif:             NotifConsumers,
+		Leases:            true,
+		LeaseDuration:     30 * time.Second,
+		HeartbeatInterval: 5 * time.Second,
+		LeaseExtension:    20 * time.Second,
+		Layout:            LayoutC,
+		SideChannelPort:   5600,
+		HandshakeTimeout:  5 * time.Second,
+	},
+	{
+		Name: "0.32", MinVersion: "0.32.0", MaxVersion: "0.33.0",
+		Framing:          FramingH4,
+		Payload:          PayloadM1,
+		Schema:           schemaV032,
+		ConnectorVersion: 14,
+		HashFactors: []string{
+			"vllm_version", "nixl_connector_version", "model", "dtype", "num_kv_heads", "head_size",
+			"num_hidden_layers", "attn_backend_name", "cache_dtype", "is_hma_enabled", "speculative_config", "transfer_mode",
+		},
+		BlockIDs: BlockIDsGrouped,
+		ParamsKeys: []string{
+			"do_remote_prefill", "do_remote_decode", "remote_block_ids", "remote_engine_id", "remote_request_id",
+			"remote_host", "remote_port", "tp_size", "dcp_size", "pp_size", "remote_num_tokens",
+			"remote_blocks_expiry_time", "transfer_mode",
+		},
+		Notif:             NotifConsumers,
+		Leases:            true,
+		LeaseDuration:     30 * time.Second,
+		HeartbeatInterval: 5 * time.Second,
+		LeaseExtension:    20 * time.Second,
+		Layout:            LayoutC,
+		SideChannelPort:   5600,
+		HandshakeTimeout:  5 * time.Second,
+	},
+	{
 		Name: "0.33", MinVersion: "0.33.0", MaxVersion: "0.34.0",
 		Framing:          FramingH4,
 		Payload:          PayloadM1,
-		Schema:           schemaV033,
+		Schema:           schemaV032,
 		ConnectorVersion: 15,
 		HashFactors: []string{
 			"vllm_version", "nixl_connector_version", "model", "dtype", "num_kv_heads", "head_size",
-			"num_hidden_layers", "attn_backend_name", "cache_dtype", "is_hma_enabled", "speculative_config",
-			"transfer_mode",
+			"num_hidden_layers", "attn_backend_name", "cache_dtype", "is_hma_enabled", "speculative_config", "transfer_mode",
 		},
 		BlockIDs: BlockIDsGrouped,
 		ParamsKeys: []string{
@@ -233,9 +510,24 @@ func (p Profile) String() string {
 func knownNames() string {
 	names := make([]string, len(Profiles))
 	for i, p := range Profiles {
-		names[i] = p.Name + ".x"
+		names[i] = p.releases()
 	}
 	return strings.Join(names, ", ")
+}
+
+// releases describes the row's range: "0.16.x" for one series, "0.23.x–0.25.x" for several.
+func (p Profile) releases() string {
+	lo, errLo := parseVersion(p.MinVersion)
+	hi, errHi := parseVersion(p.MaxVersion)
+	if errLo != nil || errHi != nil || len(lo.release) != 3 || len(hi.release) != 3 || lo.release[0] != hi.release[0] ||
+		lo.release[2] != 0 || hi.release[2] != 0 || hi.release[1] <= lo.release[1] {
+		return p.MinVersion + "–<" + p.MaxVersion
+	}
+	first := fmt.Sprintf("%d.%d.x", lo.release[0], lo.release[1])
+	if hi.release[1] == lo.release[1]+1 {
+		return first
+	}
+	return fmt.Sprintf("%s–%d.%d.x", first, hi.release[0], hi.release[1]-1)
 }
 
 type version struct {

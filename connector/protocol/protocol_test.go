@@ -18,7 +18,7 @@ func TestProfileFor(t *testing.T) {
 		require.NoError(t, err, v)
 		assert.Equal(t, want, p.Name, v)
 	}
-	for _, v := range []string{"0.15.1", "0.17.0", "0.32.0", "0.34.0", "1.0.0", "0.16.0rc1", "0.33.1.dev5+gabc",
+	for _, v := range []string{"0.15.1", "0.15.0.post3", "0.34.0", "0.34.1", "1.0.0", "0.16.0rc1", "0.33.1.dev5+gabc",
 		"0.20.2rc1.dev265+gdd6b3a5ef", "", "dev", "0.16.x", "0.16.0+", "0.16.0.post"} {
 		_, err := ProfileFor(v)
 		assert.ErrorIs(t, err, ErrUnknownVersion, v)
@@ -28,6 +28,40 @@ func TestProfileFor(t *testing.T) {
 	p, err := ProfileByName("0.33")
 	require.NoError(t, err)
 	assert.Contains(t, p.String(), "H4/M1")
+}
+
+// Every final release of vLLM 0.16–0.33 on PyPI (`pip index versions vllm`, 2026-11) and the row that speaks its
+// protocol (read from each release's wheel; patch releases compared file by file with their series).
+var pypiReleases = map[string]string{
+	"0.16.0": "0.16", "0.17.0": "0.16", "0.17.1": "0.16",
+	"0.18.0": "0.18", "0.18.1": "0.18", "0.19.0": "0.18", "0.19.1": "0.18",
+	"0.20.0": "0.20", "0.20.1": "0.20", "0.20.2": "0.20",
+	"0.21.0": "0.21",
+	"0.22.0": "0.22", "0.22.1": "0.22",
+	"0.23.0": "0.23", "0.24.0": "0.23", "0.25.0": "0.23", "0.25.1": "0.23",
+	"0.26.0": "0.26", "0.27.0": "0.26", "0.27.1": "0.26",
+	"0.28.0": "0.28", "0.29.0": "0.29", "0.30.0": "0.30", "0.31.0": "0.31", "0.32.0": "0.32", "0.33.0": "0.33",
+}
+
+func TestProfileForEveryRelease(t *testing.T) {
+	covered := map[string]bool{}
+	for v, want := range pypiReleases {
+		for _, s := range []string{v, v + ".post1", v + "+cu129", "v" + v} {
+			p, err := ProfileFor(s)
+			require.NoError(t, err, s)
+			assert.Equal(t, want, p.Name, s)
+		}
+		_, err := ProfileFor(v + "rc1")
+		assert.ErrorIs(t, err, ErrUnknownVersion, "pre-releases are never guessed")
+		covered[want] = true
+	}
+	for _, p := range Profiles {
+		assert.True(t, covered[p.Name], "profile %s covers no listed release", p.Name)
+	}
+	// Rows are ordered and contiguous: no release between two rows falls through.
+	for i := 1; i < len(Profiles); i++ {
+		assert.Equal(t, Profiles[i-1].MaxVersion, Profiles[i].MinVersion, "%s → %s", Profiles[i-1].Name, Profiles[i].Name)
+	}
 }
 
 func TestProfilesTableIsComplete(t *testing.T) {
@@ -105,7 +139,7 @@ func TestEncodeRejectsInvalidUTF8(t *testing.T) {
 	assert.ErrorIs(t, err, ErrInvalid)
 	m = NewAgentMetadata()
 	m.PackedMemberLayouts = []PackedMemberLayout{{Name: "a"}, {Name: "a"}}
-	_, err = Profiles[1].EncodeMetadata(m)
+	_, err = Profiles[len(Profiles)-1].EncodeMetadata(m)
 	assert.ErrorIs(t, err, ErrInvalid)
 	_, err = EncodeHandshakePayload(HandshakePayload{CompatibilityHash: "\xfe"})
 	assert.ErrorIs(t, err, ErrInvalid)

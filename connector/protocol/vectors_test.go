@@ -25,7 +25,17 @@ type vectorFile struct {
 	ConnectorVersion int      `json:"connector_version"`
 	GetMetaMsg       string   `json:"get_meta_msg"`
 	MetadataFields   []string `json:"metadata_fields"`
-	Metadata         []struct {
+	// Wire: the row's facts; framing, leases and (where the wheel defines it there) layout were checked against
+	// the wheel's source by gen_vectors.py, and params_keys was read from it.
+	Wire struct {
+		Framing      string   `json:"framing"`
+		BlockIDsFlat bool     `json:"block_ids_flat"`
+		Notif        string   `json:"notif"`
+		Leases       bool     `json:"leases"`
+		Layout       string   `json:"layout"`
+		ParamsKeys   []string `json:"params_keys"`
+	} `json:"wire"`
+	Metadata []struct {
 		Name   string          `json:"name"`
 		Fields json.RawMessage `json:"fields"`
 		Hex    string          `json:"hex"`
@@ -191,6 +201,21 @@ func TestVectorsProfileTable(t *testing.T) {
 			assert.Equal(t, v.MetadataFields, p.Schema.Fields())
 			assert.Equal(t, v.ConnectorVersion, p.ConnectorVersion)
 			assert.Equal(t, GetMetaMsg, v.GetMetaMsg)
+			// The rest of the row against what the wheel says (framing, leases, layout, kv_transfer_params keys
+			// in request_finished's order) and what gen_vectors records for the row (block-id shape, notif).
+			assert.Equal(t, v.Wire.Framing, p.Framing.String(), "framing")
+			assert.Equal(t, v.Wire.Leases, p.Leases, "leases")
+			assert.Equal(t, v.Wire.Layout, p.Layout.String(), "layout era")
+			assert.Equal(t, v.Wire.ParamsKeys, p.ParamsKeys, "kv_transfer_params keys and order")
+			assert.Equal(t, v.Wire.BlockIDsFlat, p.BlockIDs == BlockIDsFlat, "remote_block_ids shape")
+			assert.Equal(t, map[string]NotifMeaning{"tp_size": NotifDecodeTPSize, "consumers": NotifConsumers}[v.Wire.Notif],
+				p.Notif, "notification count meaning")
+			if p.Leases {
+				assert.Positive(t, p.LeaseDuration)
+				assert.Zero(t, p.AbortTimeout)
+			} else {
+				assert.Positive(t, p.AbortTimeout)
+			}
 		})
 	}
 }
