@@ -28,8 +28,13 @@ import msgspec
 import zmq
 
 GET_META_MSG = b"get_meta_msg"
-FRAMING = {"0.16": "H2", "0.33": "H4"}
-RELEASE = {"0.16": "0.16.0", "0.33": "0.33.0"}
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import vllm_defs as _vd  # noqa: E402  (stdlib only; the wheel is opened lazily)
+
+# Per profile, from the committed vectors (testdata/vllm/*/vectors.json).
+_PROFILES = _vd.profiles()
+FRAMING = {k: v["framing"] for k, v in _PROFILES.items()}
+RELEASE = {k: v["release"] for k, v in _PROFILES.items()}
 
 
 def vllm_classes(profile: str):

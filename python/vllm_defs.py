@@ -164,6 +164,23 @@ class Defs:
         return captured["json"]
 
 
+def profiles() -> dict[str, dict]:
+    """gonixl's profiles as the committed vectors describe them (testdata/vllm/<release>/vectors.json):
+    profile name -> {"release": the oldest release with vectors, "framing", "block_ids_flat", "notif", "leases",
+    "layout", "params_keys"}. The Python peers take their per-profile behaviour from here, not from code."""
+    out: dict[str, dict] = {}
+    root = Path(__file__).resolve().parent.parent / "testdata" / "vllm"
+
+    def key(p: Path):
+        return tuple(int(x) for x in p.parent.name.split("."))
+
+    for f in sorted(root.glob("*/vectors.json"), key=key):
+        v = json.loads(f.read_text())
+        if v["profile"] not in out and "wire" in v:
+            out[v["profile"]] = {"release": v["vllm_version"], **v["wire"]}
+    return out
+
+
 def wire_facts(defs: "Defs") -> dict:
     """Protocol facts read from the release's own connector source with `ast` (nothing executed):
 

@@ -25,10 +25,19 @@ except ImportError:  # the cu12/cu13 wheels install the module under this name
 
 HERE = Path(__file__).resolve().parent
 GET_META_MSG = b"get_meta_msg"
-FRAMING = {"0.16": "H2", "0.33": "H4"}
-RELEASE = {"0.16": "0.16.0", "0.33": "0.33.0"}
-# vLLM's kv_transfer_params keys of P's response, per release (request_finished).
-PARAMS_FLAT = {"0.16": True, "0.33": False}
+sys.path.insert(0, str(HERE))
+import vllm_defs as _vd  # noqa: E402  (stdlib only; the wheel is opened lazily)
+
+# Per profile, from the committed vectors (testdata/vllm/*/vectors.json; gen_vectors.py read them in the wheels).
+_PROFILES = _vd.profiles()
+FRAMING = {k: v["framing"] for k, v in _PROFILES.items()}
+RELEASE = {k: v["release"] for k, v in _PROFILES.items()}
+# remote_block_ids flat ([1, 2]) or one list per KV-cache group ([[1, 2]]).
+PARAMS_FLAT = {k: v["block_ids_flat"] for k, v in _PROFILES.items()}
+# vLLM's kv_transfer_params keys of P's response, in request_finished's order.
+PARAMS_KEYS = {k: v["params_keys"] for k, v in _PROFILES.items()}
+LAYOUT = {k: v["layout"] for k, v in _PROFILES.items()}
+LEASES = {k: v["leases"] for k, v in _PROFILES.items()}
 
 
 def log(*a):
@@ -64,10 +73,10 @@ def add_model_args(ap):
 
 def geometry(args):
     """(regions, block_len) of vLLM's registration for the profile's FLASH_ATTN layout era:
-    0.16 (era A): K and V regions per layer, block_len = bs*H*D*e; 0.33 (era C): one region per layer, K and V
-    packed, block_len = 2*bs*H*D*e."""
+    era A: K and V regions per layer, block_len = bs*H*D*e; eras B (K/V halves per block) and C (K/V packed):
+    one region per layer, block_len = 2*bs*H*D*e."""
     per = args.block_size * args.heads * args.head_dim * args.elem_size
-    if args.profile == "0.16":
+    if LAYOUT[args.profile] == "A":
         return 2 * args.layers, per
     return args.layers, 2 * per
 

@@ -76,13 +76,12 @@ def main() -> int:
     sock.bind("tcp://127.0.0.1:*")
     endpoint = sock.getsockopt(zmq.LAST_ENDPOINT).decode()
     port = int(endpoint.rsplit(":", 1)[1])
-    kv = {"do_remote_prefill": True, "do_remote_decode": False,
-          "remote_block_ids": blocks if c.PARAMS_FLAT[args.profile] else [blocks],
-          "remote_engine_id": engine_id, "remote_request_id": args.request_id, "remote_host": "127.0.0.1",
-          "remote_port": port, "tp_size": 1}
-    if args.profile == "0.33":
-        kv.update(dcp_size=1, pp_size=1, remote_num_tokens=args.tokens, remote_blocks_expiry_time=None,
-                  remote_registration_generation=1, transfer_mode="pull")
+    vals = {"do_remote_prefill": True, "do_remote_decode": False,
+            "remote_block_ids": blocks if c.PARAMS_FLAT[args.profile] else [blocks],
+            "remote_engine_id": engine_id, "remote_request_id": args.request_id, "remote_host": "127.0.0.1",
+            "remote_port": port, "tp_size": 1, "dcp_size": 1, "pp_size": 1, "remote_num_tokens": args.tokens,
+            "remote_blocks_expiry_time": None, "remote_registration_generation": 1, "transfer_mode": "pull"}
+    kv = {k: vals[k] for k in c.PARAMS_KEYS[args.profile]}  # the release's keys, in its order
     print(json.dumps({"endpoint": endpoint, "engine_id": engine_id, "hash": hash_, "hash_source": hash_source,
                       "kv_transfer_params": kv}), flush=True)
 
