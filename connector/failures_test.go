@@ -16,7 +16,7 @@ import (
 // passes, never before, logs it with the request and engine ids, and counts it. A notification that arrives
 // after that is logged and counted as a bad message, not double-freed.
 func TestPrefillExpiry(t *testing.T) {
-	for _, p := range protocol.Profiles {
+	for _, p := range roleProfiles() {
 		t.Run(p.Name, func(t *testing.T) {
 			const hold = 250 * time.Millisecond
 			plog, plogs := observed()
@@ -57,7 +57,7 @@ func TestPrefillExpiry(t *testing.T) {
 // once they stop, the blocks are freed a lease extension (2/3 of the lease) later. In 0.16, which has no
 // leases, the same message is a malformed notification and changes nothing.
 func TestPrefillLeaseHeartbeats(t *testing.T) {
-	for _, p := range protocol.Profiles {
+	for _, p := range roleProfiles() {
 		t.Run(p.Name, func(t *testing.T) {
 			const hold = time.Second
 			pr := newPair(t, p, pairOpts{hold: hold})
@@ -105,7 +105,7 @@ func TestPrefillLeaseHeartbeats(t *testing.T) {
 // kv_transfer_params that cannot be served are refused with ErrBadParams before anything is transferred:
 // the local blocks stay untouched and the prefill side gets no notification.
 func TestPullRejectsBadParams(t *testing.T) {
-	for _, p := range protocol.Profiles {
+	for _, p := range roleProfiles() {
 		t.Run(p.Name, func(t *testing.T) {
 			pr := newPair(t, p, pairOpts{prefillBlocks: 32, decodeBlocks: 16})
 			ctx := ctxT(t, 20*time.Second)
@@ -170,7 +170,7 @@ func TestPullRejectsBadParams(t *testing.T) {
 // error naming both hashes; nothing is read, so the prefill side frees the blocks at expiry and says so.
 // With the check disabled (vLLM's enforce_handshake_compat=false) the same pair works.
 func TestHandshakeHashMismatch(t *testing.T) {
-	for _, p := range protocol.Profiles {
+	for _, p := range roleProfiles() {
 		t.Run(p.Name, func(t *testing.T) {
 			other := tinyCompat(p)
 			other.Model = "gonixl/another-model"

@@ -65,7 +65,7 @@ func tinyCompat(p protocol.Profile) Compat {
 	return Compat{CompatInputs: protocol.CompatInputs{
 		VLLMVersion: p.MinVersion, Model: tinyModel, Dtype: "torch.bfloat16", NumKVHeads: tinyHeads,
 		HeadSize: tinyHeadDim, NumHiddenLayers: tinyLayers, AttnBackendName: "FLASH_ATTN", CacheDtype: "auto",
-		HMAEnabled: p.Leases, // 0.33: vLLM's default (hybrid KV cache manager on); ignored by 0.16's hash
+		HMAEnabled: true, // vLLM's default (hybrid KV cache manager on); ignored where not hashed (0.16)
 	}}
 }
 

@@ -55,7 +55,7 @@ type pyDecodeResult struct {
 // frees the Go side's blocks; on 0.33 its heartbeat is counted.
 func TestInteropPythonDecodeGoPrefill(t *testing.T) {
 	py, script := pyPeer(t, "vllm_decode_peer.py")
-	for _, p := range protocol.Profiles {
+	for _, p := range roleProfiles() {
 		t.Run(p.Name, func(t *testing.T) {
 			pr := newPair(t, p, pairOpts{})
 			ctx := ctxT(t, 60*time.Second)
@@ -126,7 +126,7 @@ func TestInteropPythonDecodeHashMismatch(t *testing.T) {
 // notifies, and the Python side receives "<request_id>:1".
 func TestInteropGoDecodePythonPrefill(t *testing.T) {
 	py, script := pyPeer(t, "vllm_prefill_peer.py")
-	for _, p := range protocol.Profiles {
+	for _, p := range roleProfiles() {
 		t.Run(p.Name, func(t *testing.T) {
 			ctx := ctxT(t, 60*time.Second)
 			args := append([]string{script}, pyModelArgs(t, p)...)

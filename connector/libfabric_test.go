@@ -8,7 +8,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/gonixl/gonixl/connector/protocol"
 	"github.com/gonixl/gonixl/nixl"
 )
 
@@ -32,7 +31,7 @@ func TestRolesOverLIBFABRIC(t *testing.T) {
 			os.Getenv("FI_PROVIDER"), err)
 	}
 	require.NoError(t, probe.Close())
-	for _, p := range protocol.Profiles {
+	for _, p := range roleProfiles() {
 		t.Run(p.Name, func(t *testing.T) {
 			pr := newPair(t, p, pairOpts{backends: backends})
 			ctx := ctxT(t, 30*time.Second)

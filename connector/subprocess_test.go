@@ -151,7 +151,7 @@ func freePort(t *testing.T) int {
 // within its deadline (no hang), the handshake is dropped, and a prefill engine restarted under the same id and
 // port is handshaken again and read from.
 func TestPrefillKilledMidRead(t *testing.T) {
-	for _, p := range protocol.Profiles {
+	for _, p := range roleProfiles() {
 		t.Run(p.Name, func(t *testing.T) {
 			l := testLib(t)
 			const blocks, tokens = 8192, 8000 * tinyBlock // 8000 blocks of 16 KiB: 125 MiB per READ

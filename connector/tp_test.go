@@ -80,7 +80,7 @@ func checkHeads(t *testing.T, c *DRAMCache, first, tokens int, blocks []int) {
 // TestHeterogeneousTPDecodeWider: two decode ranks of two heads each read their halves of one prefill rank's
 // four-head blocks; the prefill side frees the blocks only after both notifications.
 func TestHeterogeneousTPDecodeWider(t *testing.T) {
-	for _, p := range protocol.Profiles {
+	for _, p := range roleProfiles() {
 		t.Run(p.Name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
@@ -115,7 +115,7 @@ func TestHeterogeneousTPDecodeWider(t *testing.T) {
 // TestHeterogeneousTPPrefillWider: one decode rank of four heads fills its blocks from two prefill ranks of two
 // heads each, which share one side channel; each prefill rank gets its notification.
 func TestHeterogeneousTPPrefillWider(t *testing.T) {
-	for _, p := range protocol.Profiles {
+	for _, p := range roleProfiles() {
 		t.Run(p.Name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()

@@ -106,11 +106,12 @@ func TestParseBackends(t *testing.T) {
 }
 
 func TestPlanFor(t *testing.T) {
-	want := map[string]layout.RegionPlan{"0.16": layout.PlanSplitKV, "0.33": layout.PlanPackedKV}
+	want := map[protocol.LayoutEra]layout.RegionPlan{protocol.LayoutA: layout.PlanSplitKV,
+		protocol.LayoutB: layout.PlanKVHalves, protocol.LayoutC: layout.PlanPackedKV}
 	for _, p := range protocol.Profiles {
 		plan, err := PlanFor(p)
 		require.NoError(t, err, p.Name)
-		assert.Equal(t, want[p.Name], plan, p.Name)
+		assert.Equal(t, want[p.Layout], plan, p.Name)
 	}
 	plan, err := PlanFor(protocol.Profile{Name: "era-b", Layout: protocol.LayoutB})
 	require.NoError(t, err)
