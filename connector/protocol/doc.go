@@ -11,11 +11,12 @@
 //	payload, err := p.EncodeHandshake(hash, meta)          // prefill side: what the side channel serves
 //	meta, err := p.OpenHandshake(payload, protocol.HandshakeCheck{LocalHash: hash, EnforceHash: true})
 //
-// Supported: vLLM 0.16.x (framing H2, payload M1, connector version 2) and 0.33.x (framing H4, payload M1,
-// connector version 15). Decoders never panic on network input and return errors wrapping the package's
-// sentinels (ErrMalformed, ErrMissingField, ErrHashMismatch, ...).
+// Supported: every vLLM release from 0.16.0 to 0.33.x, in 13 rows (framing H2 up to 0.25, H4 from 0.26;
+// payload M1 throughout; NIXL_CONNECTOR_VERSION 2 to 15). The Profiles doc comment lists what each row adds to
+// the one before. Decoders never panic on network input and return errors wrapping the package's sentinels
+// (ErrMalformed, ErrMissingField, ErrHashMismatch, ...).
 //
-// What differs on the wire between the two supported releases (read in their wheels):
+// What differs on the wire between the oldest and the newest row (read in their wheels):
 //
 //   - Side channel: 0.16 requests are msgpack [bin "get_meta_msg", tp_rank] and the reply is one frame (H2);
 //     0.33 requests are [bin "get_meta_msg", pp_rank, tp_rank] and the reply has a second frame, msgpack
@@ -32,10 +33,11 @@
 //   - kv_transfer_params: 0.16 remote_block_ids is a flat list and P returns 8 keys; 0.33 has one list per
 //     KV-cache group and adds dcp_size, pp_size, remote_num_tokens, remote_blocks_expiry_time,
 //     remote_registration_generation and transfer_mode.
-//   - Notifications: both "<remote_request_id>:<n>"; n is D's TP size in 0.16 (P derives the count) and the
-//     number of expected consumers in 0.33. 0.33 adds "HB:<id>,<id>" heartbeats renewing 30 s leases
-//     (sent every 5 s, extending to now+20 s); 0.16 frees unread blocks after 480 s instead.
-//   - KV layout era: A (K and V separate regions) in 0.16, C (K/V packed in the last dim) in 0.33.
+//   - Notifications: both "<remote_request_id>:<n>"; n is D's TP size up to 0.28 (P derives the count) and
+//     the number of expected consumers from 0.29. From 0.22, "HB:<id>,<id>" heartbeats renew 30 s leases
+//     (sent every 5 s, extending to now+20 s); up to 0.21 P frees unread blocks after 480 s instead.
+//   - KV layout era: A (K and V separate regions) up to 0.22, B (K/V halves per block) in 0.23–0.25, C (K/V
+//     packed in the last dim) from 0.26.
 //
 // Concurrency: Profiles and all values here are plain data; every function is safe for concurrent use.
 // The package builds with CGO_ENABLED=0.

@@ -23,15 +23,15 @@ type CompatInputs struct {
 	NumHiddenLayers int64
 	AttnBackendName string // e.g. "FLASH_ATTN"
 	CacheDtype      string // str(cache_config.cache_dtype), e.g. "auto"
-	// CrossLayersBlocks (0.16): true only with enable_cross_layers_blocks and a suitable backend.
+	// CrossLayersBlocks (0.16–0.28): true only with enable_cross_layers_blocks and a suitable backend.
 	CrossLayersBlocks bool
-	// HMAEnabled (0.33): not scheduler_config.disable_hybrid_kv_cache_manager.
+	// HMAEnabled (0.18+): not scheduler_config.disable_hybrid_kv_cache_manager.
 	HMAEnabled bool
-	// SpeculativeConfig (0.33): nil (JSON null) unless the vLLM side runs EAGLE/MTP; then the dict vLLM builds
+	// SpeculativeConfig (0.28+): nil (JSON null) unless the vLLM side runs EAGLE/MTP; then the dict vLLM builds
 	// (method, model, revision, code_revision, parallel_drafting, kv_cache_dtype, auxiliary_layer_ids). Values
 	// may be nil, bool, ints, float64, string, []any or map[string]any.
 	SpeculativeConfig map[string]any
-	// TransferMode (0.33): "pull" (the default when empty) or "push".
+	// TransferMode (0.28+): "pull" (the default when empty) or "push".
 	TransferMode string
 }
 

@@ -18,22 +18,22 @@ type AgentMetadata struct {
 	DeviceID         int64    // device_id
 	NumBlocks        int64    // num_blocks (kernel blocks per region)
 	BlockLens        []int64  // block_lens: bytes per block, per region
-	BlockStrides     []int64  // block_strides (0.33): bytes between consecutive blocks, per region
+	BlockStrides     []int64  // block_strides (0.29+): bytes between consecutive blocks, per region
 	KVCacheLayout    string   // kv_cache_layout: "HND" or "NHD"
 	BlockSize        int64    // block_size: tokens per kernel block
-	SSMSizes         [2]int64 // ssm_sizes (0.33): (conv bytes, ssm bytes); (0, 0) without Mamba layers
-	AttnBackendName  string   // attn_backend_name (0.33; in 0.16 it is only hashed)
-	// PhysicalBlocksPerLogicalKVBlock (0.33): logical --block-size ÷ kernel block size.
+	SSMSizes         [2]int64 // ssm_sizes (0.18+): (conv bytes, ssm bytes); (0, 0) without Mamba layers
+	AttnBackendName  string   // attn_backend_name (0.20+; before, it is only hashed)
+	// PhysicalBlocksPerLogicalKVBlock (0.21+): logical --block-size ÷ kernel block size.
 	PhysicalBlocksPerLogicalKVBlock int64
-	RegionNumBlocks                 []int64  // region_num_blocks (0.33), None = nil
-	RegionGroupIDs                  []int64  // region_group_ids (0.33), None = nil
-	RegionNames                     []string // region_names (0.33), None = nil
-	RegionMemTypes                  []string // region_mem_types (0.33), None = nil ("VRAM"/"DRAM" per region)
-	DCPSize                         int64    // dcp_size (0.33), Python default 1
-	PCPSize                         int64    // pcp_size (0.33), Python default 1
-	PLEBlockLen                     *int64   // ple_block_len (0.33), None = nil
-	RegionMembers                   [][]string
-	// PackedMemberLayouts (0.33): member name → (byte offset in its region's block, bytes per page), in dict
+	RegionNumBlocks                 []int64    // region_num_blocks (0.30+), None = nil
+	RegionGroupIDs                  []int64    // region_group_ids (0.30+), None = nil
+	RegionNames                     []string   // region_names (0.30+), None = nil
+	RegionMemTypes                  []string   // region_mem_types (0.30+), None = nil ("VRAM"/"DRAM" per region)
+	DCPSize                         int64      // dcp_size (0.29+), Python default 1
+	PCPSize                         int64      // pcp_size (0.29+), Python default 1
+	PLEBlockLen                     *int64     // ple_block_len (0.32+), None = nil
+	RegionMembers                   [][]string // region_members (0.31+): layer names sharing each region
+	// PackedMemberLayouts (0.31+): member name → (byte offset in its region's block, bytes per page), in dict
 	// (insertion) order.
 	PackedMemberLayouts []PackedMemberLayout
 }

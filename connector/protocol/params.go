@@ -46,13 +46,13 @@ type KVTransferParams struct {
 	RemoteHost      string
 	RemotePort      int
 	TPSize          int // P's transfer TP size (D assumes 1 when absent)
-	// 0.33 and later:
-	DCPSize                      int
-	PPSize                       int
-	RemoteNumTokens              int64
-	RemoteBlocksExpiryTime       *float64 // null from a pull-mode P
-	RemoteRegistrationGeneration int64
-	TransferMode                 string
+	// Later releases (Profile.ParamsKeys says which row sends which):
+	DCPSize                      int      // dcp_size (0.29+)
+	PPSize                       int      // pp_size (0.29+)
+	RemoteNumTokens              int64    // remote_num_tokens (0.21+)
+	RemoteBlocksExpiryTime       *float64 // remote_blocks_expiry_time (0.26+); null from a pull-mode P
+	RemoteRegistrationGeneration int64    // remote_registration_generation (0.33+)
+	TransferMode                 string   // transfer_mode (0.28+)
 
 	// Has lists the keys present in decoded JSON (null included), so "absent" and "zero" can be told apart.
 	Has map[string]bool
