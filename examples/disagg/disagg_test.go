@@ -38,12 +38,13 @@ func runDemo(t *testing.T, bin string, args ...string) (string, error) {
 }
 
 // TestDemoEndToEnd runs the whole disaggregated flow — prefill worker on a (fake) Neuron device staged through
-// DRAM, decode worker, proxy — for both supported vLLM profiles and both block orders, over real NIXL, and
+// DRAM, decode worker, proxy — for the three layout eras (0.16: A, 0.23: B, 0.33: C) and both block orders,
+// over real NIXL, and
 // checks that every byte was verified.
 func TestDemoEndToEnd(t *testing.T) {
 	testenv.RequireNIXLLibDir(t)
 	bin := buildDemo(t)
-	for _, tc := range []struct{ version, order string }{{"0.16.0", "HND"}, {"0.33.0", "NHD"}} {
+	for _, tc := range []struct{ version, order string }{{"0.16.0", "HND"}, {"0.23.0", "HND"}, {"0.33.0", "NHD"}} {
 		t.Run(tc.version+"-"+tc.order, func(t *testing.T) {
 			out, err := runDemo(t, bin, "-vllm-version", tc.version, "-kv-layout", tc.order, "-num-blocks", "96",
 				"-lengths", "333,17,160,16", "-concurrency", "2", "-timeout", "2m")
