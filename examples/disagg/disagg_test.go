@@ -39,8 +39,7 @@ func runDemo(t *testing.T, bin string, args ...string) (string, error) {
 
 // TestDemoEndToEnd runs the whole disaggregated flow — prefill worker on a (fake) Neuron device staged through
 // DRAM, decode worker, proxy — for the three layout eras (0.16: A, 0.23: B, 0.33: C) and both block orders,
-// over real NIXL, and
-// checks that every byte was verified.
+// over real NIXL, and checks that every byte was verified.
 func TestDemoEndToEnd(t *testing.T) {
 	testenv.RequireNIXLLibDir(t)
 	bin := buildDemo(t)
