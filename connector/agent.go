@@ -41,7 +41,7 @@ type registered struct {
 }
 
 // register creates an agent, registers every region of cache with it in one call, and returns both.
-func register(lib *nixl.Library, name string, backends []nixl.BackendSpec, cache Cache, log *zap.Logger) (*registered, error) {
+func register(lib *nixl.Library, name string, backends []nixl.BackendSpec, cache Cache, noProgressThread bool, log *zap.Logger) (*registered, error) {
 	if lib == nil {
 		return nil, fmt.Errorf("connector: nil NIXL library (call nixl.Load)")
 	}
@@ -59,7 +59,7 @@ func register(lib *nixl.Library, name string, backends []nixl.BackendSpec, cache
 	if len(backends) == 0 {
 		backends = DefaultBackends
 	}
-	a, err := lib.NewAgent(name, nixl.AgentConfig{Backends: backends, Logger: log})
+	a, err := lib.NewAgent(name, nixl.AgentConfig{Backends: backends, NoProgressThread: noProgressThread, Logger: log})
 	if err != nil {
 		return nil, err
 	}

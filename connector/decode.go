@@ -127,7 +127,7 @@ func NewDecode(cfg DecodeConfig) (*Decode, error) {
 	if err := checkPlan(cfg.Profile, cfg.Cache); err != nil {
 		return nil, err
 	}
-	reg, err := register(cfg.Library, fmt.Sprintf("%s-tp%d", cfg.EngineID, cfg.TPRank), cfg.Backends, cfg.Cache, log)
+	reg, err := register(cfg.Library, fmt.Sprintf("%s-tp%d", cfg.EngineID, cfg.TPRank), cfg.Backends, cfg.Cache, false, log)
 	if err != nil {
 		return nil, err
 	}

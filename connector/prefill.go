@@ -125,7 +125,9 @@ func NewPrefill(cfg PrefillConfig) (*Prefill, error) {
 	if err := checkPlan(cfg.Profile, cfg.Cache); err != nil {
 		return nil, err
 	}
-	reg, err := register(cfg.Library, fmt.Sprintf("%s-pp%d-tp%d", cfg.EngineID, cfg.Rank.PP, cfg.Rank.TP), cfg.Backends, cfg.Cache, log)
+	// The prefill agent is the target of the decode peers' READs and receives their notifications: it runs
+	// without NIXL's progress thread and the role's loop drives progress (see nixl.AgentConfig.NoProgressThread).
+	reg, err := register(cfg.Library, fmt.Sprintf("%s-pp%d-tp%d", cfg.EngineID, cfg.Rank.PP, cfg.Rank.TP), cfg.Backends, cfg.Cache, true, log)
 	if err != nil {
 		return nil, err
 	}
@@ -343,17 +345,30 @@ func (p *Prefill) release(h *heldReq) {
 	p.metrics.BlocksHeld.Add(-int64(len(h.blocks)))
 }
 
-// loop drains NIXL notifications (completions and heartbeats) and frees expired requests.
+// Progress intervals of the prefill loop: while blocks are held a decode peer may be reading them, and a
+// target over TCP serves those reads only when it progresses; idle, it only has handshakes to answer.
+const (
+	busyPoll = 50 * time.Microsecond
+	idlePoll = time.Millisecond
+)
+
+// loop drives the agent's progress, drains NIXL notifications (completions and heartbeats) and frees expired
+// requests.
 func (p *Prefill) loop(ctx context.Context) {
 	defer p.wg.Done()
-	tick := time.NewTicker(time.Millisecond)
-	defer tick.Stop()
+	t := time.NewTimer(idlePoll)
+	defer t.Stop()
 	lastExpiry := time.Now()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-tick.C:
+		case <-t.C:
+		}
+		if p.Held() > 0 {
+			t.Reset(busyPoll)
+		} else {
+			t.Reset(idlePoll)
 		}
 		ns, err := p.reg.agent.GetNotifications()
 		if err != nil {

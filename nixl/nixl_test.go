@@ -531,7 +531,10 @@ func peerMain() int {
 	if err != nil {
 		return fail(err)
 	}
-	a, err := l.NewAgent(fmt.Sprintf("peer-%d", os.Getpid()), nixl.AgentConfig{Backends: []nixl.BackendSpec{{Plugin: "UCX"}}})
+	// The peer is the target of the parent's transfers and receives their notifications, so it drives its own
+	// progress (WaitNotification polls): with NIXL 1.5.1's progress thread a notification arriving from
+	// another process is occasionally never delivered (see AgentConfig.NoProgressThread).
+	a, err := l.NewAgent(fmt.Sprintf("peer-%d", os.Getpid()), nixl.AgentConfig{NoProgressThread: true, Backends: []nixl.BackendSpec{{Plugin: "UCX"}}})
 	if err != nil {
 		return fail(err)
 	}
