@@ -122,7 +122,8 @@ func orchestrate() error {
 	c.Register(fs)
 	lengths := fs.String("lengths", "3000,2048,1536,1000,640,333", "prompt lengths in tokens, one request each, sent concurrently")
 	concurrency := fs.Int("concurrency", 4, "requests in flight at once")
-	gpu := fs.Bool("gpu", false, "decode KV cache in CUDA device memory")
+	where := fs.String("cache", "auto", "decode KV cache: auto (GPU memory when a CUDA GPU is present, else DRAM), gpu or dram")
+	gpu := fs.Bool("gpu", false, "same as -cache gpu")
 	timeout := fs.Duration("timeout", 5*time.Minute, "bound on the whole run")
 	fs.Parse(os.Args[1:])
 	var sizes []int
@@ -156,15 +157,11 @@ func orchestrate() error {
 	}
 	defer pre.stop()
 	fmt.Printf("ready in %v at %s (%s)\n", time.Since(t0).Round(time.Millisecond), pre.url, pre.info)
-	fmt.Print("starting decode worker (NIXL READ → ")
-	dargs := append([]string{"serve-decode"}, common...)
 	if *gpu {
-		fmt.Print("CUDA VRAM")
-		dargs = append(dargs, "-gpu")
-	} else {
-		fmt.Print("DRAM")
+		*where = "gpu"
 	}
-	fmt.Print(" cache) ... ")
+	fmt.Printf("starting decode worker (NIXL READ → KV cache: %s) ... ", *where)
+	dargs := append([]string{"serve-decode", "-cache", *where}, common...)
 	t0 = time.Now()
 	dec, err := start(ctx, "decode", dargs, os.Stderr)
 	if err != nil {

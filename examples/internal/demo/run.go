@@ -45,7 +45,8 @@ func RunDecode(ctx context.Context, args []string) error {
 	var c Common
 	c.Register(fs)
 	addr := fs.String("http", "127.0.0.1:8200", "HTTP listen address (OpenAI-compatible API)")
-	gpu := fs.Bool("gpu", false, "put the KV cache in CUDA device memory (needs a GPU and libcuda.so.1)")
+	where := fs.String("cache", "auto", "where the KV cache lives: auto (GPU memory when a CUDA GPU is present, else DRAM), gpu or dram")
+	gpu := fs.Bool("gpu", false, "same as -cache gpu")
 	log, lib, order, err := c.parse(fs, args)
 	if err != nil {
 		return err
@@ -54,12 +55,25 @@ func RunDecode(ctx context.Context, args []string) error {
 	cfg := DecodeConfig{VLLMVersion: c.VLLMVersion, Model: Qwen3_0_6B, NumBlocks: c.NumBlocks, Order: order,
 		Backends: c.BackendSpecs(), Library: lib, Logger: log}
 	if *gpu {
+		*where = "gpu"
+	}
+	kind := "DRAM"
+	switch *where {
+	case "auto", "gpu":
 		cache, closeCache, err := newGPUCache(cfg)
 		if err != nil {
-			return err
+			if *where == "gpu" {
+				return err
+			}
+			log.Info("no usable CUDA GPU; the KV cache lives in DRAM", zap.Error(err))
+			break
 		}
 		defer closeCache()
 		cfg.Cache = cache
+		kind = "VRAM"
+	case "dram":
+	default:
+		return fmt.Errorf("-cache %q: want auto, gpu or dram", *where)
 	}
 	s, err := NewDecodeServer(cfg)
 	if err != nil {
@@ -67,7 +81,7 @@ func RunDecode(ctx context.Context, args []string) error {
 	}
 	defer s.Close()
 	return Serve(ctx, *addr, s.Handler(), func(url string) {
-		fmt.Fprintf(os.Stdout, "READY %s engine=%s\n", url, s.Role().EngineID())
+		fmt.Fprintf(os.Stdout, "READY %s engine=%s cache=%s\n", url, s.Role().EngineID(), kind)
 	})
 }
 
