@@ -139,6 +139,21 @@ type Profile struct {
 	HandshakeTimeout time.Duration
 }
 
+// The hash-factor and kv_transfer_params key lists of the rows, each named by the first release series that
+// has it (rows share them; order matters only for ParamsKeys).
+var (
+	hashFactorsV016 = []string{"vllm_version", "nixl_connector_version", "model", "dtype", "num_kv_heads", "head_size", "num_hidden_layers", "attn_backend_name", "cache_dtype", "cross_layers_blocks"}
+	paramsKeysV016  = []string{"do_remote_prefill", "do_remote_decode", "remote_block_ids", "remote_engine_id", "remote_request_id", "remote_host", "remote_port", "tp_size"}
+	hashFactorsV018 = []string{"vllm_version", "nixl_connector_version", "model", "dtype", "num_kv_heads", "head_size", "num_hidden_layers", "attn_backend_name", "cache_dtype", "cross_layers_blocks", "is_hma_enabled"}
+	paramsKeysV021  = []string{"do_remote_prefill", "do_remote_decode", "remote_block_ids", "remote_engine_id", "remote_request_id", "remote_host", "remote_port", "tp_size", "remote_num_tokens"}
+	paramsKeysV026  = []string{"do_remote_prefill", "do_remote_decode", "remote_block_ids", "remote_engine_id", "remote_request_id", "remote_host", "remote_port", "tp_size", "remote_num_tokens", "remote_blocks_expiry_time"}
+	hashFactorsV028 = []string{"vllm_version", "nixl_connector_version", "model", "dtype", "num_kv_heads", "head_size", "num_hidden_layers", "attn_backend_name", "cache_dtype", "cross_layers_blocks", "is_hma_enabled", "speculative_config", "transfer_mode"}
+	paramsKeysV028  = []string{"do_remote_prefill", "do_remote_decode", "remote_block_ids", "remote_engine_id", "remote_request_id", "remote_host", "remote_port", "tp_size", "remote_num_tokens", "remote_blocks_expiry_time", "transfer_mode"}
+	hashFactorsV029 = []string{"vllm_version", "nixl_connector_version", "model", "dtype", "num_kv_heads", "head_size", "num_hidden_layers", "attn_backend_name", "cache_dtype", "is_hma_enabled", "speculative_config", "transfer_mode"}
+	paramsKeysV029  = []string{"do_remote_prefill", "do_remote_decode", "remote_block_ids", "remote_engine_id", "remote_request_id", "remote_host", "remote_port", "tp_size", "dcp_size", "pp_size", "remote_num_tokens", "remote_blocks_expiry_time", "transfer_mode"}
+	paramsKeysV033  = []string{"do_remote_prefill", "do_remote_decode", "remote_block_ids", "remote_engine_id", "remote_request_id", "remote_host", "remote_port", "tp_size", "dcp_size", "pp_size", "remote_num_tokens", "remote_blocks_expiry_time", "remote_registration_generation", "transfer_mode"}
+)
+
 // Profiles is the table of supported vLLM releases, oldest first. Each row was read from its releases' wheels
 // (vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py up to 0.19, the v1/nixl/ package from 0.20;
 // vllm/envs.py; vllm/v1/attention/backends/flash_attn.py and, from 0.29, vllm/v1/kv_cache_layout.py). A row
@@ -166,15 +181,9 @@ var Profiles = []Profile{
 		Payload:          PayloadM1,
 		Schema:           schemaV016,
 		ConnectorVersion: 2,
-		HashFactors: []string{
-			"vllm_version", "nixl_connector_version", "model", "dtype", "num_kv_heads", "head_size",
-			"num_hidden_layers", "attn_backend_name", "cache_dtype", "cross_layers_blocks",
-		},
-		BlockIDs: BlockIDsFlat,
-		ParamsKeys: []string{
-			"do_remote_prefill", "do_remote_decode", "remote_block_ids", "remote_engine_id", "remote_request_id",
-			"remote_host", "remote_port", "tp_size",
-		},
+		HashFactors:      hashFactorsV016,
+		BlockIDs:         BlockIDsFlat,
+		ParamsKeys:       paramsKeysV016,
 		Notif:            NotifDecodeTPSize,
 		AbortTimeout:     480 * time.Second,
 		Layout:           LayoutA,
@@ -187,15 +196,9 @@ var Profiles = []Profile{
 		Payload:          PayloadM1,
 		Schema:           schemaV018,
 		ConnectorVersion: 2,
-		HashFactors: []string{
-			"vllm_version", "nixl_connector_version", "model", "dtype", "num_kv_heads", "head_size",
-			"num_hidden_layers", "attn_backend_name", "cache_dtype", "cross_layers_blocks", "is_hma_enabled",
-		},
-		BlockIDs: BlockIDsGrouped,
-		ParamsKeys: []string{
-			"do_remote_prefill", "do_remote_decode", "remote_block_ids", "remote_engine_id", "remote_request_id",
-			"remote_host", "remote_port", "tp_size",
-		},
+		HashFactors:      hashFactorsV018,
+		BlockIDs:         BlockIDsGrouped,
+		ParamsKeys:       paramsKeysV016,
 		Notif:            NotifDecodeTPSize,
 		AbortTimeout:     480 * time.Second,
 		Layout:           LayoutA,
@@ -208,15 +211,9 @@ var Profiles = []Profile{
 		Payload:          PayloadM1,
 		Schema:           schemaV020,
 		ConnectorVersion: 2,
-		HashFactors: []string{
-			"vllm_version", "nixl_connector_version", "model", "dtype", "num_kv_heads", "head_size",
-			"num_hidden_layers", "attn_backend_name", "cache_dtype", "cross_layers_blocks", "is_hma_enabled",
-		},
-		BlockIDs: BlockIDsGrouped,
-		ParamsKeys: []string{
-			"do_remote_prefill", "do_remote_decode", "remote_block_ids", "remote_engine_id", "remote_request_id",
-			"remote_host", "remote_port", "tp_size",
-		},
+		HashFactors:      hashFactorsV018,
+		BlockIDs:         BlockIDsGrouped,
+		ParamsKeys:       paramsKeysV016,
 		Notif:            NotifDecodeTPSize,
 		AbortTimeout:     480 * time.Second,
 		Layout:           LayoutA,
@@ -229,15 +226,9 @@ var Profiles = []Profile{
 		Payload:          PayloadM1,
 		Schema:           schemaV021,
 		ConnectorVersion: 3,
-		HashFactors: []string{
-			"vllm_version", "nixl_connector_version", "model", "dtype", "num_kv_heads", "head_size",
-			"num_hidden_layers", "attn_backend_name", "cache_dtype", "cross_layers_blocks", "is_hma_enabled",
-		},
-		BlockIDs: BlockIDsGrouped,
-		ParamsKeys: []string{
-			"do_remote_prefill", "do_remote_decode", "remote_block_ids", "remote_engine_id", "remote_request_id",
-			"remote_host", "remote_port", "tp_size", "remote_num_tokens",
-		},
+		HashFactors:      hashFactorsV018,
+		BlockIDs:         BlockIDsGrouped,
+		ParamsKeys:       paramsKeysV021,
 		Notif:            NotifDecodeTPSize,
 		AbortTimeout:     480 * time.Second,
 		Layout:           LayoutA,
@@ -246,19 +237,13 @@ var Profiles = []Profile{
 	},
 	{
 		Name: "0.22", MinVersion: "0.22.0", MaxVersion: "0.23.0",
-		Framing:          FramingH2,
-		Payload:          PayloadM1,
-		Schema:           schemaV021,
-		ConnectorVersion: 4,
-		HashFactors: []string{
-			"vllm_version", "nixl_connector_version", "model", "dtype", "num_kv_heads", "head_size",
-			"num_hidden_layers", "attn_backend_name", "cache_dtype", "cross_layers_blocks", "is_hma_enabled",
-		},
-		BlockIDs: BlockIDsGrouped,
-		ParamsKeys: []string{
-			"do_remote_prefill", "do_remote_decode", "remote_block_ids", "remote_engine_id", "remote_request_id",
-			"remote_host", "remote_port", "tp_size", "remote_num_tokens",
-		},
+		Framing:           FramingH2,
+		Payload:           PayloadM1,
+		Schema:            schemaV021,
+		ConnectorVersion:  4,
+		HashFactors:       hashFactorsV018,
+		BlockIDs:          BlockIDsGrouped,
+		ParamsKeys:        paramsKeysV021,
 		Notif:             NotifDecodeTPSize,
 		Leases:            true,
 		LeaseDuration:     30 * time.Second,
@@ -270,19 +255,13 @@ var Profiles = []Profile{
 	},
 	{
 		Name: "0.23", MinVersion: "0.23.0", MaxVersion: "0.26.0",
-		Framing:          FramingH2,
-		Payload:          PayloadM1,
-		Schema:           schemaV021,
-		ConnectorVersion: 4,
-		HashFactors: []string{
-			"vllm_version", "nixl_connector_version", "model", "dtype", "num_kv_heads", "head_size",
-			"num_hidden_layers", "attn_backend_name", "cache_dtype", "cross_layers_blocks", "is_hma_enabled",
-		},
-		BlockIDs: BlockIDsGrouped,
-		ParamsKeys: []string{
-			"do_remote_prefill", "do_remote_decode", "remote_block_ids", "remote_engine_id", "remote_request_id",
-			"remote_host", "remote_port", "tp_size", "remote_num_tokens",
-		},
+		Framing:           FramingH2,
+		Payload:           PayloadM1,
+		Schema:            schemaV021,
+		ConnectorVersion:  4,
+		HashFactors:       hashFactorsV018,
+		BlockIDs:          BlockIDsGrouped,
+		ParamsKeys:        paramsKeysV021,
 		Notif:             NotifDecodeTPSize,
 		Leases:            true,
 		LeaseDuration:     30 * time.Second,
@@ -294,19 +273,13 @@ var Profiles = []Profile{
 	},
 	{
 		Name: "0.26", MinVersion: "0.26.0", MaxVersion: "0.28.0",
-		Framing:          FramingH4,
-		Payload:          PayloadM1,
-		Schema:           schemaV021,
-		ConnectorVersion: 5,
-		HashFactors: []string{
-			"vllm_version", "nixl_connector_version", "model", "dtype", "num_kv_heads", "head_size",
-			"num_hidden_layers", "attn_backend_name", "cache_dtype", "cross_layers_blocks", "is_hma_enabled",
-		},
-		BlockIDs: BlockIDsGrouped,
-		ParamsKeys: []string{
-			"do_remote_prefill", "do_remote_decode", "remote_block_ids", "remote_engine_id", "remote_request_id",
-			"remote_host", "remote_port", "tp_size", "remote_num_tokens", "remote_blocks_expiry_time",
-		},
+		Framing:           FramingH4,
+		Payload:           PayloadM1,
+		Schema:            schemaV021,
+		ConnectorVersion:  5,
+		HashFactors:       hashFactorsV018,
+		BlockIDs:          BlockIDsGrouped,
+		ParamsKeys:        paramsKeysV026,
 		Notif:             NotifDecodeTPSize,
 		Leases:            true,
 		LeaseDuration:     30 * time.Second,
@@ -318,20 +291,13 @@ var Profiles = []Profile{
 	},
 	{
 		Name: "0.28", MinVersion: "0.28.0", MaxVersion: "0.29.0",
-		Framing:          FramingH4,
-		Payload:          PayloadM1,
-		Schema:           schemaV021,
-		ConnectorVersion: 7,
-		HashFactors: []string{
-			"vllm_version", "nixl_connector_version", "model", "dtype", "num_kv_heads", "head_size",
-			"num_hidden_layers", "attn_backend_name", "cache_dtype", "cross_layers_blocks", "is_hma_enabled", "speculative_config",
-			"transfer_mode",
-		},
-		BlockIDs: BlockIDsGrouped,
-		ParamsKeys: []string{
-			"do_remote_prefill", "do_remote_decode", "remote_block_ids", "remote_engine_id", "remote_request_id",
-			"remote_host", "remote_port", "tp_size", "remote_num_tokens", "remote_blocks_expiry_time", "transfer_mode",
-		},
+		Framing:           FramingH4,
+		Payload:           PayloadM1,
+		Schema:            schemaV021,
+		ConnectorVersion:  7,
+		HashFactors:       hashFactorsV028,
+		BlockIDs:          BlockIDsGrouped,
+		ParamsKeys:        paramsKeysV028,
 		Notif:             NotifDecodeTPSize,
 		Leases:            true,
 		LeaseDuration:     30 * time.Second,
@@ -343,20 +309,13 @@ var Profiles = []Profile{
 	},
 	{
 		Name: "0.29", MinVersion: "0.29.0", MaxVersion: "0.30.0",
-		Framing:          FramingH4,
-		Payload:          PayloadM1,
-		Schema:           schemaV029,
-		ConnectorVersion: 9,
-		HashFactors: []string{
-			"vllm_version", "nixl_connector_version", "model", "dtype", "num_kv_heads", "head_size",
-			"num_hidden_layers", "attn_backend_name", "cache_dtype", "is_hma_enabled", "speculative_config", "transfer_mode",
-		},
-		BlockIDs: BlockIDsGrouped,
-		ParamsKeys: []string{
-			"do_remote_prefill", "do_remote_decode", "remote_block_ids", "remote_engine_id", "remote_request_id",
-			"remote_host", "remote_port", "tp_size", "dcp_size", "pp_size", "remote_num_tokens",
-			"remote_blocks_expiry_time", "transfer_mode",
-		},
+		Framing:           FramingH4,
+		Payload:           PayloadM1,
+		Schema:            schemaV029,
+		ConnectorVersion:  9,
+		HashFactors:       hashFactorsV029,
+		BlockIDs:          BlockIDsGrouped,
+		ParamsKeys:        paramsKeysV029,
 		Notif:             NotifConsumers,
 		Leases:            true,
 		LeaseDuration:     30 * time.Second,
@@ -368,20 +327,13 @@ var Profiles = []Profile{
 	},
 	{
 		Name: "0.30", MinVersion: "0.30.0", MaxVersion: "0.31.0",
-		Framing:          FramingH4,
-		Payload:          PayloadM1,
-		Schema:           schemaV030,
-		ConnectorVersion: 11,
-		HashFactors: []string{
-			"vllm_version", "nixl_connector_version", "model", "dtype", "num_kv_heads", "head_size",
-			"num_hidden_layers", "attn_backend_name", "cache_dtype", "is_hma_enabled", "speculative_config", "transfer_mode",
-		},
-		BlockIDs: BlockIDsGrouped,
-		ParamsKeys: []string{
-			"do_remote_prefill", "do_remote_decode", "remote_block_ids", "remote_engine_id", "remote_request_id",
-			"remote_host", "remote_port", "tp_size", "dcp_size", "pp_size", "remote_num_tokens",
-			"remote_blocks_expiry_time", "transfer_mode",
-		},
+		Framing:           FramingH4,
+		Payload:           PayloadM1,
+		Schema:            schemaV030,
+		ConnectorVersion:  11,
+		HashFactors:       hashFactorsV029,
+		BlockIDs:          BlockIDsGrouped,
+		ParamsKeys:        paramsKeysV029,
 		Notif:             NotifConsumers,
 		Leases:            true,
 		LeaseDuration:     30 * time.Second,
@@ -393,20 +345,13 @@ var Profiles = []Profile{
 	},
 	{
 		Name: "0.31", MinVersion: "0.31.0", MaxVersion: "0.32.0",
-		Framing:          FramingH4,
-		Payload:          PayloadM1,
-		Schema:           schemaV031,
-		ConnectorVersion: 13,
-		HashFactors: []string{
-			"vllm_version", "nixl_connector_version", "model", "dtype", "num_kv_heads", "head_size",
-			"num_hidden_layers", "attn_backend_name", "cache_dtype", "is_hma_enabled", "speculative_config", "transfer_mode",
-		},
-		BlockIDs: BlockIDsGrouped,
-		ParamsKeys: []string{
-			"do_remote_prefill", "do_remote_decode", "remote_block_ids", "remote_engine_id", "remote_request_id",
-			"remote_host", "remote_port", "tp_size", "dcp_size", "pp_size", "remote_num_tokens",
-			"remote_blocks_expiry_time", "transfer_mode",
-		},
+		Framing:           FramingH4,
+		Payload:           PayloadM1,
+		Schema:            schemaV031,
+		ConnectorVersion:  13,
+		HashFactors:       hashFactorsV029,
+		BlockIDs:          BlockIDsGrouped,
+		ParamsKeys:        paramsKeysV029,
 		Notif:             NotifConsumers,
 		Leases:            true,
 		LeaseDuration:     30 * time.Second,
@@ -418,20 +363,13 @@ var Profiles = []Profile{
 	},
 	{
 		Name: "0.32", MinVersion: "0.32.0", MaxVersion: "0.33.0",
-		Framing:          FramingH4,
-		Payload:          PayloadM1,
-		Schema:           schemaV032,
-		ConnectorVersion: 14,
-		HashFactors: []string{
-			"vllm_version", "nixl_connector_version", "model", "dtype", "num_kv_heads", "head_size",
-			"num_hidden_layers", "attn_backend_name", "cache_dtype", "is_hma_enabled", "speculative_config", "transfer_mode",
-		},
-		BlockIDs: BlockIDsGrouped,
-		ParamsKeys: []string{
-			"do_remote_prefill", "do_remote_decode", "remote_block_ids", "remote_engine_id", "remote_request_id",
-			"remote_host", "remote_port", "tp_size", "dcp_size", "pp_size", "remote_num_tokens",
-			"remote_blocks_expiry_time", "transfer_mode",
-		},
+		Framing:           FramingH4,
+		Payload:           PayloadM1,
+		Schema:            schemaV032,
+		ConnectorVersion:  14,
+		HashFactors:       hashFactorsV029,
+		BlockIDs:          BlockIDsGrouped,
+		ParamsKeys:        paramsKeysV029,
 		Notif:             NotifConsumers,
 		Leases:            true,
 		LeaseDuration:     30 * time.Second,
@@ -443,20 +381,13 @@ var Profiles = []Profile{
 	},
 	{
 		Name: "0.33", MinVersion: "0.33.0", MaxVersion: "0.34.0",
-		Framing:          FramingH4,
-		Payload:          PayloadM1,
-		Schema:           schemaV032,
-		ConnectorVersion: 15,
-		HashFactors: []string{
-			"vllm_version", "nixl_connector_version", "model", "dtype", "num_kv_heads", "head_size",
-			"num_hidden_layers", "attn_backend_name", "cache_dtype", "is_hma_enabled", "speculative_config", "transfer_mode",
-		},
-		BlockIDs: BlockIDsGrouped,
-		ParamsKeys: []string{
-			"do_remote_prefill", "do_remote_decode", "remote_block_ids", "remote_engine_id", "remote_request_id",
-			"remote_host", "remote_port", "tp_size", "dcp_size", "pp_size", "remote_num_tokens",
-			"remote_blocks_expiry_time", "remote_registration_generation", "transfer_mode",
-		},
+		Framing:           FramingH4,
+		Payload:           PayloadM1,
+		Schema:            schemaV032,
+		ConnectorVersion:  15,
+		HashFactors:       hashFactorsV029,
+		BlockIDs:          BlockIDsGrouped,
+		ParamsKeys:        paramsKeysV033,
 		Notif:             NotifConsumers,
 		Leases:            true,
 		LeaseDuration:     30 * time.Second,
