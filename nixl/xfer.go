@@ -13,6 +13,8 @@ import (
 	"sync"
 	"time"
 	"unsafe"
+
+	"github.com/gonixl/gonixl/internal/poll"
 )
 
 // Op is a transfer direction, seen from the initiating (local) agent.
@@ -300,36 +302,17 @@ func (x *Xfer) Status() (State, error) {
 }
 
 // Wait polls Status until the transfer is done, fails, or ctx ends (then it returns ctx's error and the
-// transfer may still be running: Close it to cancel). Polling backs off from a busy spin to 1 ms.
+// transfer may still be running: Close it to cancel). Polling backs off from a busy spin to 1 ms (poll.Default).
 func (x *Xfer) Wait(ctx context.Context) error {
-	delay := time.Duration(0)
-	for spins := 0; ; spins++ {
-		st, err := x.Status()
-		if err != nil {
-			return err
-		}
-		if st == Done {
-			return nil
-		}
-		if err := ctx.Err(); err != nil {
-			return fmt.Errorf("nixl: waiting for %s with %s: %w", x.op, x.remote, err)
-		}
-		if spins < 64 {
-			runtime.Gosched()
-			continue
-		}
-		if delay == 0 {
-			delay = 5 * time.Microsecond
-		} else if delay < time.Millisecond {
-			delay *= 2
-		}
-		t := time.NewTimer(delay)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-		case <-t.C:
-		}
+	var err error
+	if cerr := poll.Default.Until(ctx, func() bool {
+		var st State
+		st, err = x.Status()
+		return err != nil || st == Done
+	}); cerr != nil {
+		return fmt.Errorf("nixl: waiting for %s with %s: %w", x.op, x.remote, cerr)
 	}
+	return err
 }
 
 // Close releases the request.
