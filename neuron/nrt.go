@@ -199,7 +199,7 @@ func loadLibrary(path string) (*library, error) {
 		return l, nil
 	}
 	return nil, fmt.Errorf("%w (tried %v: %v); install aws-neuronx-runtime-lib, set %s to the library file, "+
-		"or pass Options.Path (tests use BuildFakeNRT)", ErrNotFound, candidates(path), errors.Join(errs...), EnvLibrary)
+		"or pass Options.Path (without Trainium: neurontest.Build, the fake libnrt)", ErrNotFound, candidates(path), errors.Join(errs...), EnvLibrary)
 }
 
 func sym(h unsafe.Pointer, names ...string) unsafe.Pointer {
@@ -651,7 +651,7 @@ func boolInt(b bool) C.int {
 	return 0
 }
 
-// fakeCtl reads (and with set, first writes) a knob or counter of the fake libnrt (BuildFakeNRT). ok is false
+// fakeCtl reads (and with set, first writes) a knob or counter of the fake libnrt (neurontest). ok is false
 // when the loaded library is not the fake.
 func (r *Runtime) fakeCtl(key string, value int64, set bool) (v int64, ok bool) {
 	if r.lib.fakeCtl == nil {

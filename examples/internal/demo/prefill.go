@@ -18,6 +18,8 @@ import (
 	"github.com/gonixl/gonixl/layout"
 	"github.com/gonixl/gonixl/neuron"
 	"github.com/gonixl/gonixl/nixl"
+
+	"github.com/gonixl/gonixl/neuron/neurontest"
 )
 
 // PrefillConfig configures the demo prefill server.
@@ -68,7 +70,7 @@ func OpenNeuron(path string, log *zap.Logger) (*neuron.Runtime, string, error) {
 		if dir, err = os.MkdirTemp("", "gonixl-fakenrt-"); err != nil {
 			return nil, "", err
 		}
-		if path, err = neuron.BuildFakeNRT(dir); err != nil {
+		if path, err = neurontest.Build(dir); err != nil {
 			os.RemoveAll(dir)
 			return nil, "", fmt.Errorf("building the fake libnrt (no Trainium here): %w", err)
 		}
