@@ -42,3 +42,5 @@
 // constraints, counters and fault injection). It is loaded through the same dlopen path as the real runtime;
 // the tests and the demo use it when no Neuron device is present.
 package neuron
+
+//go:generate go run golang.org/x/tools/cmd/stringer@v0.52.0 -linecomment -output=string.go -type=Placement

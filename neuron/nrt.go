@@ -104,24 +104,12 @@ type Placement int32
 
 const (
 	// PlacementDevice is Neuron device memory (HBM) of one NeuronCore.
-	PlacementDevice Placement = 0
+	PlacementDevice Placement = 0 // device
 	// PlacementHost is the deprecated libnrt host placement, limited to less than 4 MiB; prefer your own mmap.
-	PlacementHost Placement = 1
+	PlacementHost Placement = 1 // host
 	// PlacementVirtual is ordinary host memory managed by libnrt.
-	PlacementVirtual Placement = 2
+	PlacementVirtual Placement = 2 // virtual
 )
-
-func (p Placement) String() string {
-	switch p {
-	case PlacementDevice:
-		return "device"
-	case PlacementHost:
-		return "host"
-	case PlacementVirtual:
-		return "virtual"
-	}
-	return fmt.Sprintf("Placement(%d)", int32(p))
-}
 
 const frameworkNoFW = 1 // NRT_FRAMEWORK_TYPE_NO_FW
 

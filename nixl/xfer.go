@@ -22,16 +22,9 @@ type Op int
 
 // Read pulls remote bytes into local memory; Write pushes local bytes to remote memory.
 const (
-	Read  Op = 0
-	Write Op = 1
+	Read  Op = 0 // READ
+	Write Op = 1 // WRITE
 )
-
-func (o Op) String() string {
-	if o == Write {
-		return "WRITE"
-	}
-	return "READ"
-}
 
 // Prepped is a descriptor list prepared once (prepXferDlist) so that many transfers can be made from it by
 // index (MakeXfer). A Prepped is safe for concurrent use; Close releases it (idempotent).
@@ -99,16 +92,9 @@ type State int
 
 // InProgress: posted and running. Done: complete (the data is in place).
 const (
-	InProgress State = iota
-	Done
+	InProgress State = iota // IN_PROGRESS
+	Done                    // DONE
 )
-
-func (s State) String() string {
-	if s == Done {
-		return "DONE"
-	}
-	return "IN_PROGRESS"
-}
 
 // Xfer is a transfer request. It can be posted again after it completed (optionally with a new
 // notification). Its methods are safe for concurrent use; Close releases it (idempotent; if the transfer
