@@ -7,9 +7,8 @@ import (
 
 	"github.com/gonixl/gonixl/layout"
 	"github.com/gonixl/gonixl/neuron"
-	"github.com/gonixl/gonixl/nixl"
-
 	"github.com/gonixl/gonixl/neuron/neurontest"
+	"github.com/gonixl/gonixl/nixl"
 )
 
 // The connector package's cache and block-allocator interfaces, which a Stager satisfies structurally

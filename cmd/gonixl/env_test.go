@@ -13,9 +13,8 @@ import (
 
 	"github.com/gonixl/gonixl/internal/testenv"
 	"github.com/gonixl/gonixl/neuron"
-	"github.com/gonixl/gonixl/nixl"
-
 	"github.com/gonixl/gonixl/neuron/neurontest"
+	"github.com/gonixl/gonixl/nixl"
 )
 
 func TestEnv(t *testing.T) {
