@@ -8,7 +8,6 @@ import (
 
 	"github.com/gonixl/gonixl/connector"
 	"github.com/gonixl/gonixl/connector/protocol"
-	"github.com/gonixl/gonixl/internal/testenv"
 	"github.com/gonixl/gonixl/layout"
 	"github.com/gonixl/gonixl/nixl"
 )
@@ -17,7 +16,7 @@ import (
 // request the way vLLM's NixlConnector does: P fills the blocks and returns kv_transfer_params; D handshakes
 // over the ZMQ side channel, READs the blocks over UCX with the notification that frees them on P.
 func Example() {
-	lib, err := nixl.Load(nixl.LoadOptions{LibDir: testenv.NIXLLibDir()})
+	lib, err := nixl.Load(nixl.LoadOptions{}) // $NIXL_LIB_DIR, the loader's path, then the standard prefixes
 	if err != nil {
 		fmt.Println(err)
 		return

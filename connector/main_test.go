@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"go.uber.org/goleak"
+
+	"github.com/gonixl/gonixl/internal/testenv"
 )
 
 // TestMain runs the package's tests under goleak. When GONIXL_CONNECTOR_PEER is set, the test binary is
@@ -14,5 +16,6 @@ func TestMain(m *testing.M) {
 	if os.Getenv(peerEnv) != "" {
 		os.Exit(prefillPeerMain())
 	}
+	testenv.ExportNIXLLibDir()
 	goleak.VerifyTestMain(m)
 }

@@ -1,18 +1,28 @@
 package connector
 
 import (
-	"fmt"
-	"io"
-	"net/http"
-	"sort"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Metrics counts what the roles do. One Metrics can be shared by several roles; the zero value is ready.
-// All methods are safe for concurrent use. Handler serves them in Prometheus' text format.
+// Metrics counts what the roles do and times their handshakes, transfers and stagings. It is a
+// prometheus.Collector: register it in the registry your server exposes (reg.MustRegister(m); serve the
+// registry with promhttp.HandlerFor). One Metrics can be shared by several roles (register it once); the
+// zero value is ready, NewMetrics adds constant labels. All methods are safe for concurrent use.
+//
+// The metric names follow Prometheus' conventions (base units in the name, _total on counters); where
+// vLLM's NixlConnector exports the same figure, the name is vLLM's with gonixl_ for vllm:nixl_:
+//
+//	gonixl_xfer_time_seconds          histogram  vllm:nixl_xfer_time_seconds (decode: post to completion of the READ)
+//	gonixl_kv_expired_reqs_total      counter    vllm:nixl_num_kv_expired_reqs_total (prefill)
+//	gonixl_handshake_time_seconds     histogram  decode: side-channel handshake and metadata load (cache misses)
+//	gonixl_stage_time_seconds         histogram  prefill: the fill function (staging the KV into the blocks)
+//	gonixl_requests_total, gonixl_request_errors_total, gonixl_bytes_total, gonixl_blocks_held (gauge),
+//	gonixl_blocks_freed_total, gonixl_blocks_expired_total, gonixl_heartbeats_total,
+//	gonixl_notifications_total, gonixl_bad_messages_total, gonixl_handshakes_total: the fields below.
 type Metrics struct {
 	Requests        atomic.Int64 // prefill: requests published; decode: requests pulled
 	RequestErrors   atomic.Int64 // requests that failed
@@ -26,105 +36,118 @@ type Metrics struct {
 	BadMessages     atomic.Int64 // malformed or unknown notifications (prefill)
 	Handshakes      atomic.Int64 // decode: handshakes done (cache misses)
 
-	mu    sync.Mutex
-	hists map[string]*summary
+	labels prometheus.Labels
+	once   sync.Once
+	descs  []*prometheus.Desc // one per counter, in the order of counters()
+	hists  [numTimings]prometheus.Histogram
 }
 
-type summary struct {
-	count int64
-	sum   time.Duration
-	max   time.Duration
+// NewMetrics returns a Metrics whose series all carry labels (e.g. {"role": "prefill"}), so that several
+// Metrics can be registered in one registry.
+func NewMetrics(labels prometheus.Labels) *Metrics { return &Metrics{labels: labels} }
+
+// Timing names what Observe times.
+type Timing string
+
+// The timings the roles record.
+const (
+	TimingHandshake Timing = "handshake" // decode: side-channel handshake and remote metadata load
+	TimingTransfer  Timing = "transfer"  // decode: post to completion of a request's READs
+	TimingStage     Timing = "stage"     // prefill: the fill function
+)
+
+const numTimings = 3
+
+var timings = [numTimings]struct {
+	t          Timing
+	name, help string
+}{
+	{TimingHandshake, "gonixl_handshake_time_seconds", "Side-channel handshakes with a prefill peer, metadata load included (decode, cache misses only)."},
+	{TimingTransfer, "gonixl_xfer_time_seconds", "KV transfers, post to completion of a request's READs (decode; as vLLM's vllm:nixl_xfer_time_seconds)."},
+	{TimingStage, "gonixl_stage_time_seconds", "Staging a request's KV into its blocks: the fill function (prefill)."},
 }
 
-// Observe records a latency under name (e.g. "handshake", "transfer", "stage").
-func (m *Metrics) Observe(name string, d time.Duration) {
+// latencyBuckets holds every bucket of vLLM's NixlConnector latency histograms (1 ms to 5 s), so that
+// dashboards compare like with like, plus finer ones below 1 ms for local and RDMA transfers and coarser
+// ones for long stagings.
+var latencyBuckets = []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1,
+	0.2, 0.3, 0.5, 0.75, 1, 2.5, 5, 10, 30}
+
+type counterInfo struct {
+	name, help string
+	gauge      bool
+}
+
+var counterInfos = []counterInfo{
+	{"gonixl_requests_total", "Requests published (prefill) or pulled (decode).", false},
+	{"gonixl_request_errors_total", "Requests that failed: the fill function (prefill); the handshake, READ or copy (decode).", false},
+	{"gonixl_bytes_total", "KV bytes read (decode) or published (prefill).", false},
+	{"gonixl_blocks_held", "KV blocks held for decode peers (prefill).", true},
+	{"gonixl_blocks_freed_total", "KV blocks freed after the decode peers' notifications (prefill).", false},
+	{"gonixl_blocks_expired_total", "KV blocks freed at lease expiry or abort timeout (prefill).", false},
+	{"gonixl_kv_expired_reqs_total", "Requests whose KV blocks expired unread (prefill; as vLLM's vllm:nixl_num_kv_expired_reqs).", false},
+	{"gonixl_heartbeats_total", "Lease heartbeats sent (decode) or received (prefill).", false},
+	{"gonixl_notifications_total", "Transfer notifications received (prefill).", false},
+	{"gonixl_bad_messages_total", "Malformed notifications, or notifications for requests not held (prefill).", false},
+	{"gonixl_handshakes_total", "Side-channel handshakes done (decode).", false},
+}
+
+// counters returns the fields in the order of counterInfos.
+func (m *Metrics) counters() []*atomic.Int64 {
+	return []*atomic.Int64{&m.Requests, &m.RequestErrors, &m.Bytes, &m.BlocksHeld, &m.BlocksFreed, &m.BlocksExpired,
+		&m.RequestsExpired, &m.Heartbeats, &m.Notifications, &m.BadMessages, &m.Handshakes}
+}
+
+func (m *Metrics) init() {
+	m.once.Do(func() {
+		for _, c := range counterInfos {
+			m.descs = append(m.descs, prometheus.NewDesc(c.name, c.help, nil, m.labels))
+		}
+		for i, t := range timings {
+			m.hists[i] = prometheus.NewHistogram(prometheus.HistogramOpts{Name: t.name, Help: t.help,
+				ConstLabels: m.labels, Buckets: latencyBuckets})
+		}
+	})
+}
+
+// Observe records a duration of t. A nil Metrics, or a Timing other than the constants, records nothing.
+func (m *Metrics) Observe(t Timing, d time.Duration) {
 	if m == nil {
 		return
 	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.hists == nil {
-		m.hists = map[string]*summary{}
-	}
-	s := m.hists[name]
-	if s == nil {
-		s = &summary{}
-		m.hists[name] = s
-	}
-	s.count++
-	s.sum += d
-	if d > s.max {
-		s.max = d
-	}
-}
-
-// Latency returns the count, mean and max of a latency.
-func (m *Metrics) Latency(name string) (count int64, mean, max time.Duration) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	s := m.hists[name]
-	if s == nil || s.count == 0 {
-		return 0, 0, 0
-	}
-	return s.count, s.sum / time.Duration(s.count), s.max
-}
-
-// WritePrometheus writes the metrics in Prometheus' text exposition format.
-func (m *Metrics) WritePrometheus(w io.Writer) {
-	counters := []struct {
-		name, help string
-		v          *atomic.Int64
-		gauge      bool
-	}{
-		{"gonixl_requests_total", "Requests published (prefill) or pulled (decode).", &m.Requests, false},
-		{"gonixl_request_errors_total", "Requests that failed.", &m.RequestErrors, false},
-		{"gonixl_bytes_total", "KV bytes read (decode) or published (prefill).", &m.Bytes, false},
-		{"gonixl_blocks_held", "KV blocks held for decode peers.", &m.BlocksHeld, true},
-		{"gonixl_blocks_freed_total", "KV blocks freed after the decode peers' notifications.", &m.BlocksFreed, false},
-		{"gonixl_blocks_expired_total", "KV blocks freed at lease expiry or abort timeout.", &m.BlocksExpired, false},
-		{"gonixl_requests_expired_total", "Requests whose blocks expired unread.", &m.RequestsExpired, false},
-		{"gonixl_heartbeats_total", "Lease heartbeats sent (decode) or received (prefill).", &m.Heartbeats, false},
-		{"gonixl_notifications_total", "Transfer notifications received.", &m.Notifications, false},
-		{"gonixl_bad_messages_total", "Malformed or unknown notifications.", &m.BadMessages, false},
-		{"gonixl_handshakes_total", "Side-channel handshakes done.", &m.Handshakes, false},
-	}
-	for _, c := range counters {
-		kind := "counter"
-		if c.gauge {
-			kind = "gauge"
+	m.init()
+	for i := range timings {
+		if timings[i].t == t {
+			m.hists[i].Observe(d.Seconds())
+			return
 		}
-		fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s %s\n%s %d\n", c.name, c.help, c.name, kind, c.name, c.v.Load())
 	}
-	m.mu.Lock()
-	names := make([]string, 0, len(m.hists))
-	for n := range m.hists {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	// Each family is one contiguous group (the text format requires it): the summary, then the maxima.
-	fmt.Fprintf(w, "# HELP gonixl_latency_seconds Latencies of handshakes, stagings and transfers.\n# TYPE gonixl_latency_seconds summary\n")
-	for _, n := range names {
-		s := m.hists[n]
-		op := promLabel(n)
-		fmt.Fprintf(w, "gonixl_latency_seconds_sum{op=\"%s\"} %g\ngonixl_latency_seconds_count{op=\"%s\"} %d\n", op, s.sum.Seconds(), op, s.count)
-	}
-	fmt.Fprintf(w, "# HELP gonixl_latency_max_seconds Longest handshake, staging and transfer seen.\n# TYPE gonixl_latency_max_seconds gauge\n")
-	for _, n := range names {
-		fmt.Fprintf(w, "gonixl_latency_max_seconds{op=\"%s\"} %g\n", promLabel(n), m.hists[n].max.Seconds())
-	}
-	m.mu.Unlock()
 }
 
-// promLabel escapes a label value as the text format wants it: only \\, \" and \n (Go's %q would write
-// \t or \u escapes that Prometheus does not read).
-func promLabel(v string) string {
-	return strings.NewReplacer(`\`, `\\`, `"`, `\"`, "\n", `\n`).Replace(v)
+// Describe implements prometheus.Collector.
+func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
+	m.init()
+	for _, d := range m.descs {
+		ch <- d
+	}
+	for _, h := range m.hists {
+		h.Describe(ch)
+	}
 }
 
-// Handler serves the metrics (mount it at /metrics).
-func (m *Metrics) Handler() http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
-		m.WritePrometheus(w)
-	})
+// Collect implements prometheus.Collector.
+func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
+	m.init()
+	for i, v := range m.counters() {
+		kind := prometheus.CounterValue
+		if counterInfos[i].gauge {
+			kind = prometheus.GaugeValue
+		}
+		ch <- prometheus.MustNewConstMetric(m.descs[i], kind, float64(v.Load()))
+	}
+	for _, h := range m.hists {
+		h.Collect(ch)
+	}
 }
+
+var _ prometheus.Collector = (*Metrics)(nil)

@@ -5,7 +5,8 @@ import (
 	"fmt"
 	"runtime"
 	"sync"
-	"time"
+
+	"github.com/gonixl/gonixl/internal/poll"
 )
 
 // CUdevice_attribute values read into DeviceProps.
@@ -252,35 +253,21 @@ func (r *resource) close() error {
 }
 
 // pollWait calls query until it reports done (Success), an error, or ctx ends. query returns
-// ErrNotReady while the work runs. It spins briefly, then backs off up to 1 ms between polls.
+// ErrNotReady while the work runs; the polls are paced by poll.Default.
 func pollWait(ctx context.Context, query func() Result, op string) error {
-	delay := time.Duration(0)
-	for i := 0; ; i++ {
+	var err error
+	if cerr := poll.Default.Until(ctx, func() bool {
 		switch r := query(); r {
 		case Success:
-			return nil
-		case Result(600):
+			return true
+		case Result(600): // CUDA_ERROR_NOT_READY
+			return false
 		default:
-			return check(r, op, "")
+			err = check(r, op, "")
+			return true
 		}
-		if err := ctx.Err(); err != nil {
-			return fmt.Errorf("cuda: %s: %w", op, err)
-		}
-		if i < 64 {
-			runtime.Gosched()
-			continue
-		}
-		if delay == 0 {
-			delay = 5 * time.Microsecond
-		} else if delay < time.Millisecond {
-			delay *= 2
-		}
-		t := time.NewTimer(delay)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return fmt.Errorf("cuda: %s: %w", op, ctx.Err())
-		case <-t.C:
-		}
+	}); cerr != nil {
+		return fmt.Errorf("cuda: %s: %w", op, cerr)
 	}
+	return err
 }

@@ -49,3 +49,5 @@
 // Closing a Device closes everything still open on it first, then releases its primary context. Handles
 // dropped without Close are freed by a runtime cleanup, as a safety net only.
 package cuda
+
+//go:generate go run golang.org/x/tools/cmd/stringer@v0.52.0 -linecomment -output=string.go -type=Direction,MemoryType

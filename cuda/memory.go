@@ -11,22 +11,10 @@ type Direction int
 
 // Copy directions (the values are the C shim's).
 const (
-	HostToDevice   Direction = 0
-	DeviceToHost   Direction = 1
-	DeviceToDevice Direction = 2
+	HostToDevice   Direction = 0 // HtoD
+	DeviceToHost   Direction = 1 // DtoH
+	DeviceToDevice Direction = 2 // DtoD
 )
-
-func (d Direction) String() string {
-	switch d {
-	case HostToDevice:
-		return "HtoD"
-	case DeviceToHost:
-		return "DtoH"
-	case DeviceToDevice:
-		return "DtoD"
-	}
-	return fmt.Sprintf("Direction(%d)", int(d))
-}
 
 func (d Direction) valid() bool { return d >= HostToDevice && d <= DeviceToDevice }
 
@@ -347,25 +335,11 @@ type MemoryType int
 
 // Memory types.
 const (
-	MemoryHost    MemoryType = 1
-	MemoryDevice  MemoryType = 2
-	MemoryArray   MemoryType = 3
-	MemoryUnified MemoryType = 4
+	MemoryHost    MemoryType = 1 // host
+	MemoryDevice  MemoryType = 2 // device
+	MemoryArray   MemoryType = 3 // array
+	MemoryUnified MemoryType = 4 // unified
 )
-
-func (t MemoryType) String() string {
-	switch t {
-	case MemoryHost:
-		return "host"
-	case MemoryDevice:
-		return "device"
-	case MemoryArray:
-		return "array"
-	case MemoryUnified:
-		return "unified"
-	}
-	return fmt.Sprintf("MemoryType(%d)", int(t))
-}
 
 // PointerInfo is what the driver knows about an address (cuPointerGetAttribute).
 type PointerInfo struct {

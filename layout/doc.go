@@ -53,3 +53,5 @@
 // Not modelled: MLA and hybrid (SSM) caches, padded pages (block stride ≠ block length) and cross-layer
 // layouts of newer vLLM releases.
 package layout
+
+//go:generate go run golang.org/x/tools/cmd/stringer@v0.52.0 -linecomment -output=string.go -type=DType,BlockOrder,RegionPlan,KV

@@ -11,38 +11,30 @@ type DType uint8
 
 // Element types of a KV cache. FP8 variants are one byte; vLLM's "fp8" means FP8E4M3.
 const (
-	BF16 DType = iota + 1
-	FP16
-	FP32
-	FP8E4M3
-	FP8E5M2
+	BF16    DType = iota + 1 // bf16
+	FP16                     // fp16
+	FP32                     // fp32
+	FP8E4M3                  // fp8_e4m3
+	FP8E5M2                  // fp8_e5m2
 )
 
 type dtypeInfo struct {
-	name  string   // canonical name, as String prints it
 	size  int      // bytes per element
 	alias []string // other accepted spellings (vLLM / torch names)
 }
 
-// dtypes is the data table behind String, Size and ParseDType.
+// dtypes is the data table behind Size and ParseDType (the canonical names, which String returns, are the
+// constants' line comments, generated into string.go).
 var dtypes = [...]dtypeInfo{
-	BF16:    {"bf16", 2, []string{"bfloat16", "torch.bfloat16"}},
-	FP16:    {"fp16", 2, []string{"float16", "half", "torch.float16"}},
-	FP32:    {"fp32", 4, []string{"float32", "float", "torch.float32"}},
-	FP8E4M3: {"fp8_e4m3", 1, []string{"fp8", "float8_e4m3fn", "torch.float8_e4m3fn", "fp8e4m3"}},
-	FP8E5M2: {"fp8_e5m2", 1, []string{"float8_e5m2", "torch.float8_e5m2", "fp8e5m2"}},
+	BF16:    {2, []string{"bfloat16", "torch.bfloat16"}},
+	FP16:    {2, []string{"float16", "half", "torch.float16"}},
+	FP32:    {4, []string{"float32", "float", "torch.float32"}},
+	FP8E4M3: {1, []string{"fp8", "float8_e4m3fn", "torch.float8_e4m3fn", "fp8e4m3"}},
+	FP8E5M2: {1, []string{"float8_e5m2", "torch.float8_e5m2", "fp8e5m2"}},
 }
 
 // Valid reports whether t is one of the defined element types.
 func (t DType) Valid() bool { return t >= BF16 && int(t) < len(dtypes) }
-
-// String returns the canonical name ("bf16", "fp16", "fp32", "fp8_e4m3", "fp8_e5m2").
-func (t DType) String() string {
-	if !t.Valid() {
-		return fmt.Sprintf("DType(%d)", uint8(t))
-	}
-	return dtypes[t].name
-}
 
 // Size returns the element size in bytes, or 0 for an invalid DType.
 func (t DType) Size() int {
@@ -60,7 +52,7 @@ func (t DType) Size() int {
 func ParseDType(s string) (DType, error) {
 	k := strings.ToLower(strings.TrimSpace(s))
 	for i := BF16; int(i) < len(dtypes); i++ {
-		if k == dtypes[i].name {
+		if k == i.String() {
 			return i, nil
 		}
 		for _, a := range dtypes[i].alias {
@@ -79,7 +71,7 @@ func ParseDType(s string) (DType, error) {
 // connector advertises the order in the handshake, and guessing it silently garbles data, so it must be set.
 type BlockOrder uint8
 
-// Physical block orders.
+// Physical block orders; String gives the spelling of vLLM's kv_cache_layout field.
 const (
 	// NHD stores a block as [block_size][heads][head_dim] (token-major).
 	NHD BlockOrder = iota + 1
@@ -89,17 +81,6 @@ const (
 
 // Valid reports whether o is NHD or HND.
 func (o BlockOrder) Valid() bool { return o == NHD || o == HND }
-
-// String returns "NHD" or "HND" (the spelling of vLLM's kv_cache_layout field).
-func (o BlockOrder) String() string {
-	switch o {
-	case NHD:
-		return "NHD"
-	case HND:
-		return "HND"
-	}
-	return fmt.Sprintf("BlockOrder(%d)", uint8(o))
-}
 
 // ParseBlockOrder accepts "NHD" or "HND" (case-insensitive), as found in vLLM's kv_cache_layout.
 func ParseBlockOrder(s string) (BlockOrder, error) {
@@ -120,26 +101,25 @@ type RegionPlan uint8
 const (
 	// PlanSplitKV (era A; FLASH_ATTN up to ~v0.21): per layer a K region and a V region, registered in the
 	// order K0, V0, K1, V1, ...; one descriptor per block of block_len = block_size·heads·head_dim·e.
-	PlanSplitKV RegionPlan = iota + 1
+	PlanSplitKV RegionPlan = iota + 1 // split-kv
 	// PlanKVHalves (era B; FLASH_ATTN from ~v0.22, and FLASHINFER/TRITON_ATTN blocks-first earlier): one
 	// region per layer; each block holds the K half then the V half, and each half is its own descriptor.
-	PlanKVHalves
+	PlanKVHalves // kv-halves
 	// PlanPackedKV (era C; from ~v0.25): one region per layer; K and V are packed in the last dimension
 	// ([.., 2·head_dim], K first) and one descriptor covers the whole block.
-	PlanPackedKV
+	PlanPackedKV // packed-kv
 )
 
 type planInfo struct {
-	name          string
 	regionsPerL   int // registered regions per layer
 	descParts     int // descriptors per block of one registered region
 	blockKVFactor int // block_len = blockKVFactor · block_size · heads · head_dim · e
 }
 
 var plans = [...]planInfo{
-	PlanSplitKV:  {"split-kv", 2, 1, 1},
-	PlanKVHalves: {"kv-halves", 1, 2, 2},
-	PlanPackedKV: {"packed-kv", 1, 1, 2},
+	PlanSplitKV:  {2, 1, 1},
+	PlanKVHalves: {1, 2, 2},
+	PlanPackedKV: {1, 1, 2},
 }
 
 // info returns p's row of the plan table; an invalid plan gets a row of zero regions (and one descriptor
@@ -154,14 +134,6 @@ func (p RegionPlan) info() planInfo {
 // Valid reports whether p is one of the defined plans.
 func (p RegionPlan) Valid() bool { return p >= PlanSplitKV && int(p) < len(plans) }
 
-// String returns "split-kv", "kv-halves" or "packed-kv".
-func (p RegionPlan) String() string {
-	if !p.Valid() {
-		return fmt.Sprintf("RegionPlan(%d)", uint8(p))
-	}
-	return plans[p].name
-}
-
 // KV selects the K or the V cache of a layer.
 type KV uint8
 
@@ -171,22 +143,11 @@ const (
 	V KV = 1
 )
 
-// String returns "K" or "V".
-func (c KV) String() string {
-	switch c {
-	case K:
-		return "K"
-	case V:
-		return "V"
-	}
-	return fmt.Sprintf("KV(%d)", uint8(c))
-}
-
 // ParseRegionPlan accepts "split-kv", "kv-halves" or "packed-kv" (also "A", "B", "C" for the eras).
 func ParseRegionPlan(s string) (RegionPlan, error) {
 	k := strings.ToLower(strings.TrimSpace(s))
 	for p := PlanSplitKV; p.Valid(); p++ {
-		if k == plans[p].name || k == strings.ToLower(string(rune('A'+int(p)-1))) {
+		if k == p.String() || k == strings.ToLower(string(rune('A'+int(p)-1))) {
 			return p, nil
 		}
 	}

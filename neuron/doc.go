@@ -37,8 +37,10 @@
 //
 // # Testing without hardware
 //
-// BuildFakeNRT compiles a small C library implementing the used part of the libnrt API over host memory
-// (several NeuronCores, tracked allocations, DMA alignment/granularity/maximum-transfer constraints,
-// counters and fault injection). It is loaded through the same dlopen path as the real runtime; the tests
-// and the demo use it when no Neuron device is present.
+// Package neurontest builds a fake libnrt: a small C library implementing the used part of the libnrt API
+// over host memory (several NeuronCores, tracked allocations, DMA alignment/granularity/maximum-transfer
+// constraints, counters and fault injection). It is loaded through the same dlopen path as the real runtime;
+// the tests and the demo use it when no Neuron device is present.
 package neuron
+
+//go:generate go run golang.org/x/tools/cmd/stringer@v0.52.0 -linecomment -output=string.go -type=Placement

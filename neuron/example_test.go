@@ -7,6 +7,7 @@ import (
 
 	"github.com/gonixl/gonixl/layout"
 	"github.com/gonixl/gonixl/neuron"
+	"github.com/gonixl/gonixl/neuron/neurontest"
 	"github.com/gonixl/gonixl/nixl"
 )
 
@@ -35,7 +36,7 @@ var (
 func Example() {
 	dir, _ := os.MkdirTemp("", "fakenrt")
 	defer os.RemoveAll(dir)
-	lib, err := neuron.BuildFakeNRT(dir) // no Trainium here: the fake libnrt, same dlopen path
+	lib, err := neurontest.Build(dir) // no Trainium here: the fake libnrt, same dlopen path
 	if err != nil {
 		fmt.Println(err)
 		return

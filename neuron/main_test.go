@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"go.uber.org/goleak"
+
+	"github.com/gonixl/gonixl/neuron/neurontest"
 )
 
 // fakeLib and fakeOldLib are the fake libnrt builds shared by all tests of this package (built once, in a
@@ -21,11 +23,11 @@ func TestMain(m *testing.M) {
 	}
 	code := func() int {
 		defer os.RemoveAll(dir)
-		if fakeLib, err = BuildFakeNRT(filepath.Join(dir, "current")); err != nil {
+		if fakeLib, err = neurontest.Build(filepath.Join(dir, "current")); err != nil {
 			fmt.Fprintln(os.Stderr, "building the fake libnrt:", err)
 			return 1
 		}
-		if fakeOldLib, err = buildFakeNRT(filepath.Join(dir, "old"), true); err != nil {
+		if fakeOldLib, err = neurontest.BuildOldRuntime(filepath.Join(dir, "old")); err != nil {
 			fmt.Fprintln(os.Stderr, "building the old-runtime fake libnrt:", err)
 			return 1
 		}

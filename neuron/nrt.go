@@ -104,24 +104,12 @@ type Placement int32
 
 const (
 	// PlacementDevice is Neuron device memory (HBM) of one NeuronCore.
-	PlacementDevice Placement = 0
+	PlacementDevice Placement = 0 // device
 	// PlacementHost is the deprecated libnrt host placement, limited to less than 4 MiB; prefer your own mmap.
-	PlacementHost Placement = 1
+	PlacementHost Placement = 1 // host
 	// PlacementVirtual is ordinary host memory managed by libnrt.
-	PlacementVirtual Placement = 2
+	PlacementVirtual Placement = 2 // virtual
 )
-
-func (p Placement) String() string {
-	switch p {
-	case PlacementDevice:
-		return "device"
-	case PlacementHost:
-		return "host"
-	case PlacementVirtual:
-		return "virtual"
-	}
-	return fmt.Sprintf("Placement(%d)", int32(p))
-}
 
 const frameworkNoFW = 1 // NRT_FRAMEWORK_TYPE_NO_FW
 
@@ -199,7 +187,7 @@ func loadLibrary(path string) (*library, error) {
 		return l, nil
 	}
 	return nil, fmt.Errorf("%w (tried %v: %v); install aws-neuronx-runtime-lib, set %s to the library file, "+
-		"or pass Options.Path (tests use BuildFakeNRT)", ErrNotFound, candidates(path), errors.Join(errs...), EnvLibrary)
+		"or pass Options.Path (without Trainium: neurontest.Build, the fake libnrt)", ErrNotFound, candidates(path), errors.Join(errs...), EnvLibrary)
 }
 
 func sym(h unsafe.Pointer, names ...string) unsafe.Pointer {
@@ -651,7 +639,7 @@ func boolInt(b bool) C.int {
 	return 0
 }
 
-// fakeCtl reads (and with set, first writes) a knob or counter of the fake libnrt (BuildFakeNRT). ok is false
+// fakeCtl reads (and with set, first writes) a knob or counter of the fake libnrt (neurontest). ok is false
 // when the loaded library is not the fake.
 func (r *Runtime) fakeCtl(key string, value int64, set bool) (v int64, ok bool) {
 	if r.lib.fakeCtl == nil {

@@ -3,9 +3,7 @@ package neuron
 import (
 	"bytes"
 	"errors"
-	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"testing"
 
@@ -290,20 +288,6 @@ func TestConcurrentReads(t *testing.T) {
 		require.NoError(t, err)
 	}
 	assert.EqualValues(t, n*n, ctl(t, r, "reads"))
-}
-
-func TestFakeSourceEmbedded(t *testing.T) {
-	src := string(FakeNRTSource())
-	for _, sym := range []string{"nrt_init", "nrt_tensor_read_batch", "fake_nrt_ctl"} {
-		assert.True(t, strings.Contains(src, sym), sym)
-	}
-	_, err := BuildFakeNRT("")
-	require.ErrorIs(t, err, ErrBadArgument)
-	// A folder that cannot be created is reported, not ignored.
-	f := filepath.Join(t.TempDir(), "file")
-	require.NoError(t, os.WriteFile(f, nil, 0o644))
-	_, err = BuildFakeNRT(filepath.Join(f, "sub"))
-	require.Error(t, err)
 }
 
 func TestOldRuntimeRefusesLargeTensors(t *testing.T) {

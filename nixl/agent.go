@@ -104,14 +104,10 @@ type Agent struct {
 type childKind int
 
 const (
-	kindXfer childKind = iota
-	kindPrepped
-	kindRegistration
+	kindXfer         childKind = iota // transfer request
+	kindPrepped                       // prepared descriptor list
+	kindRegistration                  // memory registration
 )
-
-func (k childKind) String() string {
-	return [...]string{"transfer request", "prepared descriptor list", "memory registration"}[k]
-}
 
 // child is the native side of a handle owned by the agent. It holds no reference to the Go wrapper, so a
 // wrapper that is dropped without Close can be collected, and its cleanup reports the leak.

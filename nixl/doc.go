@@ -40,3 +40,5 @@
 // NIXL's RW locking mode and a progress thread, so transfers complete without the application polling the
 // target side. Xfer.Wait polls with backoff and honours its context.
 package nixl
+
+//go:generate go run golang.org/x/tools/cmd/stringer@v0.52.0 -linecomment -output=string.go -type=Op,State,Status,MemType,childKind

@@ -2,7 +2,6 @@ package nixl
 
 import (
 	"errors"
-	"fmt"
 )
 
 // Status is a status code of NIXL's C API (nixl_capi_status_t). Non-negative values are not errors:
@@ -11,37 +10,15 @@ type Status int
 
 // Status codes of NIXL's C API. The C API folds most of NIXL's own error codes into StatusBackend.
 const (
-	StatusSuccess      Status = 0
-	StatusInProgress   Status = 1
-	StatusInvalidParam Status = -1
-	StatusBackend      Status = -2
-	StatusInvalidState Status = -3
-	StatusException    Status = -4
-	StatusNoTelemetry  Status = -5
-	StatusNotFound     Status = -6
+	StatusSuccess      Status = 0  // SUCCESS
+	StatusInProgress   Status = 1  // IN_PROG
+	StatusInvalidParam Status = -1 // ERR_INVALID_PARAM
+	StatusBackend      Status = -2 // ERR_BACKEND
+	StatusInvalidState Status = -3 // ERR_INVALID_STATE
+	StatusException    Status = -4 // ERR_EXCEPTION
+	StatusNoTelemetry  Status = -5 // ERR_NO_TELEMETRY
+	StatusNotFound     Status = -6 // ERR_NOT_FOUND
 )
-
-func (s Status) String() string {
-	switch s {
-	case StatusSuccess:
-		return "SUCCESS"
-	case StatusInProgress:
-		return "IN_PROG"
-	case StatusInvalidParam:
-		return "ERR_INVALID_PARAM"
-	case StatusBackend:
-		return "ERR_BACKEND"
-	case StatusInvalidState:
-		return "ERR_INVALID_STATE"
-	case StatusException:
-		return "ERR_EXCEPTION"
-	case StatusNoTelemetry:
-		return "ERR_NO_TELEMETRY"
-	case StatusNotFound:
-		return "ERR_NOT_FOUND"
-	}
-	return fmt.Sprintf("status(%d)", int(s))
-}
 
 // Sentinel errors. Every error returned by this package that comes from NIXL is an *Error whose Unwrap gives
 // one of the status sentinels, so callers test with errors.Is(err, nixl.ErrNotFound) and so on.

@@ -6,14 +6,13 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/gonixl/gonixl/internal/testenv"
 	"github.com/gonixl/gonixl/nixl"
 )
 
 // Two agents in one process: the initiator READs the target's registered buffer over UCX and the target
 // gets the transfer's notification.
 func Example() {
-	lib, err := nixl.Load(nixl.LoadOptions{LibDir: testenv.NIXLLibDir()})
+	lib, err := nixl.Load(nixl.LoadOptions{}) // $NIXL_LIB_DIR, the loader's path, then the standard prefixes
 	if err != nil {
 		fmt.Println(err)
 		return

@@ -19,28 +19,12 @@ type MemType int
 // Memory types. DRAM is host memory, VRAM GPU memory (DevID = CUDA device ordinal), Block a block device,
 // Object an object store key, File a file (DevID = file descriptor).
 const (
-	DRAM   MemType = 0
-	VRAM   MemType = 1
-	Block  MemType = 2
-	Object MemType = 3
-	File   MemType = 4
+	DRAM   MemType = 0 // DRAM
+	VRAM   MemType = 1 // VRAM
+	Block  MemType = 2 // BLOCK
+	Object MemType = 3 // OBJECT
+	File   MemType = 4 // FILE
 )
-
-func (m MemType) String() string {
-	switch m {
-	case DRAM:
-		return "DRAM"
-	case VRAM:
-		return "VRAM"
-	case Block:
-		return "BLOCK"
-	case Object:
-		return "OBJECT"
-	case File:
-		return "FILE"
-	}
-	return fmt.Sprintf("MemType(%d)", int(m))
-}
 
 // ParseMemType accepts NIXL's names ("DRAM", "VRAM", "BLOCK", "OBJECT", "FILE"; any case), and vLLM's
 // "cpu" (DRAM) and "cuda" (VRAM).

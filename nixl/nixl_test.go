@@ -32,6 +32,7 @@ func TestMain(m *testing.M) {
 	if os.Getenv("GONIXL_NIXL_LOADFAIL") != "" {
 		os.Exit(loadFailMain())
 	}
+	testenv.ExportNIXLLibDir()
 	nixl.OnLeak(func(l nixl.Leak) {
 		if l.What != "deliberately leaked" {
 			fmt.Fprintf(os.Stderr, "LEAK: %+v\n", l)

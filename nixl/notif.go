@@ -13,6 +13,8 @@ import (
 	"runtime"
 	"time"
 	"unsafe"
+
+	"github.com/gonixl/gonixl/internal/poll"
 )
 
 // Notification is a message from a peer agent: a transfer's notification or one sent with
@@ -113,34 +115,32 @@ func (a *Agent) SendNotification(remote string, msg []byte, opts ...Option) erro
 // WaitNotification polls GetNotifications until match accepts one, or ctx ends. Notifications that do
 // not match are passed to other (may be nil; they are then dropped).
 func (a *Agent) WaitNotification(ctx context.Context, match func(Notification) bool, other func(Notification)) (Notification, error) {
-	delay := 10 * time.Microsecond
-	for {
-		ns, err := a.GetNotifications()
-		if err != nil {
-			return Notification{}, err
+	var (
+		found Notification
+		ok    bool
+		err   error
+	)
+	if cerr := notifBackoff.Until(ctx, func() bool {
+		var ns []Notification
+		if ns, err = a.GetNotifications(); err != nil {
+			return true
 		}
-		var found *Notification
 		for i := range ns {
-			if found == nil && match(ns[i]) {
-				found = &ns[i]
+			if !ok && match(ns[i]) {
+				found, ok = ns[i], true
 				continue
 			}
 			if other != nil {
 				other(ns[i])
 			}
 		}
-		if found != nil {
-			return *found, nil
-		}
-		t := time.NewTimer(delay)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return Notification{}, fmt.Errorf("nixl: waiting for a notification on %s: %w", a.name, ctx.Err())
-		case <-t.C:
-		}
-		if delay < 2*time.Millisecond {
-			delay *= 2
-		}
+		return ok
+	}); cerr != nil {
+		return Notification{}, fmt.Errorf("nixl: waiting for a notification on %s: %w", a.name, cerr)
 	}
+	return found, err
 }
+
+// notifBackoff paces WaitNotification: notifications follow a peer's whole transfer, so there is no
+// spinning, and the delay grows from 10 µs to 2 ms.
+var notifBackoff = poll.Backoff{Min: 10 * time.Microsecond, Max: 2 * time.Millisecond}

@@ -13,6 +13,8 @@ import (
 	"sync"
 	"time"
 	"unsafe"
+
+	"github.com/gonixl/gonixl/internal/poll"
 )
 
 // Op is a transfer direction, seen from the initiating (local) agent.
@@ -20,16 +22,9 @@ type Op int
 
 // Read pulls remote bytes into local memory; Write pushes local bytes to remote memory.
 const (
-	Read  Op = 0
-	Write Op = 1
+	Read  Op = 0 // READ
+	Write Op = 1 // WRITE
 )
-
-func (o Op) String() string {
-	if o == Write {
-		return "WRITE"
-	}
-	return "READ"
-}
 
 // Prepped is a descriptor list prepared once (prepXferDlist) so that many transfers can be made from it by
 // index (MakeXfer). A Prepped is safe for concurrent use; Close releases it (idempotent).
@@ -97,16 +92,9 @@ type State int
 
 // InProgress: posted and running. Done: complete (the data is in place).
 const (
-	InProgress State = iota
-	Done
+	InProgress State = iota // IN_PROGRESS
+	Done                    // DONE
 )
-
-func (s State) String() string {
-	if s == Done {
-		return "DONE"
-	}
-	return "IN_PROGRESS"
-}
 
 // Xfer is a transfer request. It can be posted again after it completed (optionally with a new
 // notification). Its methods are safe for concurrent use; Close releases it (idempotent; if the transfer
@@ -300,36 +288,17 @@ func (x *Xfer) Status() (State, error) {
 }
 
 // Wait polls Status until the transfer is done, fails, or ctx ends (then it returns ctx's error and the
-// transfer may still be running: Close it to cancel). Polling backs off from a busy spin to 1 ms.
+// transfer may still be running: Close it to cancel). Polling backs off from a busy spin to 1 ms (poll.Default).
 func (x *Xfer) Wait(ctx context.Context) error {
-	delay := time.Duration(0)
-	for spins := 0; ; spins++ {
-		st, err := x.Status()
-		if err != nil {
-			return err
-		}
-		if st == Done {
-			return nil
-		}
-		if err := ctx.Err(); err != nil {
-			return fmt.Errorf("nixl: waiting for %s with %s: %w", x.op, x.remote, err)
-		}
-		if spins < 64 {
-			runtime.Gosched()
-			continue
-		}
-		if delay == 0 {
-			delay = 5 * time.Microsecond
-		} else if delay < time.Millisecond {
-			delay *= 2
-		}
-		t := time.NewTimer(delay)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-		case <-t.C:
-		}
+	var err error
+	if cerr := poll.Default.Until(ctx, func() bool {
+		var st State
+		st, err = x.Status()
+		return err != nil || st == Done
+	}); cerr != nil {
+		return fmt.Errorf("nixl: waiting for %s with %s: %w", x.op, x.remote, cerr)
 	}
+	return err
 }
 
 // Close releases the request.

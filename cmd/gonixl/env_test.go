@@ -13,6 +13,7 @@ import (
 
 	"github.com/gonixl/gonixl/internal/testenv"
 	"github.com/gonixl/gonixl/neuron"
+	"github.com/gonixl/gonixl/neuron/neurontest"
 	"github.com/gonixl/gonixl/nixl"
 )
 
@@ -124,7 +125,7 @@ func TestProbeWithoutNIXL(t *testing.T) {
 // TestEnvNeuron points env at gonixl's fake libnrt (loaded through the same dlopen path as the real runtime):
 // the runtime's version and NeuronCores are reported; --no-neuron-init only checks that it loads.
 func TestEnvNeuron(t *testing.T) {
-	lib, err := neuron.BuildFakeNRT(t.TempDir())
+	lib, err := neurontest.Build(t.TempDir())
 	if err != nil {
 		testenv.Missing(t, "a C compiler for the fake libnrt", err.Error())
 	}

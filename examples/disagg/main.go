@@ -12,6 +12,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -203,7 +204,37 @@ func orchestrate() error {
 	}
 	wg.Wait()
 	wall := time.Since(start)
+	fmt.Printf("metrics: prefill %s, decode %s\n",
+		scrape(ctx, pre.url, "gonixl_requests_total", "gonixl_stage_time_seconds_count"),
+		scrape(ctx, dec.url, "gonixl_requests_total", "gonixl_xfer_time_seconds_count"))
 	return summary(results, wall)
+}
+
+// scrape reads a worker's /metrics (Prometheus' text format) and returns the named samples as
+// "name value" pairs, or what went wrong.
+func scrape(ctx context.Context, base string, names ...string) string {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/metrics", nil)
+	if err != nil {
+		return err.Error()
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err.Error()
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return err.Error()
+	}
+	var out []string
+	for _, line := range strings.Split(string(body), "\n") {
+		for _, n := range names {
+			if strings.HasPrefix(line, n+" ") {
+				out = append(out, line)
+			}
+		}
+	}
+	return strings.Join(out, ", ")
 }
 
 func gbps(bytes int64, msec float64) float64 {

@@ -69,6 +69,17 @@ func NIXLLibDir() string {
 	return ""
 }
 
+// ExportNIXLLibDir sets $NIXL_LIB_DIR to NIXLLibDir when it is unset, for TestMain: the package's Examples
+// then load NIXL as a user's program does (nixl.LoadOptions{} reads $NIXL_LIB_DIR), with no test helper in
+// their code.
+func ExportNIXLLibDir() {
+	if os.Getenv("NIXL_LIB_DIR") == "" {
+		if dir := NIXLLibDir(); dir != "" {
+			_ = os.Setenv("NIXL_LIB_DIR", dir)
+		}
+	}
+}
+
 // RequireNIXLLibDir returns NIXLLibDir or fails/skips the test.
 func RequireNIXLLibDir(tb testing.TB) string {
 	tb.Helper()

@@ -101,7 +101,7 @@ func (s *DecodeServer) Close() {
 
 // Handler returns the OpenAI-shaped HTTP API: POST /v1/completions, GET /version, /health, /metrics.
 func (s *DecodeServer) Handler() http.Handler {
-	return apiMux(s.cfg.VLLMVersion, s.role.Metrics().Handler(), s.completions)
+	return apiMux(s.cfg.VLLMVersion, s.role.Metrics(), s.completions)
 }
 
 func (s *DecodeServer) completions(w http.ResponseWriter, r *http.Request) {

@@ -11,12 +11,16 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
 
 	"github.com/gonixl/gonixl/connector"
 	"github.com/gonixl/gonixl/connector/protocol"
 	"github.com/gonixl/gonixl/layout"
 	"github.com/gonixl/gonixl/neuron"
+	"github.com/gonixl/gonixl/neuron/neurontest"
 	"github.com/gonixl/gonixl/nixl"
 )
 
@@ -68,7 +72,7 @@ func OpenNeuron(path string, log *zap.Logger) (*neuron.Runtime, string, error) {
 		if dir, err = os.MkdirTemp("", "gonixl-fakenrt-"); err != nil {
 			return nil, "", err
 		}
-		if path, err = neuron.BuildFakeNRT(dir); err != nil {
+		if path, err = neurontest.Build(dir); err != nil {
 			os.RemoveAll(dir)
 			return nil, "", fmt.Errorf("building the fake libnrt (no Trainium here): %w", err)
 		}
@@ -200,7 +204,7 @@ func (s *PrefillServer) compute(row, tokens int, seed uint64) error {
 
 // Handler returns the OpenAI-shaped HTTP API: POST /v1/completions, GET /version, /health, /metrics.
 func (s *PrefillServer) Handler() http.Handler {
-	return apiMux(s.cfg.VLLMVersion, s.role.Metrics().Handler(), s.completions)
+	return apiMux(s.cfg.VLLMVersion, s.role.Metrics(), s.completions)
 }
 
 func (s *PrefillServer) completions(w http.ResponseWriter, r *http.Request) {
@@ -261,15 +265,18 @@ func (s *PrefillServer) completions(w http.ResponseWriter, r *http.Request) {
 	})
 }
 
-// apiMux serves what both workers share: GET /version (the vLLM version the worker speaks), /health, /metrics,
-// and POST /v1/completions.
-func apiMux(version string, metrics http.Handler, completions http.HandlerFunc) http.Handler {
+// apiMux serves what both workers share: GET /version (the vLLM version the worker speaks), /health, /metrics
+// (the role's metrics with the Go runtime's and the process's, from a registry of the server's own), and
+// POST /v1/completions.
+func apiMux(version string, metrics prometheus.Collector, completions http.HandlerFunc) http.Handler {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(metrics, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /version", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"version": version})
 	})
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
-	mux.Handle("GET /metrics", metrics)
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.HandleFunc("POST /v1/completions", completions)
 	return mux
 }

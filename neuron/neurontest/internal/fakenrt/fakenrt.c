@@ -3,7 +3,7 @@
  * on machines without Trainium/Inferentia. It implements the part of the libnrt C API that package neuron
  * uses, over ordinary host memory, with DMA-like constraints, counters and fault injection.
  *
- * It is compiled by neuron.BuildFakeNRT with the system C compiler into a temporary folder and then loaded
+ * It is compiled by neurontest.Build with the system C compiler into a temporary folder and then loaded
  * through the very same dlopen path as the real library. It needs no Neuron SDK: every type below is
  * declared here from the public ABI description (plain C, LP64).
  *

@@ -1,0 +1,171 @@
+package connector
+
+import (
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/gonixl/gonixl/connector/protocol"
+)
+
+// gather collects c through a pedantic registry (which checks Describe against Collect) and returns each
+// counter's and gauge's value by name, and each histogram's count and sum as name_count and name_sum.
+func gather(t *testing.T, c prometheus.Collector) map[string]float64 {
+	t.Helper()
+	reg := prometheus.NewPedanticRegistry()
+	require.NoError(t, reg.Register(c))
+	fams, err := reg.Gather()
+	require.NoError(t, err)
+	out := map[string]float64{}
+	for _, f := range fams {
+		require.Len(t, f.GetMetric(), 1, f.GetName())
+		m := f.GetMetric()[0]
+		switch {
+		case m.Counter != nil:
+			out[f.GetName()] = m.GetCounter().GetValue()
+		case m.Gauge != nil:
+			out[f.GetName()] = m.GetGauge().GetValue()
+		case m.Histogram != nil:
+			out[f.GetName()+"_count"] = float64(m.GetHistogram().GetSampleCount())
+			out[f.GetName()+"_sum"] = m.GetHistogram().GetSampleSum()
+		default:
+			t.Fatalf("unexpected metric type of %s", f.GetName())
+		}
+	}
+	return out
+}
+
+func TestMetricsCollector(t *testing.T) {
+	var m Metrics // the zero value is ready
+	s := gather(t, &m)
+	assert.Len(t, s, len(counterInfos)+2*numTimings, "every counter and histogram is exported, also before any traffic")
+	assert.Zero(t, s["gonixl_requests_total"])
+
+	m.Requests.Add(3)
+	m.Bytes.Add(1 << 20)
+	m.BlocksHeld.Add(5)
+	m.BlocksHeld.Add(-2)
+	m.BlocksExpired.Add(4)
+	m.RequestsExpired.Add(1)
+	m.Handshakes.Add(1)
+	m.Observe(TimingTransfer, 2*time.Millisecond)
+	m.Observe("transfer", 4*time.Millisecond)
+	m.Observe(TimingHandshake, 30*time.Millisecond)
+	m.Observe("no such timing", time.Second) // recorded nowhere
+	var nilM *Metrics
+	nilM.Observe(TimingStage, time.Second) // a nil Metrics ignores observations
+
+	require.NoError(t, testutil.CollectAndCompare(&m, strings.NewReader(`
+# HELP gonixl_requests_total Requests published (prefill) or pulled (decode).
+# TYPE gonixl_requests_total counter
+gonixl_requests_total 3
+# HELP gonixl_bytes_total KV bytes read (decode) or published (prefill).
+# TYPE gonixl_bytes_total counter
+gonixl_bytes_total 1.048576e+06
+# HELP gonixl_blocks_held KV blocks held for decode peers (prefill).
+# TYPE gonixl_blocks_held gauge
+gonixl_blocks_held 3
+# HELP gonixl_kv_expired_reqs_total Requests whose KV blocks expired unread (prefill; as vLLM's vllm:nixl_num_kv_expired_reqs).
+# TYPE gonixl_kv_expired_reqs_total counter
+gonixl_kv_expired_reqs_total 1
+# HELP gonixl_handshake_time_seconds Side-channel handshakes with a prefill peer, metadata load included (decode, cache misses only).
+# TYPE gonixl_handshake_time_seconds histogram
+gonixl_handshake_time_seconds_bucket{le="0.0001"} 0
+gonixl_handshake_time_seconds_bucket{le="0.00025"} 0
+gonixl_handshake_time_seconds_bucket{le="0.0005"} 0
+gonixl_handshake_time_seconds_bucket{le="0.001"} 0
+gonixl_handshake_time_seconds_bucket{le="0.0025"} 0
+gonixl_handshake_time_seconds_bucket{le="0.005"} 0
+gonixl_handshake_time_seconds_bucket{le="0.01"} 0
+gonixl_handshake_time_seconds_bucket{le="0.025"} 0
+gonixl_handshake_time_seconds_bucket{le="0.05"} 1
+gonixl_handshake_time_seconds_bucket{le="0.075"} 1
+gonixl_handshake_time_seconds_bucket{le="0.1"} 1
+gonixl_handshake_time_seconds_bucket{le="0.2"} 1
+gonixl_handshake_time_seconds_bucket{le="0.3"} 1
+gonixl_handshake_time_seconds_bucket{le="0.5"} 1
+gonixl_handshake_time_seconds_bucket{le="0.75"} 1
+gonixl_handshake_time_seconds_bucket{le="1"} 1
+gonixl_handshake_time_seconds_bucket{le="2.5"} 1
+gonixl_handshake_time_seconds_bucket{le="5"} 1
+gonixl_handshake_time_seconds_bucket{le="10"} 1
+gonixl_handshake_time_seconds_bucket{le="30"} 1
+gonixl_handshake_time_seconds_bucket{le="+Inf"} 1
+gonixl_handshake_time_seconds_sum 0.03
+gonixl_handshake_time_seconds_count 1
+`), "gonixl_requests_total", "gonixl_bytes_total", "gonixl_blocks_held", "gonixl_kv_expired_reqs_total",
+		"gonixl_handshake_time_seconds"))
+
+	s = gather(t, &m)
+	assert.EqualValues(t, 4, s["gonixl_blocks_expired_total"])
+	assert.EqualValues(t, 1, s["gonixl_handshakes_total"])
+	assert.EqualValues(t, 2, s["gonixl_xfer_time_seconds_count"])
+	assert.InDelta(t, 0.006, s["gonixl_xfer_time_seconds_sum"], 1e-12)
+	assert.Zero(t, s["gonixl_stage_time_seconds_count"])
+}
+
+// The names and help texts pass Prometheus' own linter.
+func TestMetricsLint(t *testing.T) {
+	m := NewMetrics(prometheus.Labels{"role": "prefill"})
+	m.Observe(TimingStage, time.Millisecond)
+	problems, err := testutil.CollectAndLint(m)
+	require.NoError(t, err)
+	assert.Empty(t, problems)
+}
+
+// Two roles' Metrics in one registry, told apart by their labels, served by promhttp as a server would.
+func TestMetricsRegistry(t *testing.T) {
+	pre, dec := NewMetrics(prometheus.Labels{"role": "prefill"}), NewMetrics(prometheus.Labels{"role": "decode"})
+	reg := prometheus.NewPedanticRegistry()
+	require.NoError(t, reg.Register(pre))
+	require.NoError(t, reg.Register(dec))
+	require.Error(t, reg.Register(NewMetrics(prometheus.Labels{"role": "decode"})), "the same series twice")
+	pre.Requests.Add(2)
+	dec.Requests.Add(1)
+	dec.Observe(TimingTransfer, time.Millisecond)
+
+	srv := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	defer srv.Close()
+	resp, err := http.Get(srv.URL)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	assert.Contains(t, string(body), `gonixl_requests_total{role="prefill"} 2`)
+	assert.Contains(t, string(body), `gonixl_requests_total{role="decode"} 1`)
+	assert.Contains(t, string(body), `gonixl_xfer_time_seconds_count{role="decode"} 1`)
+}
+
+// The roles' metrics after real traffic.
+func TestMetricsAfterTraffic(t *testing.T) {
+	p, _ := protocol.ProfileByName("0.16")
+	pr := newPair(t, p, pairOpts{})
+	ctx := ctxT(t, 10*time.Second)
+	kv, err := pr.pre.Prefill(ctx, "m1", 2*tinyBlock, nil)
+	require.NoError(t, err)
+	assert.EqualValues(t, 2, gather(t, pr.preM)["gonixl_blocks_held"])
+	_, err = pr.dec.Pull(ctx, "m1", kv, []int{1, 2})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return pr.pre.Held() == 0 }, 5*time.Second, 5*time.Millisecond)
+	ps, ds := gather(t, pr.preM), gather(t, pr.decM)
+	assert.EqualValues(t, 0, ps["gonixl_blocks_held"])
+	assert.EqualValues(t, 2, ps["gonixl_blocks_freed_total"])
+	assert.EqualValues(t, 1, ps["gonixl_notifications_total"])
+	assert.EqualValues(t, 1, ps["gonixl_stage_time_seconds_count"])
+	assert.EqualValues(t, 1, ds["gonixl_requests_total"])
+	assert.EqualValues(t, 1, ds["gonixl_handshakes_total"])
+	assert.EqualValues(t, 1, ds["gonixl_handshake_time_seconds_count"])
+	assert.EqualValues(t, 1, ds["gonixl_xfer_time_seconds_count"])
+	assert.Positive(t, ds["gonixl_bytes_total"])
+	assert.Equal(t, ps["gonixl_bytes_total"], ds["gonixl_bytes_total"])
+}
