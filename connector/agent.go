@@ -38,6 +38,7 @@ type registered struct {
 	reg   *nixl.Registration
 	cache Cache
 	geom  layout.Geometry
+	owned *DRAMCache // a cache the role created (from a Model), closed after the agent
 }
 
 // register creates an agent, registers every region of cache with it in one call, and returns both.
@@ -84,6 +85,11 @@ func (r *registered) close() error {
 	err := r.reg.Close()
 	if cerr := r.agent.Close(); err == nil {
 		err = cerr
+	}
+	if r.owned != nil {
+		if cerr := r.owned.Close(); err == nil { // idempotent
+			err = cerr
+		}
 	}
 	return err
 }

@@ -19,7 +19,12 @@ import (
 
 // DecodeConfig configures a decode worker (one TP rank of a decode engine).
 type DecodeConfig struct {
-	// Profile is the vLLM version the prefill peers run.
+	// VLLMVersion, Model and NumBlocks are as in PrefillConfig: the prefill peers' vLLM version string, the
+	// model, and the size of the DRAM cache the role creates when Cache is nil.
+	VLLMVersion string
+	Model       Model
+	NumBlocks   int
+	// Profile is the vLLM release of the prefill peers; set by VLLMVersion (protocol.ProfileFor).
 	Profile protocol.Profile
 	// Library is the loaded NIXL.
 	Library *nixl.Library
@@ -30,8 +35,9 @@ type DecodeConfig struct {
 	EngineID string
 	// Backends is the NIXL backend list (default UCX).
 	Backends []nixl.BackendSpec
-	// TPRank and TPSize are this worker's TP rank and its engine's TP size (default 1).
-	TPRank, TPSize int
+	// Rank is this worker's rank (the decode role uses its TP rank) and TPSize its engine's TP size (default 1).
+	Rank   protocol.Rank
+	TPSize int
 	// Compat holds the compatibility-hash inputs and the opt-out (SkipCheck).
 	Compat Compat
 	// PeerOrder, when set, is the physical block order of the prefill side's bytes where it differs from the
@@ -96,8 +102,9 @@ type source struct {
 	pairLen int64         // bytes per descriptor pair
 }
 
-// NewDecode registers the local cache and prepares its descriptor list.
-func NewDecode(cfg DecodeConfig) (*Decode, error) {
+// newDecode registers the local cache and prepares its descriptor list (NewDecode, model.go, first derives
+// what a Model implies).
+func newDecode(cfg DecodeConfig) (*Decode, error) {
 	if cfg.Profile.Name == "" {
 		return nil, errors.New("connector: DecodeConfig.Profile is not set (use protocol.ProfileFor)")
 	}
@@ -120,7 +127,7 @@ func NewDecode(cfg DecodeConfig) (*Decode, error) {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	log = log.With(zap.String("role", "decode"), zap.String("engine_id", cfg.EngineID), zap.Int("tp_rank", cfg.TPRank))
+	log = log.With(zap.String("role", "decode"), zap.String("engine_id", cfg.EngineID), zap.Int("tp_rank", cfg.Rank.TP))
 	metrics := cfg.Metrics
 	if metrics == nil {
 		metrics = &Metrics{}
@@ -128,7 +135,7 @@ func NewDecode(cfg DecodeConfig) (*Decode, error) {
 	if err := checkPlan(cfg.Profile, cfg.Cache); err != nil {
 		return nil, err
 	}
-	reg, err := register(cfg.Library, fmt.Sprintf("%s-tp%d", cfg.EngineID, cfg.TPRank), cfg.Backends, cfg.Cache, false, log)
+	reg, err := register(cfg.Library, fmt.Sprintf("%s-tp%d", cfg.EngineID, cfg.Rank.TP), cfg.Backends, cfg.Cache, false, log)
 	if err != nil {
 		return nil, err
 	}
@@ -415,7 +422,7 @@ func (d *Decode) fetch(ctx context.Context, engineID, addr string, rank int) (pr
 // handshake fetches the metadata of the prefill ranks this decode rank reads, plans the reads (layout.ReadPlan:
 // which ranks, which head slices), loads each rank's NIXL agent and prepares both descriptor lists per rank.
 func (d *Decode) handshake(ctx context.Context, engineID string, re *remoteEngine) (err error) {
-	dTP, dRank := d.cfg.TPSize, d.cfg.TPRank
+	dTP, dRank := d.cfg.TPSize, d.cfg.Rank.TP
 	first := dRank * re.tp / dTP // the first prefill rank this rank reads, whichever TP is larger
 	md, geom, err := d.fetch(ctx, engineID, re.addr, first)
 	if err != nil {

@@ -19,7 +19,13 @@ import (
 
 // PrefillConfig configures a prefill worker (one TP rank of a prefill engine).
 type PrefillConfig struct {
-	// Profile is the vLLM version the decode peers run (protocol.ProfileFor("0.16.0")).
+	// VLLMVersion is the vLLM version string of the decode peers (their GET /version), e.g. "0.16.0": it picks
+	// Profile and is hashed. Model describes the model once; with them the role derives the compatibility
+	// inputs (Compat, unless set) and, when Cache is nil, a DRAM cache of NumBlocks blocks (see Model).
+	VLLMVersion string
+	Model       Model
+	NumBlocks   int
+	// Profile is the vLLM release of the decode peers; set by VLLMVersion (protocol.ProfileFor).
 	Profile protocol.Profile
 	// Library is the loaded NIXL.
 	Library *nixl.Library
@@ -102,8 +108,9 @@ func randomID(prefix string) string {
 	return prefix + hex.EncodeToString(b[:])
 }
 
-// NewPrefill registers the cache, starts the side channel and the notification loop.
-func NewPrefill(cfg PrefillConfig) (*Prefill, error) {
+// newPrefill registers the cache, starts the side channel and the notification loop (NewPrefill, model.go,
+// first derives what a Model implies).
+func newPrefill(cfg PrefillConfig) (*Prefill, error) {
 	if cfg.Profile.Name == "" {
 		return nil, errors.New("connector: PrefillConfig.Profile is not set (use protocol.ProfileFor)")
 	}

@@ -93,7 +93,7 @@ func TestHeterogeneousTPDecodeWider(t *testing.T) {
 			require.NoError(t, err)
 			for rank := 0; rank < 2; rank++ {
 				dc := newCache(t, tpGeom(t, p, 2))
-				dec, err := NewDecode(DecodeConfig{Profile: p, Library: testLib(t), Cache: dc, TPRank: rank, TPSize: 2, Compat: tpCompat(p)})
+				dec, err := NewDecode(DecodeConfig{Profile: p, Library: testLib(t), Cache: dc, Rank: protocol.Rank{TP: rank}, TPSize: 2, Compat: tpCompat(p)})
 				require.NoError(t, err)
 				local := []int{9, 4, 7}
 				res, err := dec.Pull(ctx, fmt.Sprintf("d%d", rank), kv, local)
@@ -169,7 +169,7 @@ func TestHeterogeneousTPRefusesNHD(t *testing.T) {
 	defer pre.Close()
 	kv, err := pre.Prefill(ctx, "nhd", 20, fillHeads(pc, 0, 20))
 	require.NoError(t, err)
-	dec, err := NewDecode(DecodeConfig{Profile: p, Library: testLib(t), Cache: newCache(t, gd), TPRank: 1, TPSize: 2, Compat: tpCompat(p)})
+	dec, err := NewDecode(DecodeConfig{Profile: p, Library: testLib(t), Cache: newCache(t, gd), Rank: protocol.Rank{TP: 1}, TPSize: 2, Compat: tpCompat(p)})
 	require.NoError(t, err)
 	defer dec.Close()
 	_, err = dec.Pull(ctx, "d", kv, []int{5, 6})

@@ -1,0 +1,201 @@
+package connector
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/gonixl/gonixl/connector/protocol"
+	"github.com/gonixl/gonixl/layout"
+)
+
+// Model describes the model whose KV cache moves, once, as vLLM's configuration knows it. With the vLLM
+// release of the peers (a protocol.Profile) it yields the cache geometry of one TP rank (Geometry), the region
+// plan of that release's layout era, and the compatibility-hash inputs with that release's defaults
+// (CompatInputs). Set it in PrefillConfig.Model / DecodeConfig.Model with VLLMVersion and the roles derive
+// the rest.
+type Model struct {
+	// Name is vLLM's --model, exactly as the vLLM side was given it (it is hashed), e.g. "Qwen/Qwen3-0.6B".
+	Name string
+	// Layers is num_hidden_layers (the attention layers whose KV cache moves).
+	Layers int
+	// KVHeads is the number of KV heads of the whole model (num_key_value_heads); a TP rank holds
+	// KVHeads/TP of them, or one when TP exceeds KVHeads (vLLM replicates them).
+	KVHeads int
+	// HeadDim is the head size (head_dim).
+	HeadDim int
+	// DType is the model's dtype (and the KV cache's, unless CacheDType is set).
+	DType layout.DType
+	// CacheDType is the KV cache's element type when it differs from DType (vLLM's --kv-cache-dtype, e.g.
+	// layout.FP8E4M3 for "fp8"); 0 = DType, hashed as vLLM's "auto".
+	CacheDType layout.DType
+	// AttnBackend is the vLLM side's attention backend name; "" = the release's default on CUDA
+	// (Profile.Defaults.AttnBackend). A vLLM side on the CPU platform hashes "CPU_ATTN".
+	AttnBackend string
+	// BlockSize is vLLM's --block-size; 0 = 16, vLLM's default.
+	BlockSize int
+	// Order is the physical block order; 0 = HND, what vLLM's NixlConnector asks the attention backend for.
+	Order layout.BlockOrder
+}
+
+// DefaultBlockSize is vLLM's default --block-size.
+const DefaultBlockSize = 16
+
+// Geometry returns the paged KV cache geometry of one of tpSize TP ranks (tpSize ≤ 1: one rank) with
+// numBlocks blocks, in the region plan of p's layout era.
+func (m Model) Geometry(p protocol.Profile, numBlocks, tpSize int) (layout.Geometry, error) {
+	plan, err := PlanFor(p)
+	if err != nil {
+		return layout.Geometry{}, err
+	}
+	if tpSize < 1 {
+		tpSize = 1
+	}
+	heads, err := layout.HeadsPerRank(m.KVHeads, tpSize)
+	if err != nil {
+		return layout.Geometry{}, fmt.Errorf("connector: Model %q: %w", m.Name, err)
+	}
+	g := layout.Geometry{NumLayers: m.Layers, NumBlocks: numBlocks, BlockSize: m.BlockSize, NumKVHeads: heads,
+		HeadDim: m.HeadDim, DType: m.DType, Order: m.Order, Plan: plan}
+	if g.BlockSize == 0 {
+		g.BlockSize = DefaultBlockSize
+	}
+	if m.CacheDType != 0 {
+		g.DType = m.CacheDType
+	}
+	if g.Order == 0 {
+		g.Order = layout.HND
+	}
+	return g, g.Validate()
+}
+
+// torchNames are str(torch dtype) of the model dtypes, as vLLM hashes them.
+var torchNames = map[layout.DType]string{layout.BF16: "torch.bfloat16", layout.FP16: "torch.float16", layout.FP32: "torch.float32"}
+
+// cacheDtypeNames are vLLM's --kv-cache-dtype spellings of the cache element types.
+var cacheDtypeNames = map[layout.DType]string{layout.FP8E4M3: "fp8_e4m3", layout.FP8E5M2: "fp8_e5m2"}
+
+// CompatInputs returns the compatibility-hash inputs of the model under p's release, whose version string
+// (vllm.__version__ of the vLLM side) is vllmVersion, with that release's defaults for everything the model
+// does not say (Profile.DefaultCompatInputs). Change a field of the result only where the vLLM side changed
+// its defaults, and pass it as Compat.
+func (m Model) CompatInputs(p protocol.Profile, vllmVersion string) (protocol.CompatInputs, error) {
+	in := p.DefaultCompatInputs(vllmVersion, "")
+	in.Model = m.Name
+	in.NumKVHeads, in.HeadSize, in.NumHiddenLayers = int64(m.KVHeads), int64(m.HeadDim), int64(m.Layers)
+	var ok bool
+	if in.Dtype, ok = torchNames[m.DType]; !ok {
+		return protocol.CompatInputs{}, fmt.Errorf("%w: Model %q: DType %v is not a model dtype (want BF16, FP16 or FP32; an fp8 KV cache is CacheDType)",
+			layout.ErrInvalidGeometry, m.Name, m.DType)
+	}
+	if m.CacheDType != 0 && m.CacheDType != m.DType {
+		if in.CacheDtype, ok = cacheDtypeNames[m.CacheDType]; !ok {
+			in.CacheDtype = m.CacheDType.String()
+		}
+	}
+	if m.AttnBackend != "" {
+		in.AttnBackendName = m.AttnBackend
+	}
+	return in, nil
+}
+
+// modelSpec is what PrefillConfig and DecodeConfig share to derive their profile, compatibility inputs and
+// cache from a Model.
+type modelSpec struct {
+	version   string
+	model     Model
+	numBlocks int
+	tpSize    int
+}
+
+// resolve fills profile from the version, compat from the model (unless compat was given) and, when cache is
+// nil and numBlocks > 0, creates a DRAM cache for the model, which it returns for the role to own.
+func (s modelSpec) resolve(profile *protocol.Profile, compat *Compat, cache *Cache) (*DRAMCache, error) {
+	if s.version != "" {
+		p, err := protocol.ProfileFor(s.version)
+		if err != nil {
+			return nil, fmt.Errorf("connector: VLLMVersion: %w", err)
+		}
+		if profile.Name == "" {
+			*profile = p
+		} else if profile.Name != p.Name {
+			return nil, fmt.Errorf("connector: VLLMVersion %q is in profile %s but Profile is %s; set one of them", s.version, p.Name, profile.Name)
+		}
+	}
+	if s.model == (Model{}) {
+		return nil, nil
+	}
+	if profile.Name == "" {
+		return nil, errors.New("connector: a Model needs VLLMVersion (the vLLM version string of the peers, e.g. \"0.16.0\")")
+	}
+	if compat.VLLMVersion == "" && compat.Model == "" {
+		if s.version == "" {
+			return nil, errors.New("connector: a Model without Compat needs VLLMVersion (it is hashed)")
+		}
+		in, err := s.model.CompatInputs(*profile, s.version)
+		if err != nil {
+			return nil, err
+		}
+		compat.CompatInputs = in
+	}
+	if *cache != nil || s.numBlocks <= 0 {
+		return nil, nil
+	}
+	g, err := s.model.Geometry(*profile, s.numBlocks, s.tpSize)
+	if err != nil {
+		return nil, err
+	}
+	c, err := NewDRAMCache(g, false)
+	if err != nil {
+		return nil, err
+	}
+	*cache = c
+	return c, nil
+}
+
+// NewPrefill starts a prefill worker: it derives Profile, Compat and (when Cache is nil) a DRAM cache from
+// VLLMVersion and Model, registers the cache, and starts the side channel and the notification loop.
+func NewPrefill(cfg PrefillConfig) (*Prefill, error) {
+	owned, err := modelSpec{cfg.VLLMVersion, cfg.Model, cfg.NumBlocks, cfg.TPSize}.resolve(&cfg.Profile, &cfg.Compat, &cfg.Cache)
+	if err != nil {
+		return nil, err
+	}
+	p, err := newPrefill(cfg)
+	if err != nil {
+		if owned != nil {
+			_ = owned.Close()
+		}
+		return nil, err
+	}
+	p.reg.owned = owned
+	return p, nil
+}
+
+// NewDecode starts a decode worker: it derives Profile, Compat and (when Cache is nil) a DRAM cache from
+// VLLMVersion and Model, registers the cache and prepares its descriptor list.
+func NewDecode(cfg DecodeConfig) (*Decode, error) {
+	owned, err := modelSpec{cfg.VLLMVersion, cfg.Model, cfg.NumBlocks, cfg.TPSize}.resolve(&cfg.Profile, &cfg.Compat, &cfg.Cache)
+	if err != nil {
+		return nil, err
+	}
+	d, err := newDecode(cfg)
+	if err != nil {
+		if owned != nil {
+			_ = owned.Close()
+		}
+		return nil, err
+	}
+	d.reg.owned = owned
+	return d, nil
+}
+
+// Cache returns the KV cache the role serves (the one it created from the Model when PrefillConfig.Cache was nil).
+func (p *Prefill) Cache() Cache { return p.cfg.Cache }
+
+// Profile returns the vLLM release the role speaks.
+func (p *Prefill) Profile() protocol.Profile { return p.cfg.Profile }
+
+// Cache returns the KV cache the READs land in (the one it created from the Model when DecodeConfig.Cache was nil).
+func (d *Decode) Cache() Cache { return d.cfg.Cache }
+
+// Profile returns the vLLM release the role speaks.
+func (d *Decode) Profile() protocol.Profile { return d.cfg.Profile }
