@@ -144,7 +144,7 @@ func orchestrate() error {
 
 	m := demo.Qwen3_0_6B
 	fmt.Printf("gonixl disaggregated prefill/decode demo — vLLM %s wire profile, %s KV cache (%d layers × %d KV heads × %d, bf16, block %d)\n",
-		c.VLLMVersion, m.Name, m.NumLayers, m.NumKVHeads, m.HeadDim, m.BlockSize)
+		c.VLLMVersion, m.Name, m.Layers, m.KVHeads, m.HeadDim, m.BlockSize)
 	common := []string{"-vllm-version", c.VLLMVersion, "-num-blocks", strconv.Itoa(c.NumBlocks), "-kv-layout", c.Order,
 		"-backends", c.Backends, "-log-level", c.LogLevel, "-http", "127.0.0.1:0"}
 	if c.NIXLLibDir != "" {

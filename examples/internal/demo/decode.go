@@ -17,10 +17,9 @@ import (
 
 // DecodeConfig configures the demo decode server.
 type DecodeConfig struct {
-	VLLMVersion string // the vLLM version the prefill peer runs
-	Model       Model
+	VLLMVersion string          // the vLLM version the prefill peer runs
+	Model       connector.Model // its Order is the physical block order the decode side expects
 	NumBlocks   int
-	Order       layout.BlockOrder
 	Backends    []nixl.BackendSpec
 	Library     *nixl.Library
 	Logger      *zap.Logger
@@ -64,7 +63,7 @@ func NewDecodeServer(cfg DecodeConfig) (*DecodeServer, error) {
 	}
 	s := &DecodeServer{cfg: cfg, log: log, profile: p, cache: cfg.Cache}
 	if s.cache == nil {
-		g, err := cfg.Model.Geometry(p, cfg.NumBlocks, cfg.Order)
+		g, err := cfg.Model.Geometry(p, cfg.NumBlocks, 1)
 		if err != nil {
 			return nil, err
 		}
@@ -75,8 +74,8 @@ func NewDecodeServer(cfg DecodeConfig) (*DecodeServer, error) {
 	}
 	s.pool = connector.NewBlockPool(s.cache.Geometry().NumBlocks)
 	if s.role, err = connector.NewDecode(connector.DecodeConfig{
-		Profile: p, Library: cfg.Library, Cache: s.cache, Backends: cfg.Backends,
-		Compat: cfg.Model.Compat(cfg.VLLMVersion), Logger: log,
+		VLLMVersion: cfg.VLLMVersion, Model: cfg.Model, Library: cfg.Library, Cache: s.cache, Backends: cfg.Backends,
+		Logger: log,
 	}); err != nil {
 		s.Close()
 		return nil, err

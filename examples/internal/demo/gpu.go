@@ -42,7 +42,7 @@ func newGPUCache(cfg DecodeConfig) (gpuCache, func(), error) {
 		dev.Close()
 		return gpuCache{}, nil, err
 	}
-	g, err := cfg.Model.Geometry(p, cfg.NumBlocks, cfg.Order)
+	g, err := cfg.Model.Geometry(p, cfg.NumBlocks, 1)
 	if err != nil {
 		dev.Close()
 		return gpuCache{}, nil, err

@@ -10,44 +10,11 @@ import (
 	"strings"
 
 	"github.com/gonixl/gonixl/connector"
-	"github.com/gonixl/gonixl/connector/protocol"
 	"github.com/gonixl/gonixl/layout"
 )
 
-// Model is the attention shape of the model whose KV cache the demo moves.
-type Model struct {
-	Name       string
-	NumLayers  int
-	NumKVHeads int
-	HeadDim    int
-	DType      layout.DType
-	BlockSize  int
-}
-
 // Qwen3_0_6B is Qwen/Qwen3-0.6B: 28 layers, 8 KV heads of 128, bf16, vLLM's block size 16.
-var Qwen3_0_6B = Model{Name: "Qwen/Qwen3-0.6B", NumLayers: 28, NumKVHeads: 8, HeadDim: 128, DType: layout.BF16, BlockSize: 16}
-
-// Geometry returns the paged cache geometry for a vLLM profile, numBlocks blocks and a block order.
-func (m Model) Geometry(p protocol.Profile, numBlocks int, order layout.BlockOrder) (layout.Geometry, error) {
-	plan, err := connector.PlanFor(p)
-	if err != nil {
-		return layout.Geometry{}, err
-	}
-	g := layout.Geometry{NumLayers: m.NumLayers, NumBlocks: numBlocks, BlockSize: m.BlockSize, NumKVHeads: m.NumKVHeads,
-		HeadDim: m.HeadDim, DType: m.DType, Order: order, Plan: plan}
-	return g, g.Validate()
-}
-
-// Compat returns the compatibility-hash inputs both demo servers use.
-func (m Model) Compat(vllmVersion string) connector.Compat {
-	// vLLM's defaults for the release on CUDA (HMA, FLASH_ATTN, cache dtype "auto", pull mode), then the model.
-	in := protocol.CompatInputs{VLLMVersion: vllmVersion, AttnBackendName: "FLASH_ATTN", CacheDtype: "auto", HMAEnabled: true}
-	if p, err := protocol.ProfileFor(vllmVersion); err == nil {
-		in = p.DefaultCompatInputs(vllmVersion, protocol.PlatformCUDA)
-	}
-	in.Model, in.Dtype, in.NumKVHeads, in.HeadSize, in.NumHiddenLayers = m.Name, "torch.bfloat16", int64(m.NumKVHeads), int64(m.HeadDim), int64(m.NumLayers)
-	return connector.Compat{CompatInputs: in}
-}
+var Qwen3_0_6B = connector.Model{Name: "Qwen/Qwen3-0.6B", Layers: 28, KVHeads: 8, HeadDim: 128, DType: layout.BF16, BlockSize: 16}
 
 // Tokens is the demo's tokenizer: one token per whitespace-separated word.
 func Tokens(prompt string) int { return len(strings.Fields(prompt)) }

@@ -26,16 +26,15 @@ import (
 
 // PrefillConfig configures the demo prefill server.
 type PrefillConfig struct {
-	VLLMVersion string // the vLLM version the decode peer runs, e.g. "0.16.0"
-	Model       Model
-	HTTPAddr    string // e.g. "127.0.0.1:0"
-	SideChannel int    // side-channel port; 0 = a free one
-	NumBlocks   int    // the scheduler's num_blocks (block 0 is the null block)
-	BatchRows   int    // NxDI batch rows of the device KV tensors (concurrent prefills)
-	MaxSeq      int    // NxDI cache length (tokens per row)
-	Order       layout.BlockOrder
-	Label       string // kv_cache_layout label to publish ("" = Order)
-	NRTPath     string // libnrt: "" = the real libnrt.so.1 if present, else the fake one built in a temp dir
+	VLLMVersion string          // the vLLM version the decode peer runs, e.g. "0.16.0"
+	Model       connector.Model // its Order is the physical block order staged
+	HTTPAddr    string          // e.g. "127.0.0.1:0"
+	SideChannel int             // side-channel port; 0 = a free one
+	NumBlocks   int             // the scheduler's num_blocks (block 0 is the null block)
+	BatchRows   int             // NxDI batch rows of the device KV tensors (concurrent prefills)
+	MaxSeq      int             // NxDI cache length (tokens per row)
+	Label       string          // kv_cache_layout label to publish ("" = Model.Order)
+	NRTPath     string          // libnrt: "" = the real libnrt.so.1 if present, else the fake one built in a temp dir
 	Backends    []nixl.BackendSpec
 	HoldTimeout time.Duration // 0: the profile's
 	Library     *nixl.Library
@@ -101,20 +100,20 @@ func NewPrefillServer(cfg PrefillConfig) (s *PrefillServer, err error) {
 			s.Close()
 		}
 	}()
-	g, err := cfg.Model.Geometry(p, cfg.NumBlocks, cfg.Order)
+	g, err := cfg.Model.Geometry(p, cfg.NumBlocks, 1)
 	if err != nil {
 		return nil, err
 	}
 	if s.rt, s.fakeDir, err = OpenNeuron(cfg.NRTPath, log); err != nil {
 		return nil, err
 	}
-	spec := neuron.SourceSpec{DType: cfg.Model.DType, NumLayers: cfg.Model.NumLayers,
-		Shape: layout.Source{Batch: cfg.BatchRows, Heads: cfg.Model.NumKVHeads, SeqLen: cfg.MaxSeq, HeadDim: cfg.Model.HeadDim}}
+	spec := neuron.SourceSpec{DType: g.DType, NumLayers: g.NumLayers,
+		Shape: layout.Source{Batch: cfg.BatchRows, Heads: g.NumKVHeads, SeqLen: cfg.MaxSeq, HeadDim: g.HeadDim}}
 	size, err := spec.TensorBytes()
 	if err != nil {
 		return nil, err
 	}
-	for l := 0; l < cfg.Model.NumLayers; l++ {
+	for l := 0; l < g.NumLayers; l++ {
 		k, err := s.rt.Allocate(neuron.PlacementDevice, 0, uint64(size), fmt.Sprintf("past_key_values.%d", 2*l))
 		if err != nil {
 			return nil, err
@@ -136,8 +135,8 @@ func NewPrefillServer(cfg PrefillConfig) (s *PrefillServer, err error) {
 		return nil, err
 	}
 	if s.role, err = connector.NewPrefill(connector.PrefillConfig{
-		Profile: p, Library: cfg.Library, Cache: s.stager, Backends: cfg.Backends, Port: cfg.SideChannel,
-		Compat: cfg.Model.Compat(cfg.VLLMVersion), HoldTimeout: cfg.HoldTimeout, Logger: log, KVCacheLayout: cfg.Label,
+		VLLMVersion: cfg.VLLMVersion, Model: cfg.Model, Library: cfg.Library, Cache: s.stager, Backends: cfg.Backends,
+		Port: cfg.SideChannel, HoldTimeout: cfg.HoldTimeout, Logger: log, KVCacheLayout: cfg.Label,
 	}); err != nil {
 		return nil, err
 	}
@@ -181,20 +180,20 @@ func (s *PrefillServer) compute(row, tokens int, seed uint64) error {
 	m := s.cfg.Model
 	rowBytes := m.HeadDim * m.DType.Size()
 	n := tokens * rowBytes
-	host := make([]byte, 2*m.NumLayers*m.NumKVHeads*n)
-	batches := make([]neuron.Batch, 0, 2*m.NumLayers)
-	for l := 0; l < m.NumLayers; l++ {
+	host := make([]byte, 2*m.Layers*m.KVHeads*n)
+	batches := make([]neuron.Batch, 0, 2*m.Layers)
+	for l := 0; l < m.Layers; l++ {
 		for _, kv := range []layout.KV{layout.K, layout.V} {
 			t := s.k[l]
 			if kv == layout.V {
 				t = s.v[l]
 			}
 			b := neuron.Batch{Tensor: t}
-			for h := 0; h < m.NumKVHeads; h++ {
+			for h := 0; h < m.KVHeads; h++ {
 				buf := host[:n:n]
 				host = host[n:]
 				FillHead(buf, seed, l, kv, h)
-				b.Ops = append(b.Ops, neuron.Op{Offset: uint64((row*m.NumKVHeads + h) * s.cfg.MaxSeq * rowBytes), Buf: buf})
+				b.Ops = append(b.Ops, neuron.Op{Offset: uint64((row*m.KVHeads + h) * s.cfg.MaxSeq * rowBytes), Buf: buf})
 			}
 			batches = append(batches, b)
 		}

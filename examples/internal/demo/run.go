@@ -1,14 +1,16 @@
 package demo
 
 import (
-	"go.uber.org/zap"
-
 	"context"
 	"flag"
 	"fmt"
+	"os"
+
+	"go.uber.org/zap"
+
+	"github.com/gonixl/gonixl/connector"
 	"github.com/gonixl/gonixl/layout"
 	"github.com/gonixl/gonixl/nixl"
-	"os"
 )
 
 // RunPrefill is the main of the prefill worker: it parses args, serves until ctx ends, and prints
@@ -28,8 +30,8 @@ func RunPrefill(ctx context.Context, args []string) error {
 		return err
 	}
 	defer log.Sync()
-	s, err := NewPrefillServer(PrefillConfig{VLLMVersion: c.VLLMVersion, Model: Qwen3_0_6B, NumBlocks: c.NumBlocks, BatchRows: *rows,
-		MaxSeq: *maxSeq, Order: order, NRTPath: *nrt, Label: *label, Backends: c.BackendSpecs(), Library: lib, Logger: log, SideChannel: *side})
+	s, err := NewPrefillServer(PrefillConfig{VLLMVersion: c.VLLMVersion, Model: model(order), NumBlocks: c.NumBlocks, BatchRows: *rows,
+		MaxSeq: *maxSeq, NRTPath: *nrt, Label: *label, Backends: c.BackendSpecs(), Library: lib, Logger: log, SideChannel: *side})
 	if err != nil {
 		return err
 	}
@@ -52,7 +54,7 @@ func RunDecode(ctx context.Context, args []string) error {
 		return err
 	}
 	defer log.Sync()
-	cfg := DecodeConfig{VLLMVersion: c.VLLMVersion, Model: Qwen3_0_6B, NumBlocks: c.NumBlocks, Order: order,
+	cfg := DecodeConfig{VLLMVersion: c.VLLMVersion, Model: model(order), NumBlocks: c.NumBlocks,
 		Backends: c.BackendSpecs(), Library: lib, Logger: log}
 	if *gpu {
 		*where = "gpu"
@@ -100,4 +102,11 @@ func (c *Common) parse(fs *flag.FlagSet, args []string) (*zap.Logger, *nixl.Libr
 		return nil, nil, 0, err
 	}
 	return log, lib, order, nil
+}
+
+// model is the demo's model with the block order of the -kv-layout flag.
+func model(order layout.BlockOrder) connector.Model {
+	m := Qwen3_0_6B
+	m.Order = order
+	return m
 }
