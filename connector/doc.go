@@ -16,8 +16,12 @@
 // request per prefill rank it reads (heterogeneous TP as vLLM plans it, layout.ReadPlan), notifies the
 // prefill side with the profile's message, and reports timings (Result).
 //
-// Which vLLM version is spoken is data: a protocol.Profile (protocol.ProfileFor("0.16.0")). The cache's
-// region plan must be that version's layout era (PlanFor).
+// Which vLLM version is spoken is data: a protocol.Profile, picked by the configs' VLLMVersion (the peers'
+// version string, e.g. "0.16.0"; protocol.ProfileFor). The model is described once, as a Model (layers, KV
+// heads of the whole model, head size, dtype, ...): with the profile it yields the cache geometry of a rank in
+// the region plan of that version's layout era, and the compatibility-hash inputs with that release's vLLM
+// defaults. Compat is only for overrides, and a role creates its own DRAM cache from the Model (NumBlocks)
+// unless given one.
 //
 // # Caches
 //
@@ -31,6 +35,6 @@
 //
 // Prefill, Decode, DRAMCache, BlockPool and Metrics are safe for concurrent use. Close is idempotent: a
 // Prefill stops its side channel and notification loop, then deregisters the cache and closes its NIXL agent;
-// a Decode releases its descriptor lists, registration and agent. Close the roles before the caches they
-// registered.
+// a Decode releases its descriptor lists, registration and agent; a cache the role created goes last. Close
+// the roles before the caches you gave them.
 package connector

@@ -155,38 +155,39 @@ func (s modelSpec) resolve(profile *protocol.Profile, compat *Compat, cache *Cac
 // NewPrefill starts a prefill worker: it derives Profile, Compat and (when Cache is nil) a DRAM cache from
 // VLLMVersion and Model, registers the cache, and starts the side channel and the notification loop.
 func NewPrefill(cfg PrefillConfig) (*Prefill, error) {
-	owned, err := modelSpec{cfg.VLLMVersion, cfg.Model, cfg.NumBlocks, cfg.TPSize}.resolve(&cfg.Profile, &cfg.Compat, &cfg.Cache)
-	if err != nil {
-		return nil, err
-	}
-	p, err := newPrefill(cfg)
-	if err != nil {
-		if owned != nil {
-			_ = owned.Close()
-		}
-		return nil, err
-	}
-	p.reg.owned = owned
-	return p, nil
+	return startWithModel(modelSpec{cfg.VLLMVersion, cfg.Model, cfg.NumBlocks, cfg.TPSize}, &cfg.Profile, &cfg.Compat, &cfg.Cache,
+		func() (*Prefill, error) { return newPrefill(cfg) })
 }
 
 // NewDecode starts a decode worker: it derives Profile, Compat and (when Cache is nil) a DRAM cache from
 // VLLMVersion and Model, registers the cache and prepares its descriptor list.
 func NewDecode(cfg DecodeConfig) (*Decode, error) {
-	owned, err := modelSpec{cfg.VLLMVersion, cfg.Model, cfg.NumBlocks, cfg.TPSize}.resolve(&cfg.Profile, &cfg.Compat, &cfg.Cache)
+	return startWithModel(modelSpec{cfg.VLLMVersion, cfg.Model, cfg.NumBlocks, cfg.TPSize}, &cfg.Profile, &cfg.Compat, &cfg.Cache,
+		func() (*Decode, error) { return newDecode(cfg) })
+}
+
+// startWithModel resolves s into the config's fields, then starts the role; the cache it created belongs to the
+// role's registration (closed after the agent), or is closed at once when the role does not start.
+func startWithModel[R interface{ registration() *registered }](s modelSpec, profile *protocol.Profile, compat *Compat,
+	cache *Cache, start func() (R, error)) (R, error) {
+	var zero R
+	owned, err := s.resolve(profile, compat, cache)
 	if err != nil {
-		return nil, err
+		return zero, err
 	}
-	d, err := newDecode(cfg)
+	r, err := start()
 	if err != nil {
 		if owned != nil {
 			_ = owned.Close()
 		}
-		return nil, err
+		return zero, err
 	}
-	d.reg.owned = owned
-	return d, nil
+	r.registration().owned = owned
+	return r, nil
 }
+
+func (p *Prefill) registration() *registered { return p.reg }
+func (d *Decode) registration() *registered  { return d.reg }
 
 // Cache returns the KV cache the role serves (the one it created from the Model when PrefillConfig.Cache was nil).
 func (p *Prefill) Cache() Cache { return p.cfg.Cache }

@@ -2,6 +2,7 @@ package connector
 
 import (
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -123,5 +124,43 @@ func TestModelResolve(t *testing.T) {
 	_, err = modelSpec{model: qwen}.resolve(&prof, &compat, &cache)
 	require.ErrorContains(t, err, "needs VLLMVersion")
 	_, err = modelSpec{version: "9.99.0"}.resolve(&prof, &compat, &cache)
+	require.Error(t, err)
+}
+
+// A role started from a Model creates its DRAM cache, serves it, and frees it after its agent on Close; the
+// derived hash inputs are the release's defaults, so a Model-built decode role accepts a prefill role built
+// the old way with the same values.
+func TestModelRoles(t *testing.T) {
+	lib := testLib(t)
+	p, _ := protocol.ProfileFor("0.33.0")
+	tiny := Model{Name: "example/tiny", Layers: 2, KVHeads: 2, HeadDim: 64, DType: layout.BF16}
+	g, err := tiny.Geometry(p, 8, 1)
+	require.NoError(t, err)
+	in, err := tiny.CompatInputs(p, "0.33.0")
+	require.NoError(t, err)
+	pcache := newCache(t, g)
+	pre, err := NewPrefill(PrefillConfig{Profile: p, Library: lib, Cache: pcache, Compat: Compat{CompatInputs: in}})
+	require.NoError(t, err)
+	defer pre.Close()
+	dec, err := NewDecode(DecodeConfig{VLLMVersion: "0.33.0", Model: tiny, NumBlocks: 8, Library: lib})
+	require.NoError(t, err)
+	own, ok := dec.Cache().(*DRAMCache)
+	require.True(t, ok)
+	assert.Equal(t, g, own.Geometry())
+	assert.Equal(t, p.Name, dec.Profile().Name)
+
+	ctx := ctxT(t, 10*time.Second)
+	kv, err := pre.Prefill(ctx, "r1", 2*g.BlockSize, nil)
+	require.NoError(t, err)
+	res, err := dec.Pull(ctx, "r1", kv, []int{1, 2})
+	require.NoError(t, err)
+	assert.Equal(t, 2, res.Blocks)
+
+	require.NoError(t, dec.Close())
+	assert.Nil(t, own.Bytes(), "the role frees the cache it created")
+	require.NoError(t, dec.Close())
+
+	// A role that does not start frees the cache it created at once (nothing is left to observe but errors).
+	_, err = NewDecode(DecodeConfig{VLLMVersion: "0.33.0", Model: tiny, NumBlocks: 8})
 	require.Error(t, err)
 }
