@@ -156,7 +156,7 @@ func TestMetricsAfterTraffic(t *testing.T) {
 	assert.EqualValues(t, 2, gather(t, pr.preM)["gonixl_blocks_held"])
 	_, err = pr.dec.Pull(ctx, "m1", kv, []int{1, 2})
 	require.NoError(t, err)
-	require.Eventually(t, func() bool { return pr.pre.Held() == 0 }, 5*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return pr.pre.Held() == 0 }, 30*time.Second, 5*time.Millisecond)
 	ps, ds := gather(t, pr.preM), gather(t, pr.decM)
 	assert.EqualValues(t, 0, ps["gonixl_blocks_held"])
 	assert.EqualValues(t, 2, ps["gonixl_blocks_freed_total"])

@@ -71,7 +71,8 @@ func ParseDType(s string) (DType, error) {
 // connector advertises the order in the handshake, and guessing it silently garbles data, so it must be set.
 type BlockOrder uint8
 
-// Physical block orders; String gives the spelling of vLLM's kv_cache_layout field.
+// Physical block orders. String gives "NHD" or "HND", vLLM's kv_cache_layout names up to 0.28; from 0.29 vLLM
+// names them "LBNHC" and "LBHNC" (see protocol.Profile.LayoutName).
 const (
 	// NHD stores a block as [block_size][heads][head_dim] (token-major).
 	NHD BlockOrder = iota + 1

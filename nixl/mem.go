@@ -291,14 +291,9 @@ func (a *Agent) LoadRemoteMetadata(md []byte) (string, error) {
 // InvalidateRemoteMetadata forgets a peer's metadata and disconnects from it.
 func (a *Agent) InvalidateRemoteMetadata(remote string) error {
 	op := "invalidate remote metadata"
-	done, err := a.use(op)
-	if err != nil {
-		return err
-	}
-	defer done()
-	cr := C.CString(remote)
-	defer C.free(unsafe.Pointer(cr))
-	return check(op, C.gx_invalidate_remote_md(a.h, cr), "agent "+remote)
+	return a.withRemote(op, remote, nil, func(cr *C.char, _ C.gx_h) error {
+		return check(op, C.gx_invalidate_remote_md(a.h, cr), "agent "+remote)
+	})
 }
 
 // CheckRemoteMetadata returns nil when the peer's metadata is loaded and (when descs are given) covers
@@ -323,19 +318,27 @@ func (a *Agent) CheckRemoteMetadata(remote string, mem MemType, descs []Desc) er
 // MakeConnection connects to a peer now instead of at its first transfer.
 func (a *Agent) MakeConnection(remote string, opts ...Option) error {
 	op := "make connection"
+	return a.withRemote(op, remote, opts, func(cr *C.char, o C.gx_h) error {
+		return check(op, C.gx_make_connection(a.h, cr, o), "agent "+remote+": load its metadata first")
+	})
+}
+
+// withRemote runs fn with the agent in use, opts converted for C and remote as a C string, and releases them
+// after fn.
+func (a *Agent) withRemote(op, remote string, opts []Option, fn func(cr *C.char, o C.gx_h) error) error {
 	done, err := a.use(op)
 	if err != nil {
 		return err
 	}
 	defer done()
-	o, err := buildOpts(op, opts)
+	o, err := buildOpts(op, opts) // nil when there are none
 	if err != nil {
 		return err
 	}
 	defer freeOpts(o)
 	cr := C.CString(remote)
 	defer C.free(unsafe.Pointer(cr))
-	return check(op, C.gx_make_connection(a.h, cr, o), "agent "+remote+": load its metadata first")
+	return fn(cr, o)
 }
 
 // buildXferList makes a C transfer descriptor list in one cgo call; the caller destroys it.

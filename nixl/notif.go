@@ -88,28 +88,18 @@ func parseNotifs(raw []byte, count int) ([]Notification, error) {
 // SendNotification sends msg (arbitrary bytes) to a peer whose metadata is loaded, outside any transfer.
 func (a *Agent) SendNotification(remote string, msg []byte, opts ...Option) error {
 	op := "send notification"
-	done, err := a.use(op)
-	if err != nil {
+	return a.withRemote(op, remote, opts, func(cr *C.char, o C.gx_h) error {
+		var p unsafe.Pointer
+		var empty [1]byte
+		if len(msg) > 0 {
+			p = unsafe.Pointer(&msg[0])
+		} else {
+			p = unsafe.Pointer(&empty[0])
+		}
+		err := check(op, C.gx_gen_notif(a.h, cr, p, C.size_t(len(msg)), o), fmt.Sprintf("to %s: is its metadata loaded?", remote))
+		runtime.KeepAlive(msg)
 		return err
-	}
-	defer done()
-	o, err := buildOpts(op, opts)
-	if err != nil {
-		return err
-	}
-	defer freeOpts(o)
-	cr := C.CString(remote)
-	defer C.free(unsafe.Pointer(cr))
-	var p unsafe.Pointer
-	var empty [1]byte
-	if len(msg) > 0 {
-		p = unsafe.Pointer(&msg[0])
-	} else {
-		p = unsafe.Pointer(&empty[0])
-	}
-	err = check(op, C.gx_gen_notif(a.h, cr, p, C.size_t(len(msg)), o), fmt.Sprintf("to %s: is its metadata loaded?", remote))
-	runtime.KeepAlive(msg)
-	return err
+	})
 }
 
 // WaitNotification polls GetNotifications until match accepts one, or ctx ends. Notifications that do

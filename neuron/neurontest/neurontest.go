@@ -10,6 +10,7 @@
 package neurontest
 
 import (
+	"context"
 	_ "embed"
 	"errors"
 	"fmt"
@@ -17,6 +18,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 )
 
 //go:embed internal/fakenrt/fakenrt.c
@@ -26,13 +28,17 @@ var source []byte
 func Source() []byte { return append([]byte(nil), source...) }
 
 // Build compiles the fake libnrt into dir/libnrt.so.1 (creating dir) and returns its path.
-func Build(dir string) (string, error) { return build(dir, false) }
+func Build(dir string) (string, error) { return build(context.Background(), dir, false) }
+
+// BuildContext is Build that stops the compiler when ctx ends (a worker asked to stop during its start-up),
+// returning ctx's error.
+func BuildContext(ctx context.Context, dir string) (string, error) { return build(ctx, dir, false) }
 
 // BuildOldRuntime is Build for a runtime older than the optional symbols package neuron can do without
 // (the batch tensor transfers, nrt_get_status_as_str): it tests the fallbacks.
-func BuildOldRuntime(dir string) (string, error) { return build(dir, true) }
+func BuildOldRuntime(dir string) (string, error) { return build(context.Background(), dir, true) }
 
-func build(dir string, oldRuntime bool) (string, error) {
+func build(ctx context.Context, dir string, oldRuntime bool) (string, error) {
 	if dir == "" {
 		return "", errors.New("neurontest: Build needs a folder to build the fake libnrt in")
 	}
@@ -52,8 +58,16 @@ func build(dir string, oldRuntime bool) (string, error) {
 	if oldRuntime {
 		args = append([]string{"-DFAKE_NRT_OLD_RUNTIME"}, args...)
 	}
-	cmd := exec.Command(cc, args...)
+	cmd := exec.CommandContext(ctx, cc, args...)
+	// The compiler's scratch files go to dir too, and when ctx ends its whole process group (driver, cc1, as,
+	// ld) is killed: a stopped build leaves nothing outside dir, and nothing writes into dir afterwards.
+	cmd.Env = append(os.Environ(), "TMPDIR="+dir)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	if b, err := cmd.CombinedOutput(); err != nil {
+		if ctx.Err() != nil {
+			return "", fmt.Errorf("neurontest: build fake libnrt: %w", ctx.Err())
+		}
 		return "", fmt.Errorf("neurontest: build fake libnrt with %s: %w: %s", cc, err, strings.TrimSpace(string(b)))
 	}
 	return out, nil

@@ -1,6 +1,7 @@
 package neurontest_test
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strings"
@@ -59,4 +60,15 @@ func TestBuildLoads(t *testing.T) {
 			assert.Equal(t, 3, n)
 		})
 	}
+}
+
+// A build whose context has ended stops and says so; nothing is left behind.
+func TestBuildContextCancelled(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	dir := t.TempDir()
+	_, err := neurontest.BuildContext(ctx, dir)
+	require.ErrorIs(t, err, context.Canceled)
+	_, statErr := os.Stat(filepath.Join(dir, "libnrt.so.1"))
+	require.True(t, os.IsNotExist(statErr), "no library from a cancelled build")
 }
