@@ -26,7 +26,7 @@ export NIXL_LIB_DIR
 export GONIXL_PYTHON := $(VENV_PY)
 export VLLM_WHEEL_DIR
 
-.PHONY: all build vet lint nixl pydeps vllm-wheels deps test test-pure test-go demo fuzz bench vectors clean help
+.PHONY: all build vet lint generate nixl pydeps vllm-wheels deps test test-pure test-go demo fuzz bench vectors clean help
 
 all: build
 
@@ -36,7 +36,8 @@ help:
 	@echo "make nixl   - download the pinned NIXL wheel ($(NIXL_VERSION), cu$(NIXL_CUDA)) and unpack its libraries"
 	@echo "make fuzz   - run every fuzz target for FUZZTIME (default $(FUZZTIME)) each"
 	@echo "make bench  - run the benchmarks (ratios against in-run baselines)"
-	@echo "make lint   - go vet and staticcheck"
+	@echo "make lint   - go vet, staticcheck, and a check that the generated enum strings are current"
+	@echo "make generate - regenerate the enum strings (stringer, version pinned in each //go:generate line)"
 
 build:
 	$(GO) build ./...
@@ -47,6 +48,11 @@ vet:
 # staticcheck from the Go module proxy (not a module dependency).
 lint: vet
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
+	$(GO) generate ./...
+	git diff --exit-code -- '*string.go' || { echo "generated enum strings were stale: commit the regenerated files" >&2; exit 1; }
+
+generate:
+	$(GO) generate ./...
 
 nixl: $(NIXL_HOME)/cu$(NIXL_CUDA)-$(NIXL_VERSION)/.complete
 	@ln -sfn cu$(NIXL_CUDA)-$(NIXL_VERSION) $(NIXL_HOME)/current
