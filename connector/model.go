@@ -25,8 +25,9 @@ type Model struct {
 	HeadDim int
 	// DType is the model's dtype (and the KV cache's, unless CacheDType is set).
 	DType layout.DType
-	// CacheDType is the KV cache's element type when it differs from DType (vLLM's --kv-cache-dtype, e.g.
-	// layout.FP8E4M3 for "fp8"); 0 = DType, hashed as vLLM's "auto".
+	// CacheDType is the KV cache's element type when it differs from DType (vLLM's --kv-cache-dtype); 0 = DType,
+	// hashed as vLLM's "auto". FP8E4M3 and FP8E5M2 hash as "fp8_e4m3" and "fp8_e5m2": a vLLM side given plain
+	// "fp8" hashes that string, so set Compat.CacheDtype = "fp8" then.
 	CacheDType layout.DType
 	// AttnBackend is the vLLM side's attention backend name; "" = the release's default on CUDA
 	// (Profile.Defaults.AttnBackend). A vLLM side on the CPU platform hashes "CPU_ATTN".
