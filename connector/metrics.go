@@ -22,7 +22,8 @@ import (
 //	gonixl_stage_time_seconds         histogram  prefill: the fill function (staging the KV into the blocks)
 //	gonixl_requests_total, gonixl_request_errors_total, gonixl_bytes_total, gonixl_blocks_held (gauge),
 //	gonixl_blocks_freed_total, gonixl_blocks_expired_total, gonixl_heartbeats_total,
-//	gonixl_notifications_total, gonixl_bad_messages_total, gonixl_handshakes_total: the fields below.
+//	gonixl_notifications_total, gonixl_bad_messages_total, gonixl_rejected_notifications_total,
+//	gonixl_handshakes_total: the fields below.
 type Metrics struct {
 	Requests        atomic.Int64 // prefill: requests published; decode: requests pulled
 	RequestErrors   atomic.Int64 // requests that failed
@@ -34,7 +35,9 @@ type Metrics struct {
 	Heartbeats      atomic.Int64 // heartbeats sent (decode) or received (prefill)
 	Notifications   atomic.Int64 // transfer notifications received (prefill)
 	BadMessages     atomic.Int64 // malformed or unknown notifications (prefill)
-	Handshakes      atomic.Int64 // decode: handshakes done (cache misses)
+	// RejectedNotifications counts notifications from agents outside PrefillConfig.NotifyFrom (prefill).
+	RejectedNotifications atomic.Int64
+	Handshakes            atomic.Int64 // decode: handshakes done (cache misses)
 
 	labels prometheus.Labels
 	once   sync.Once
@@ -89,13 +92,15 @@ var counterInfos = []counterInfo{
 	{"gonixl_heartbeats_total", "Lease heartbeats sent (decode) or received (prefill).", false},
 	{"gonixl_notifications_total", "Transfer notifications received (prefill).", false},
 	{"gonixl_bad_messages_total", "Malformed notifications, or notifications for requests not held (prefill).", false},
+	{"gonixl_rejected_notifications_total", "Notifications from agents outside the prefill worker's allow-list.", false},
 	{"gonixl_handshakes_total", "Side-channel handshakes done (decode).", false},
 }
 
 // counters returns the fields in the order of counterInfos.
 func (m *Metrics) counters() []*atomic.Int64 {
 	return []*atomic.Int64{&m.Requests, &m.RequestErrors, &m.Bytes, &m.BlocksHeld, &m.BlocksFreed, &m.BlocksExpired,
-		&m.RequestsExpired, &m.Heartbeats, &m.Notifications, &m.BadMessages, &m.Handshakes}
+		&m.RequestsExpired, &m.Heartbeats, &m.Notifications, &m.BadMessages,
+		&m.RejectedNotifications, &m.Handshakes}
 }
 
 func (m *Metrics) init() {

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -168,4 +169,27 @@ func TestMetricsAfterTraffic(t *testing.T) {
 	assert.EqualValues(t, 1, ds["gonixl_xfer_time_seconds_count"])
 	assert.Positive(t, ds["gonixl_bytes_total"])
 	assert.Equal(t, ps["gonixl_bytes_total"], ds["gonixl_bytes_total"])
+}
+
+// Each field is exported under its own name (the field list and the name table cannot drift apart).
+func TestMetricsFieldNames(t *testing.T) {
+	var m Metrics
+	fields := map[string]*atomic.Int64{
+		"gonixl_requests_total": &m.Requests, "gonixl_request_errors_total": &m.RequestErrors, "gonixl_bytes_total": &m.Bytes,
+		"gonixl_blocks_held": &m.BlocksHeld, "gonixl_blocks_freed_total": &m.BlocksFreed,
+		"gonixl_blocks_expired_total": &m.BlocksExpired, "gonixl_kv_expired_reqs_total": &m.RequestsExpired,
+		"gonixl_heartbeats_total": &m.Heartbeats, "gonixl_notifications_total": &m.Notifications,
+		"gonixl_bad_messages_total": &m.BadMessages, "gonixl_rejected_notifications_total": &m.RejectedNotifications,
+		"gonixl_handshakes_total": &m.Handshakes,
+	}
+	require.Len(t, fields, len(counterInfos))
+	i := int64(1)
+	for _, f := range fields {
+		f.Store(i)
+		i++
+	}
+	s := gather(t, &m)
+	for name, f := range fields {
+		assert.EqualValues(t, f.Load(), s[name], name)
+	}
 }
