@@ -17,9 +17,10 @@ import (
 
 // DecodeConfig configures the demo decode server.
 type DecodeConfig struct {
-	VLLMVersion string          // the vLLM version the prefill peer runs
-	Model       connector.Model // its Order is the physical block order the decode side expects
+	VLLMVersion string // the vLLM version the prefill peer runs
+	Model       connector.Model
 	NumBlocks   int
+	Order       layout.BlockOrder // the physical block order the decode side expects (sets Model.Order)
 	Backends    []nixl.BackendSpec
 	Library     *nixl.Library
 	Logger      *zap.Logger
@@ -61,6 +62,7 @@ func NewDecodeServer(cfg DecodeConfig) (*DecodeServer, error) {
 	if cfg.PullTimeout == 0 {
 		cfg.PullTimeout = 60 * time.Second
 	}
+	cfg.Model.Order = cfg.Order
 	s := &DecodeServer{cfg: cfg, log: log, profile: p, cache: cfg.Cache}
 	if s.cache == nil {
 		g, err := cfg.Model.Geometry(p, cfg.NumBlocks, 1)

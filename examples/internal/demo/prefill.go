@@ -26,15 +26,16 @@ import (
 
 // PrefillConfig configures the demo prefill server.
 type PrefillConfig struct {
-	VLLMVersion string          // the vLLM version the decode peer runs, e.g. "0.16.0"
-	Model       connector.Model // its Order is the physical block order staged
-	HTTPAddr    string          // e.g. "127.0.0.1:0"
-	SideChannel int             // side-channel port; 0 = a free one
-	NumBlocks   int             // the scheduler's num_blocks (block 0 is the null block)
-	BatchRows   int             // NxDI batch rows of the device KV tensors (concurrent prefills)
-	MaxSeq      int             // NxDI cache length (tokens per row)
-	Label       string          // kv_cache_layout label to publish ("" = Model.Order)
-	NRTPath     string          // libnrt: "" = the real libnrt.so.1 if present, else the fake one built in a temp dir
+	VLLMVersion string // the vLLM version the decode peer runs, e.g. "0.16.0"
+	Model       connector.Model
+	HTTPAddr    string            // e.g. "127.0.0.1:0"
+	SideChannel int               // side-channel port; 0 = a free one
+	NumBlocks   int               // the scheduler's num_blocks (block 0 is the null block)
+	BatchRows   int               // NxDI batch rows of the device KV tensors (concurrent prefills)
+	MaxSeq      int               // NxDI cache length (tokens per row)
+	Order       layout.BlockOrder // the physical block order staged (sets Model.Order)
+	Label       string            // kv_cache_layout label to publish ("" = Order)
+	NRTPath     string            // libnrt: "" = the real libnrt.so.1 if present, else the fake one built in a temp dir
 	Backends    []nixl.BackendSpec
 	HoldTimeout time.Duration // 0: the profile's
 	Library     *nixl.Library
@@ -94,6 +95,7 @@ func NewPrefillServer(cfg PrefillConfig) (s *PrefillServer, err error) {
 	if err != nil {
 		return nil, err
 	}
+	cfg.Model.Order = cfg.Order
 	s = &PrefillServer{cfg: cfg, log: log, profile: p}
 	defer func() {
 		if err != nil {

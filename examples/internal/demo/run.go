@@ -8,7 +8,6 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/gonixl/gonixl/connector"
 	"github.com/gonixl/gonixl/layout"
 	"github.com/gonixl/gonixl/nixl"
 )
@@ -30,8 +29,8 @@ func RunPrefill(ctx context.Context, args []string) error {
 		return err
 	}
 	defer log.Sync()
-	s, err := NewPrefillServer(PrefillConfig{VLLMVersion: c.VLLMVersion, Model: model(order), NumBlocks: c.NumBlocks, BatchRows: *rows,
-		MaxSeq: *maxSeq, NRTPath: *nrt, Label: *label, Backends: c.BackendSpecs(), Library: lib, Logger: log, SideChannel: *side})
+	s, err := NewPrefillServer(PrefillConfig{VLLMVersion: c.VLLMVersion, Model: Qwen3_0_6B, NumBlocks: c.NumBlocks, BatchRows: *rows,
+		MaxSeq: *maxSeq, Order: order, NRTPath: *nrt, Label: *label, Backends: c.BackendSpecs(), Library: lib, Logger: log, SideChannel: *side})
 	if err != nil {
 		return err
 	}
@@ -54,7 +53,7 @@ func RunDecode(ctx context.Context, args []string) error {
 		return err
 	}
 	defer log.Sync()
-	cfg := DecodeConfig{VLLMVersion: c.VLLMVersion, Model: model(order), NumBlocks: c.NumBlocks,
+	cfg := DecodeConfig{VLLMVersion: c.VLLMVersion, Model: Qwen3_0_6B, NumBlocks: c.NumBlocks, Order: order,
 		Backends: c.BackendSpecs(), Library: lib, Logger: log}
 	if *gpu {
 		*where = "gpu"
@@ -102,11 +101,4 @@ func (c *Common) parse(fs *flag.FlagSet, args []string) (*zap.Logger, *nixl.Libr
 		return nil, nil, 0, err
 	}
 	return log, lib, order, nil
-}
-
-// model is the demo's model with the block order of the -kv-layout flag.
-func model(order layout.BlockOrder) connector.Model {
-	m := Qwen3_0_6B
-	m.Order = order
-	return m
 }
