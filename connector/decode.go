@@ -378,70 +378,82 @@ func (d *Decode) heartbeat(agents []string, remoteRequestID string) func() {
 }
 
 // remote returns the handshaken prefill engine with a reference held for the caller (put it back with
-// put), doing the handshake once (concurrent callers wait for it). While an earlier generation of the same
-// engine is still draining (dropped, but used by in-flight pulls), a new handshake waits for it to be
-// released, bounded by ctx.
+// put), doing the handshake once (concurrent callers wait for it). A caller that waited for a handshake
+// which failed only because its owner's context ended tries again with its own context. While an earlier
+// generation of the same engine is still draining (dropped, but used by in-flight pulls), a new handshake
+// waits for it to be released, bounded by ctx.
 func (d *Decode) remote(ctx context.Context, engineID, addr string, prefillTP int) (*remoteEngine, time.Duration, error) {
-	var re *remoteEngine
-	mine := false
-	for re == nil {
+	for {
+		re, mine, err := d.acquire(ctx, engineID, addr, prefillTP)
+		if err != nil {
+			return nil, 0, err
+		}
+		if mine {
+			start := time.Now()
+			re.err = d.handshake(ctx, engineID, re)
+			re.took = time.Since(start)
+			if re.err == nil {
+				d.metrics.Handshakes.Add(1)
+				d.metrics.Observe("handshake", re.took)
+			} else {
+				d.drop(re)
+			}
+			close(re.once)
+			if re.err != nil {
+				d.put(re)
+				return nil, re.took, re.err
+			}
+			return re, re.took, nil
+		}
+		select {
+		case <-re.once:
+		case <-ctx.Done():
+			d.put(re)
+			return nil, 0, fmt.Errorf("connector: waiting for the handshake with %s: %w", engineID, ctx.Err())
+		}
+		if re.err == nil {
+			return re, 0, nil
+		}
+		d.put(re)
+		if ctx.Err() == nil && (errors.Is(re.err, context.Canceled) || errors.Is(re.err, context.DeadlineExceeded)) {
+			continue // the owner's context ended, not ours
+		}
+		return nil, 0, re.err
+	}
+}
+
+// acquire returns the cached engine with a reference for the caller, or creates it (mine: the caller does
+// the handshake; the new engine carries the cache's reference and the caller's).
+func (d *Decode) acquire(ctx context.Context, engineID, addr string, prefillTP int) (re *remoteEngine, mine bool, err error) {
+	for {
 		d.mu.Lock()
 		if d.closed {
 			d.mu.Unlock()
-			return nil, 0, fmt.Errorf("connector: handshake with %s: the decode role is closed: %w", engineID, nixl.ErrClosed)
+			return nil, false, fmt.Errorf("connector: handshake with %s: the decode role is closed: %w", engineID, nixl.ErrClosed)
 		}
-		re = d.remotes[engineID]
-		if re != nil && (re.addr != addr || re.tp != prefillTP) {
-			d.mu.Unlock()
-			return nil, 0, fmt.Errorf("%w: engine %s was handshaken at %s with TP %d, now named at %s with TP %d",
-				ErrBadParams, engineID, re.addr, re.tp, addr, prefillTP)
-		}
-		if re != nil {
+		if re = d.remotes[engineID]; re != nil {
+			if re.addr != addr || re.tp != prefillTP {
+				d.mu.Unlock()
+				return nil, false, fmt.Errorf("%w: engine %s was handshaken at %s with TP %d, now named at %s with TP %d",
+					ErrBadParams, engineID, re.addr, re.tp, addr, prefillTP)
+			}
 			re.refs++
 			d.mu.Unlock()
-			break
+			return re, false, nil
 		}
-		if old := d.draining[engineID]; old != nil {
+		old := d.draining[engineID]
+		if old == nil {
+			re = &remoteEngine{id: engineID, refs: 2, released: make(chan struct{}), once: make(chan struct{}), addr: addr, tp: prefillTP}
+			d.remotes[engineID] = re
 			d.mu.Unlock()
-			select {
-			case <-old.released:
-				continue
-			case <-ctx.Done():
-				return nil, 0, fmt.Errorf("connector: handshake with %s: waiting for the transfers on its previous handshake to end: %w", engineID, ctx.Err())
-			}
+			return re, true, nil
 		}
-		re = &remoteEngine{id: engineID, refs: 2, released: make(chan struct{}), once: make(chan struct{}), addr: addr, tp: prefillTP}
-		d.remotes[engineID] = re
-		mine = true
 		d.mu.Unlock()
-	}
-	if mine {
-		start := time.Now()
-		re.err = d.handshake(ctx, engineID, re)
-		re.took = time.Since(start)
-		if re.err == nil {
-			d.metrics.Handshakes.Add(1)
-			d.metrics.Observe("handshake", re.took)
-		} else {
-			d.drop(re)
+		select {
+		case <-old.released:
+		case <-ctx.Done():
+			return nil, false, fmt.Errorf("connector: handshake with %s: waiting for the transfers on its previous handshake to end: %w", engineID, ctx.Err())
 		}
-		close(re.once)
-		if re.err != nil {
-			d.put(re)
-			return nil, re.took, re.err
-		}
-		return re, re.took, nil
-	}
-	select {
-	case <-re.once:
-		if re.err != nil {
-			d.put(re)
-			return nil, 0, re.err
-		}
-		return re, 0, nil
-	case <-ctx.Done():
-		d.put(re)
-		return nil, 0, fmt.Errorf("connector: waiting for the handshake with %s: %w", engineID, ctx.Err())
 	}
 }
 
