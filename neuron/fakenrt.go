@@ -1,6 +1,7 @@
 package neuron
 
 import (
+	"context"
 	_ "embed"
 	"errors"
 	"fmt"
@@ -22,11 +23,15 @@ func FakeNRTSource() []byte { return append([]byte(nil), fakeNRTSource...) }
 // Pass the path as Options.Path (or $GONIXL_NRT_LIB) to run without Trainium; it is loaded through the
 // same dlopen path as the real runtime. No Neuron SDK is needed. The knobs are described in the source
 // (FakeNRTSource): FAKE_NRT_NUM_CORES, FAKE_NRT_DEVICE_BYTES, FAKE_NRT_MAX_XFER, FAKE_NRT_FAIL_READ, ...
-func BuildFakeNRT(dir string) (string, error) { return buildFakeNRT(dir, false) }
+func BuildFakeNRT(dir string) (string, error) { return buildFakeNRT(context.Background(), dir, false) }
+
+// BuildFakeNRTContext is BuildFakeNRT that stops the compiler when ctx ends (a worker asked to stop during
+// its start-up), returning ctx's error.
+func BuildFakeNRTContext(ctx context.Context, dir string) (string, error) { return buildFakeNRT(ctx, dir, false) }
 
 // buildFakeNRT optionally builds the "old runtime" variant without the optional symbols (batch transfers,
 // nrt_get_status_as_str).
-func buildFakeNRT(dir string, oldRuntime bool) (string, error) {
+func buildFakeNRT(ctx context.Context, dir string, oldRuntime bool) (string, error) {
 	if dir == "" {
 		return "", fmt.Errorf("%w: BuildFakeNRT needs a folder", ErrBadArgument)
 	}
@@ -46,8 +51,11 @@ func buildFakeNRT(dir string, oldRuntime bool) (string, error) {
 	if oldRuntime {
 		args = append([]string{"-DFAKE_NRT_OLD_RUNTIME"}, args...)
 	}
-	cmd := exec.Command(cc, args...)
+	cmd := exec.CommandContext(ctx, cc, args...)
 	if b, err := cmd.CombinedOutput(); err != nil {
+		if ctx.Err() != nil {
+			return "", fmt.Errorf("neuron: build fake libnrt: %w", ctx.Err())
+		}
 		return "", fmt.Errorf("neuron: build fake libnrt with %s: %w: %s", cc, err, strings.TrimSpace(string(b)))
 	}
 	return out, nil
