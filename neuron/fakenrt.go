@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 )
 
 //go:embed internal/fakenrt/fakenrt.c
@@ -52,6 +53,11 @@ func buildFakeNRT(ctx context.Context, dir string, oldRuntime bool) (string, err
 		args = append([]string{"-DFAKE_NRT_OLD_RUNTIME"}, args...)
 	}
 	cmd := exec.CommandContext(ctx, cc, args...)
+	// The compiler's scratch files go to dir too, and when ctx ends its whole process group (driver, cc1,
+	// as, ld) is killed: a stopped build leaves nothing outside dir, and nothing writes into dir afterwards.
+	cmd.Env = append(os.Environ(), "TMPDIR="+dir)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	if b, err := cmd.CombinedOutput(); err != nil {
 		if ctx.Err() != nil {
 			return "", fmt.Errorf("neuron: build fake libnrt: %w", ctx.Err())
