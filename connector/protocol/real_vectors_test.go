@@ -45,15 +45,24 @@ type realVectors struct {
 // DefaultCompatInputs gives for the release on the CPU platform (nothing but the model named), its
 // kv_cache_layout is the row's name for HND blocks, and request_finished's kv_transfer_params carry the row's
 // keys in the row's order with vLLM's values (registration generation 1).
-func TestRealVectors(t *testing.T) {
+func loadRealVectors(tb testing.TB) []realVectors {
+	tb.Helper()
 	files, err := filepath.Glob(filepath.Join(testenv.RepoRoot(), "testdata", "vllm", "*", "real.json"))
-	require.NoError(t, err)
-	require.NotEmpty(t, files, "no real vectors: run python/gen_vectors_real.py")
+	require.NoError(tb, err)
+	require.NotEmpty(tb, files, "no real vectors: run python/gen_vectors_real.py (make vectors-real)")
+	out := make([]realVectors, 0, len(files))
 	for _, f := range files {
 		b, err := os.ReadFile(f)
-		require.NoError(t, err)
+		require.NoError(tb, err)
 		var rv realVectors
-		require.NoError(t, json.Unmarshal(b, &rv), f)
+		require.NoError(tb, json.Unmarshal(b, &rv), f)
+		out = append(out, rv)
+	}
+	return out
+}
+
+func TestRealVectors(t *testing.T) {
+	for _, rv := range loadRealVectors(t) {
 		t.Run(rv.VLLMVersion, func(t *testing.T) {
 			p, err := ProfileFor(rv.VLLMVersion)
 			require.NoError(t, err)
