@@ -60,7 +60,7 @@ func TestPublishedLayoutLabelApartFromPhysicalOrder(t *testing.T) {
 // role reads it back as the physical order, PrefillConfig.KVCacheLayout takes only the row's names, and a block
 // size of 32 (CPU_ATTN's minimum) moves the bytes like 16 does.
 func TestLayoutNamesPerRowBlockSize32(t *testing.T) {
-	for _, name := range []string{"0.16", "0.28", "0.29", "0.33"} {
+	for _, name := range []string{"0.16", "0.23", "0.28", "0.29", "0.33"} { // eras A, B, C; both name eras
 		t.Run(name, func(t *testing.T) {
 			p, err := protocol.ProfileByName(name)
 			require.NoError(t, err)
