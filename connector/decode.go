@@ -66,15 +66,16 @@ type Decode struct {
 	reg     *registered
 	hash    string
 
-	mu        sync.Mutex
-	remotes   map[string]*remoteEngine // handshaken (or handshaking) engines, by engine id
-	draining  map[string]*remoteEngine // dropped from remotes, still used by in-flight pulls, by engine id
-	closed    bool
-	closeOnce sync.Once
-	closeErr  error
-	pulls     sync.WaitGroup // in-flight Pull calls; Close waits for them
-	closing   context.Context
-	stop      context.CancelFunc // cancels closing: every in-flight pull's context
+	mu          sync.Mutex
+	remotes     map[string]*remoteEngine // handshaken (or handshaking) engines, by engine id
+	draining    map[string]*remoteEngine // dropped from remotes, still used by in-flight pulls, by engine id
+	generations map[string]int64         // remote_registration_generation seen per engine id (generation.go)
+	closed      bool
+	closeOnce   sync.Once
+	closeErr    error
+	pulls       sync.WaitGroup // in-flight Pull calls; Close waits for them
+	closing     context.Context
+	stop        context.CancelFunc // cancels closing: every in-flight pull's context
 }
 
 // DeviceContext is a Cache whose NIXL calls must run with its device context current on the calling OS
@@ -250,6 +251,7 @@ func (d *Decode) pull(ctx context.Context, requestID string, kv protocol.KVTrans
 		prefillTP = 1 // vLLM assumes 1 when tp_size is absent
 	}
 	addr := "tcp://" + net.JoinHostPort(kv.RemoteHost, strconv.Itoa(kv.RemotePort))
+	d.advanceGeneration(kv.RemoteEngineID, kv.RemoteRegistrationGeneration)
 	re, hsTook, err := d.remote(ctx, kv.RemoteEngineID, addr, prefillTP)
 	if err != nil {
 		return fail(err)
@@ -506,15 +508,21 @@ func (d *Decode) fetch(ctx context.Context, engineID, addr string, rank int) (pr
 	if err != nil {
 		return protocol.AgentMetadata{}, layout.Geometry{}, fmt.Errorf("connector: handshake with %s rank %d at %s: %w", engineID, rank, addr, err)
 	}
-	md, err := p.OpenHandshake(reply.Payload, protocol.HandshakeCheck{LocalHash: d.hash, EnforceHash: !d.cfg.Compat.SkipCheck, ExpectedEngineID: engineID})
+	md, err := p.OpenHandshake(reply.Payload, protocol.HandshakeCheck{LocalHash: d.hash, EnforceHash: !d.cfg.Compat.SkipCheck,
+		ExpectedEngineID: engineID, LocalInputs: &d.cfg.Compat.CompatInputs})
 	if err != nil {
 		return md, layout.Geometry{}, fmt.Errorf("connector: handshake with %s rank %d at %s: %w", engineID, rank, addr, err)
+	}
+	order, err := p.ParseLayoutName(md.KVCacheLayout) // the row's names ("HND" up to 0.28, "LBHNC" from 0.29)
+	if err != nil {
+		return md, layout.Geometry{}, fmt.Errorf("connector: prefill engine %s rank %d: %w", engineID, rank, err)
 	}
 	geom, err := layout.PeerGeometry(d.reg.geom, layout.Peer{
 		NumBlocks:     int(md.NumBlocks),
 		BlockLens:     md.BlockLens,
 		BlockSize:     int(md.BlockSize),
 		KVCacheLayout: md.KVCacheLayout,
+		Order:         order,
 		NumRegions:    len(md.KVCachesBaseAddr),
 	})
 	if err != nil {

@@ -16,7 +16,6 @@ import (
 
 	"github.com/gonixl/gonixl/connector/protocol"
 	"github.com/gonixl/gonixl/connector/sidechannel"
-	"github.com/gonixl/gonixl/layout"
 	"github.com/gonixl/gonixl/nixl"
 )
 
@@ -41,10 +40,12 @@ type PrefillConfig struct {
 	Host string
 	// Port is the side-channel port (remote_port); 0 picks a free port. vLLM's default is Profile.SideChannelPort.
 	Port int
-	// KVCacheLayout is the kv_cache_layout label published in the handshake; "" publishes the cache's
-	// physical block order. vLLM compares labels, not bytes, and a vLLM decode worker with
-	// kv_buffer_device="cpu" in layout eras A/B (e.g. 0.16) holds NHD bytes under its device label (usually
-	// "HND"): serve it with an NHD cache (Geometry.Order) and KVCacheLayout "HND".
+	// KVCacheLayout is the kv_cache_layout label published in the handshake, one of the profile's names
+	// (Profile.Labels: "HND"/"NHD" up to vLLM 0.28, "LBHNC"/"LBNHC" from 0.29); "" publishes the profile's name
+	// for the cache's physical block order (Profile.LayoutName). vLLM compares labels, not bytes, and a vLLM
+	// decode worker with kv_buffer_device="cpu" in layout eras A/B (e.g. 0.16) holds NHD bytes under its device
+	// label (usually "HND"): serve it with an NHD cache (Geometry.Order) and KVCacheLayout "HND"
+	// (Profile.LabelQuirks lists the known cases).
 	KVCacheLayout string
 	// SideChannel, when set, is a side channel shared by the workers of one engine (vLLM serves every TP rank
 	// of an engine on one port): the role publishes its rank's payload there and withdraws it on Close, but
@@ -94,6 +95,12 @@ type Prefill struct {
 	port    int
 	now     func() time.Time // the clock of holds and leases
 	passes  atomic.Int64     // expiry passes of the loop (tests wait for one)
+	// generation is remote_registration_generation (vLLM 0.33+): 1 for the first registration of the cache,
+	// bumped by Reregister. hash is the compatibility hash the payload carries.
+	generation atomic.Int64
+	hash       string
+	regMu      sync.Mutex // serialises Reregister and the deregistration in Close
+	regClosed  bool       // guarded by regMu
 
 	mu      sync.Mutex
 	held    map[string]*heldReq
@@ -158,7 +165,10 @@ func NewPrefill(cfg PrefillConfig) (*Prefill, error) {
 	if err != nil {
 		return nil, err
 	}
+	// vLLM's scheduler counts registrations from 0 and bumps the count when it publishes a changed handshake
+	// payload, so its first kv_transfer_params carry remote_registration_generation 1.
 	p := &Prefill{cfg: cfg, log: log, metrics: metrics, reg: reg, held: map[string]*heldReq{}, pending: map[string]bool{}}
+	p.generation.Store(1)
 	if a, ok := cfg.Cache.(BlockAllocator); ok {
 		p.alloc = a // e.g. a neuron.Stager, whose Stage needs blocks from its own pool
 	} else {
@@ -182,9 +192,9 @@ func NewPrefill(cfg PrefillConfig) (*Prefill, error) {
 		reg.close()
 		return nil, err
 	}
-	md.AttnBackendName = cfg.Compat.AttnBackendName
+	md.AttnBackendName = backendName(cfg.Profile, cfg.Compat.CompatInputs)
 	if cfg.KVCacheLayout != "" {
-		if _, err := layout.ParseBlockOrder(cfg.KVCacheLayout); err != nil {
+		if _, err := cfg.Profile.ParseLayoutName(cfg.KVCacheLayout); err != nil {
 			reg.close()
 			return nil, fmt.Errorf("connector: PrefillConfig.KVCacheLayout: %w", err)
 		}
@@ -196,7 +206,11 @@ func NewPrefill(cfg PrefillConfig) (*Prefill, error) {
 			reg.close()
 			return nil, fmt.Errorf("connector: compatibility hash: %w", err)
 		}
+		if js, err := cfg.Profile.FactorsJSON(cfg.Compat.CompatInputs); err == nil {
+			log.Info("compatibility hash", zap.String("hash", hash), zap.String("inputs", js))
+		}
 	}
+	p.hash = hash
 	if p.payload, err = cfg.Profile.EncodeHandshake(hash, md); err != nil {
 		reg.close()
 		return nil, fmt.Errorf("connector: encoding the handshake: %w", err)
@@ -349,6 +363,11 @@ func (p *Prefill) Prefill(ctx context.Context, requestID string, numTokens int, 
 		PPSize:          1,
 		RemoteNumTokens: int64(numTokens),
 		TransferMode:    "pull",
+		// vLLM 0.33's value; sent on the rows whose ParamsKeys have it.
+		RemoteRegistrationGeneration: p.generation.Load(),
+		// P's prefix-cache hits (vLLM 0.31+ sends prefill_stats.num_cached_tokens): the role computes every
+		// prompt in full. A caller with its own prefix cache sets the field before returning the params.
+		RemotePrefillCachedTokens: 0,
 	}
 	log.Debug("blocks held for decode", zap.Int("blocks", len(blocks)), zap.Int("tokens", numTokens), zap.Duration("hold", p.hold))
 	return kv, nil
@@ -540,9 +559,12 @@ func (p *Prefill) Close() error {
 			err = p.server.Close()
 		}
 		p.wg.Wait()
+		p.regMu.Lock()
+		p.regClosed = true
 		if cerr := p.reg.close(); err == nil {
 			err = cerr
 		}
+		p.regMu.Unlock()
 		// The cache is deregistered and the agent gone, so no decode peer can read the held blocks any more:
 		// give them back to the allocator (a neuron.Stager outlives the role).
 		p.mu.Lock()
