@@ -28,7 +28,9 @@ func BuildFakeNRT(dir string) (string, error) { return buildFakeNRT(context.Back
 
 // BuildFakeNRTContext is BuildFakeNRT that stops the compiler when ctx ends (a worker asked to stop during
 // its start-up), returning ctx's error.
-func BuildFakeNRTContext(ctx context.Context, dir string) (string, error) { return buildFakeNRT(ctx, dir, false) }
+func BuildFakeNRTContext(ctx context.Context, dir string) (string, error) {
+	return buildFakeNRT(ctx, dir, false)
+}
 
 // buildFakeNRT optionally builds the "old runtime" variant without the optional symbols (batch transfers,
 // nrt_get_status_as_str).
