@@ -42,3 +42,5 @@
 // Concurrency: Profiles and all values here are plain data; every function is safe for concurrent use.
 // The package builds with CGO_ENABLED=0.
 package protocol
+
+//go:generate go run golang.org/x/tools/cmd/stringer@v0.52.0 -linecomment -output=string.go -type=Framing,PayloadKind,LayoutEra

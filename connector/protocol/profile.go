@@ -12,48 +12,24 @@ type Framing int
 
 const (
 	// FramingH1: the request is the 12 raw bytes "get_meta_msg" (no rank); one listener per TP rank.
-	FramingH1 Framing = iota + 1
+	FramingH1 Framing = iota + 1 // H1
 	// FramingH2: the request is msgpack [bin "get_meta_msg", tp_rank]; the reply is one frame.
-	FramingH2
+	FramingH2 // H2
 	// FramingH3: the request is msgpack [bin "get_meta_msg", pp_rank, tp_rank]; the reply is one frame.
-	FramingH3
+	FramingH3 // H3
 	// FramingH4: H3's request; the reply has a second frame, msgpack float64 of the server's monotonic clock.
-	FramingH4
+	FramingH4 // H4
 )
-
-func (f Framing) String() string {
-	switch f {
-	case FramingH1:
-		return "H1"
-	case FramingH2:
-		return "H2"
-	case FramingH3:
-		return "H3"
-	case FramingH4:
-		return "H4"
-	}
-	return "Framing(" + strconv.Itoa(int(f)) + ")"
-}
 
 // PayloadKind says what the side-channel reply payload is (spec eras M0/M1).
 type PayloadKind int
 
 const (
 	// PayloadM0: the reply is msgpack(NixlAgentMetadata).
-	PayloadM0 PayloadKind = iota + 1
+	PayloadM0 PayloadKind = iota + 1 // M0
 	// PayloadM1: the reply is msgpack(NixlHandshakePayload{compatibility_hash, agent_metadata_bytes}).
-	PayloadM1
+	PayloadM1 // M1
 )
-
-func (k PayloadKind) String() string {
-	switch k {
-	case PayloadM0:
-		return "M0"
-	case PayloadM1:
-		return "M1"
-	}
-	return "PayloadKind(" + strconv.Itoa(int(k)) + ")"
-}
 
 // BlockIDsShape is how kv_transfer_params.remote_block_ids is shaped in JSON.
 type BlockIDsShape int
@@ -81,24 +57,12 @@ type LayoutEra int
 
 const (
 	// LayoutA: per layer (2, num_blocks, block_size, H, D); K and V are separate regions.
-	LayoutA LayoutEra = iota + 1
+	LayoutA LayoutEra = iota + 1 // A
 	// LayoutB: per layer (num_blocks, 2, block_size, H, D); one region per layer, K/V halves per block.
-	LayoutB
+	LayoutB // B
 	// LayoutC: per layer (num_blocks, H, block_size, 2·D); K and V packed in the last dim.
-	LayoutC
+	LayoutC // C
 )
-
-func (l LayoutEra) String() string {
-	switch l {
-	case LayoutA:
-		return "A"
-	case LayoutB:
-		return "B"
-	case LayoutC:
-		return "C"
-	}
-	return "LayoutEra(" + strconv.Itoa(int(l)) + ")"
-}
 
 // Profile is everything version-dependent about vLLM's NixlConnector wire protocol, as one value. A Profile is
 // immutable data; it is safe to copy and to use from many goroutines.
