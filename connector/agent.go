@@ -42,7 +42,7 @@ type registered struct {
 }
 
 // register creates an agent, registers every region of cache with it in one call, and returns both.
-func register(lib *nixl.Library, name string, backends []nixl.BackendSpec, cache Cache, noProgressThread bool, log *zap.Logger) (*registered, error) {
+func register(lib *nixl.Library, name string, backends []nixl.BackendSpec, device string, cache Cache, noProgressThread bool, log *zap.Logger) (*registered, error) {
 	if lib == nil {
 		return nil, fmt.Errorf("connector: nil NIXL library (call nixl.Load)")
 	}
@@ -60,29 +60,47 @@ func register(lib *nixl.Library, name string, backends []nixl.BackendSpec, cache
 	if len(backends) == 0 {
 		backends = DefaultBackends
 	}
+	backends = withDataDevice(backends, device)
+	if device != "" {
+		log.Info("NIXL UCX data plane restricted to one network device (UCX_NET_DEVICES in the environment overrides)", zap.String("device", device))
+	}
 	a, err := lib.NewAgent(name, nixl.AgentConfig{Backends: backends, NoProgressThread: noProgressThread, Logger: log})
 	if err != nil {
 		return nil, err
 	}
+	reg, err := registerCache(a, cache, g)
+	if err != nil {
+		a.Close()
+		return nil, err
+	}
+	return &registered{agent: a, reg: reg, cache: cache, geom: g}, nil
+}
+
+// registerCache registers every region of cache with agent a in one call.
+func registerCache(a *nixl.Agent, cache Cache, g layout.Geometry) (*nixl.Registration, error) {
+	bases := cache.RegionBases()
 	descs := make([]nixl.Desc, len(bases))
 	for i, b := range bases {
 		descs[i] = nixl.Desc{Addr: b, Len: uint64(g.RegionLen()), DevID: cache.DeviceID()}
 	}
 	var reg *nixl.Registration
+	var err error
 	if r, ok := cache.(Registrar); ok {
 		reg, err = r.Register(a) // e.g. a CUDA cache, which registers with its device context current
 	} else {
 		reg, err = a.RegisterMem(cache.MemType(), descs)
 	}
 	if err != nil {
-		a.Close()
 		return nil, fmt.Errorf("connector: registering the KV cache (%s, %d regions of %d bytes): %w", cache.MemType(), len(descs), g.RegionLen(), err)
 	}
-	return &registered{agent: a, reg: reg, cache: cache, geom: g}, nil
+	return reg, nil
 }
 
 func (r *registered) close() error {
-	err := r.reg.Close()
+	var err error
+	if r.reg != nil { // nil after a failed Prefill.Reregister
+		err = r.reg.Close()
+	}
 	if cerr := r.agent.Close(); err == nil {
 		err = cerr
 	}

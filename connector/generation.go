@@ -33,7 +33,7 @@ func (d *Decode) advanceGeneration(engineID string, gen int64) bool {
 	if re == nil {
 		return false
 	}
-	d.forget(engineID, re)
+	d.drop(re)
 	d.log.Info("prefill engine registered its KV cache again; handshaking again",
 		zap.String("remote_engine_id", engineID), zap.Int64("registration_generation", gen))
 	return true

@@ -83,7 +83,8 @@ const (
 // Valid reports whether o is NHD or HND.
 func (o BlockOrder) Valid() bool { return o == NHD || o == HND }
 
-// ParseBlockOrder accepts "NHD" or "HND" (case-insensitive), as found in vLLM's kv_cache_layout.
+// ParseBlockOrder accepts "NHD" or "HND" (case-insensitive), as found in vLLM ≤ 0.28's kv_cache_layout; use
+// protocol.Profile.ParseLayoutName for a peer's label, which knows each release's names.
 func ParseBlockOrder(s string) (BlockOrder, error) {
 	switch strings.ToUpper(strings.TrimSpace(s)) {
 	case "NHD":

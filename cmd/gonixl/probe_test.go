@@ -89,7 +89,7 @@ func TestProbe(t *testing.T) {
 			other.Model = "test/other"
 			r = runCLI(t, append([]string{"probe", addr, "--vllm-version", v, "--no-nixl"}, hashArgs(other)...)...)
 			require.Contains(t, r.stdout, "MISMATCH")
-			requireOneLine(t, r, exitError, "compatibility hash mismatch")
+			requireOneLine(t, r, exitError, "compatibility hash mismatch", `"model": "test/other"`) // + our hash inputs
 
 			r = runCLI(t, "probe", addr, "--vllm-version", v, "--no-nixl", "--engine-id", "someone-else")
 			requireOneLine(t, r, exitError, "someone-else")
@@ -142,7 +142,7 @@ func TestProbePythonPrefill(t *testing.T) {
 			cmd := exec.CommandContext(ctx, py, script, "--profile", p.Name, "--layers", fmt.Sprint(layers), "--heads", fmt.Sprint(heads),
 				"--head-dim", fmt.Sprint(headDim), "--block-size", fmt.Sprint(blockSize), "--model", in.Model, "--hash", hash,
 				"--seed", "7", "--num-blocks", fmt.Sprint(numBlocks), "--timeout", "30")
-			var stderr strings.Builder
+			var stderr testenv.Buffer // read while the child runs: locked
 			cmd.Stderr = &stderr
 			out, err := cmd.StdoutPipe()
 			require.NoError(t, err)
