@@ -179,9 +179,12 @@ func TestNotifyFromAllowList(t *testing.T) {
 		kv, err := pr.pre.Prefill(ctx, "victim", 2*tinyBlock, patternFill(pr.pcache, 8))
 		require.NoError(t, err)
 		forge(t, pr, "victim")
-		require.Eventually(t, func() bool { return pr.preM.RejectedNotifications.Load() == 1 }, 30*time.Second, time.Millisecond)
+		// The counter moves before the log line is written: wait for the line.
+		const dropped = "notification from an agent outside NotifyFrom dropped"
+		require.Eventually(t, func() bool { return plogs.FilterMessage(dropped).Len() == 1 }, 30*time.Second, time.Millisecond)
+		assert.EqualValues(t, 1, pr.preM.RejectedNotifications.Load())
 		assert.Equal(t, 1, pr.pre.Held(), "the forged completion must not free the blocks")
-		rejected := plogs.FilterMessage("notification from an agent outside NotifyFrom dropped").All()
+		rejected := plogs.FilterMessage(dropped).All()
 		require.Len(t, rejected, 1)
 		assert.Contains(t, fieldsOf(rejected[0])["from"], "intruder-")
 
