@@ -40,6 +40,8 @@ help:
 	@echo "make demo   - fetch NIXL, build and run the disaggregated prefill/decode demo"
 	@echo "make test   - fetch NIXL and Python test deps, run every test with the race detector"
 	@echo "make dynamo - install Dynamo $(DYNAMO_VERSION) into $(DYNAMO_VENV)"
+	@echo "make demo DYNAMO=1 - the same behind NVIDIA Dynamo's frontend (KV routing, file discovery, loopback)"
+	@echo "make dynamo - install Dynamo $(DYNAMO_VERSION) into $(DYNAMO_VENV)"
 	@echo "make nixl   - download the pinned NIXL wheel ($(NIXL_VERSION), cu$(NIXL_CUDA)) and unpack its libraries"
 	@echo "make fuzz   - run every fuzz target for FUZZTIME (default $(FUZZTIME)) each"
 	@echo "make bench  - run the benchmarks (ratios against in-run baselines)"
@@ -95,8 +97,9 @@ test-go:
 
 test: deps test-pure test-go
 
-demo: nixl
-	$(GO) run ./examples/disagg
+# `make demo DYNAMO=1`: the same Go workers behind NVIDIA Dynamo's frontend (examples/dynamo).
+demo: nixl $(if $(DYNAMO),dynamo)
+	$(GO) run ./examples/$(if $(DYNAMO),dynamo,disagg)
 
 fuzz:
 	@bash scripts/fuzz.sh $(FUZZTIME)

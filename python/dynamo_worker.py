@@ -143,12 +143,19 @@ def _engine_cls():
                     raise GonixlError(r.status, data.get("message", str(data)) if isinstance(data, dict) else str(data))
                 return data
 
-        async def _forward(self, body: dict, request_id: str) -> dict:
-            """POSTs to the Go worker as a task that abort() can cancel: closing the connection cancels the
-            Go request's context (the prefill stops staging, the decode stops its READ)."""
+        async def _forward(self, body: dict, context) -> dict:
+            """POSTs to the Go worker and waits for the answer or for Dynamo to cancel the request (client gone,
+            stop), whichever comes first; abort() cancels it too. Cancelling closes the connection, which
+            cancels the Go request's context (the prefill stops staging, the decode stops its READ)."""
+            request_id = context.id()
             task = asyncio.ensure_future(self._post(body, request_id))
             self.inflight[request_id] = task
+            stopped = asyncio.ensure_future(context.async_killed_or_stopped())
             try:
+                await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+                if not task.done():
+                    log.info("request %s cancelled by Dynamo: cancelling the gonixl call", request_id)
+                    task.cancel()
                 return await task
             except GonixlError as e:
                 raise (dx.InvalidArgument if 400 <= e.status < 500 and e.status != 409 else dx.Unknown)(str(e))
@@ -157,6 +164,7 @@ def _engine_cls():
             except OSError as e:  # aiohttp's connection errors derive from OSError
                 raise dx.CannotConnect(f"gonixl worker at {self.url}: {e}")
             finally:
+                stopped.cancel()
                 self.inflight.pop(request_id, None)
 
         async def generate(self, request, context):
@@ -174,7 +182,7 @@ def _engine_cls():
                 if self.mode == DisaggregationMode.PREFILL:
                     body = {"model": self.args.model_name, "prompt": ids, "max_tokens": 1, "stream": False,
                             "kv_transfer_params": PREFILL_PARAMS}
-                    resp = await self._forward(body, rid)
+                    resp = await self._forward(body, context)
                     params = resp["kv_transfer_params"]
                     self._record(rid, ids, "emitted", params, resp, t0)
                     # The prefill's one token: the demo runs no model, so it echoes the prompt's last token.
@@ -189,7 +197,7 @@ def _engine_cls():
                 max_new = int((request.get("stop_conditions") or {}).get("max_tokens") or 16)
                 body = {"model": self.args.model_name, "prompt": ids, "max_tokens": max_new, "stream": False,
                         "kv_transfer_params": params}
-                resp = await self._forward(body, rid)
+                resp = await self._forward(body, context)
                 self._record(rid, ids, "received", params, resp, t0)
             except asyncio.CancelledError:
                 if not context.is_stopped() and not context.is_killed():
@@ -219,6 +227,7 @@ def _engine_cls():
         async def abort(self, context):
             task = self.inflight.get(context.id())
             if task is not None:
+                log.info("request %s aborted: cancelling the gonixl call", context.id())
                 task.cancel()
 
         async def is_quiescent(self) -> Optional[bool]:
