@@ -5,7 +5,8 @@ worker forwards each request to the Go worker's OpenAI-shaped HTTP API (examples
 answer back. The Go worker does the real work: the prefill computes and holds the KV blocks and answers vLLM's
 kv_transfer_params, the decode READs them over NIXL (vLLM's ZMQ side channel between the two Go workers) and
 verifies them. Dynamo passes the prefill's `disaggregated_params` to the decode worker under the same request
-id; this worker forwards them unchanged in both directions.
+id. They take the shape Dynamo's own vLLM workers use, {"kv_transfer_params": <vLLM's kv_transfer_params>}, so a
+gonixl worker pairs with a Dynamo vLLM worker of the other role; the params inside go unchanged both ways.
 
 Built on Dynamo's documented Python backend API (`dynamo.common.backend`, Dynamo 1.6): its Rust `Worker` owns
 discovery registration, the request plane, cancellation monitoring, health canaries and graceful shutdown
@@ -129,7 +130,8 @@ def _engine_cls():
                 version = (await r.json())["version"]
             log.info("gonixl %s worker at %s speaks vLLM %s; Dynamo worker id %s", self.args.role, self.url, version, worker_id)
             return EngineConfig(model=self.args.model_path, served_model_name=self.args.model_name,
-                                llm=LlmRegistration(context_length=self.args.context_length, kv_cache_block_size=16,
+                                llm=LlmRegistration(context_length=self.args.context_length,
+                                                    kv_cache_block_size=self.args.kv_block_size,
                                                     total_kv_blocks=self.args.kv_blocks, max_num_seqs=self.args.max_seqs))
 
         async def health_check_payload(self):
@@ -183,22 +185,22 @@ def _engine_cls():
                     body = {"model": self.args.model_name, "prompt": ids, "max_tokens": 1, "stream": False,
                             "kv_transfer_params": PREFILL_PARAMS}
                     resp = await self._forward(body, context)
-                    params = resp["kv_transfer_params"]
-                    self._record(rid, ids, "emitted", params, resp, t0)
+                    handoff = {"kv_transfer_params": resp["kv_transfer_params"]}
+                    self._record(rid, ids, "emitted", handoff, resp, t0)
                     # The prefill's one token: the demo runs no model, so it echoes the prompt's last token.
                     yield {"token_ids": [ids[-1]], "index": 0, "finish_reason": "length", "completion_usage": usage(1),
-                           "disaggregated_params": params}
+                           "disaggregated_params": handoff}
                     return
-                pr = request.get("prefill_result") or {}
-                params = pr.get("disaggregated_params")
+                handoff = (request.get("prefill_result") or {}).get("disaggregated_params") or {}
+                params = handoff.get("kv_transfer_params")
                 if not isinstance(params, dict):
-                    raise dx.InvalidArgument("decode worker got no prefill_result.disaggregated_params: the frontend "
-                                             "must route through a prefill worker (run it with --enforce-disagg)")
+                    raise dx.InvalidArgument("decode worker got no prefill_result.disaggregated_params.kv_transfer_params:"
+                                             " the frontend routes through a prefill worker only once one is registered")
                 max_new = int((request.get("stop_conditions") or {}).get("max_tokens") or 16)
                 body = {"model": self.args.model_name, "prompt": ids, "max_tokens": max_new, "stream": False,
                         "kv_transfer_params": params}
                 resp = await self._forward(body, context)
-                self._record(rid, ids, "received", params, resp, t0)
+                self._record(rid, ids, "received", handoff, resp, t0)
             except asyncio.CancelledError:
                 if not context.is_stopped() and not context.is_killed():
                     raise
@@ -261,7 +263,8 @@ def parse_serve(argv) -> argparse.Namespace:
     p.add_argument("--namespace", default="dynamo")
     p.add_argument("--component", default="", help="default: prefill for the prefill role, backend for decode")
     p.add_argument("--context-length", type=int, default=3072)
-    p.add_argument("--kv-blocks", type=int, default=640)
+    p.add_argument("--kv-blocks", type=int, default=640, help="the Go worker's -num-blocks")
+    p.add_argument("--kv-block-size", type=int, default=16, help="tokens per KV block (vLLM's block_size)")
     p.add_argument("--max-seqs", type=int, default=4)
     p.add_argument("--timeout", type=float, default=120, help="bound on one call to the Go worker (seconds)")
     p.add_argument("--record", default="", help="append one JSON line per request (params, gonixl timings) here")

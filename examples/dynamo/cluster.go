@@ -441,7 +441,7 @@ type record struct {
 	Role         string          `json:"role"`
 	RequestID    string          `json:"request_id"`
 	PromptTokens int             `json:"prompt_tokens"`
-	Emitted      json.RawMessage `json:"emitted"`  // prefill: the kv_transfer_params it handed to Dynamo
+	Emitted      json.RawMessage `json:"emitted"`  // prefill: the disaggregated_params it handed to Dynamo
 	Received     json.RawMessage `json:"received"` // decode: the disaggregated_params Dynamo handed to it
 	Gonixl       *demo.Timing    `json:"gonixl"`
 	MS           float64         `json:"ms"`
@@ -496,7 +496,8 @@ func Check(res completion, tokens int, prefill, decode map[string]record) (check
 	if !ok {
 		return checked{}, fmt.Errorf("request %s: the decode worker has no record of it", id)
 	}
-	var emitted, received map[string]any
+	// {"kv_transfer_params": {...}}, as Dynamo's vLLM workers hand them over.
+	var emitted, received map[string]map[string]any
 	if err := json.Unmarshal(p.Emitted, &emitted); err != nil {
 		return checked{}, fmt.Errorf("request %s: prefill params: %w", id, err)
 	}
@@ -506,7 +507,7 @@ func Check(res completion, tokens int, prefill, decode map[string]record) (check
 	if !reflect.DeepEqual(emitted, received) {
 		return checked{}, fmt.Errorf("request %s: the decode received %s, the prefill emitted %s", id, d.Received, p.Emitted)
 	}
-	if got := emitted["remote_request_id"]; got != id {
+	if got := emitted["kv_transfer_params"]["remote_request_id"]; got != id {
 		return checked{}, fmt.Errorf("request %s: remote_request_id is %v, not Dynamo's request id", id, got)
 	}
 	if p.PromptTokens != tokens || d.PromptTokens != tokens {
@@ -532,6 +533,7 @@ func (c *cluster) close() {
 		}
 		wg.Wait()
 	}
+	c.httpc.CloseIdleConnections()
 }
 
 func freePort() (int, error) {
