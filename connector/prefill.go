@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -57,6 +58,9 @@ type PrefillConfig struct {
 	Logger *zap.Logger
 	// Metrics receives counters; nil = a private Metrics (see Prefill.Metrics).
 	Metrics *Metrics
+
+	// clock replaces time.Now for holds, leases and expiry (tests inject a fake clock); nil = time.Now.
+	clock func() time.Time
 }
 
 // Prefill is the prefill role: it owns a registered KV cache, serves the side channel, and for each request
@@ -74,6 +78,8 @@ type Prefill struct {
 	payload []byte
 	hold    time.Duration
 	port    int
+	now     func() time.Time // the clock of holds and leases
+	passes  atomic.Int64     // expiry passes of the loop (tests wait for one)
 
 	mu      sync.Mutex
 	held    map[string]*heldReq
@@ -137,6 +143,10 @@ func NewPrefill(cfg PrefillConfig) (*Prefill, error) {
 	} else {
 		p.pool = NewBlockPool(reg.geom.NumBlocks)
 		p.alloc = poolAllocator{p.pool}
+	}
+	p.now = cfg.clock
+	if p.now == nil {
+		p.now = time.Now
 	}
 	p.hold = cfg.HoldTimeout
 	if p.hold == 0 {
@@ -230,7 +240,8 @@ func (p *Prefill) Agent() *nixl.Agent { return p.reg.agent }
 func (p *Prefill) Metrics() *Metrics { return p.metrics }
 
 // BlockAllocator hands out and takes back a cache's block ids. A Cache that implements it (a neuron.Stager)
-// allocates the prefill role's blocks; otherwise the role uses its own BlockPool.
+// allocates the prefill role's blocks; otherwise the role uses its own BlockPool. Reserve's error wraps
+// ErrNoBlocks when too few blocks are free.
 type BlockAllocator interface {
 	Reserve(n int) ([]int, error)
 	Release(ids []int) error
@@ -245,9 +256,15 @@ func (a poolAllocator) Release(ids []int) error      { a.p.Free(ids); return nil
 // every block is complete.
 type FillFunc func(ctx context.Context, blockIDs []int) error
 
+// ErrDuplicateRequest is wrapped by Prefill's error for a request id that is already being prefilled or held
+// for a decode peer (HTTP servers answer 409).
+var ErrDuplicateRequest = errors.New("connector: duplicate request id")
+
 // Prefill runs one prefill request: it takes blocks for numTokens tokens, calls fill to put the KV there
 // (Neuron staging, a CPU computation, …), holds the blocks for the decode peer and returns the
 // kv_transfer_params of vLLM's prefill response. On any error the blocks are freed and nothing is published.
+// A request id already in use fails with ErrDuplicateRequest; when the allocator has too few free blocks the
+// error wraps ErrNoBlocks (the allocator's error must wrap it: BlockPool's and neuron's do).
 func (p *Prefill) Prefill(ctx context.Context, requestID string, numTokens int, fill FillFunc) (protocol.KVTransferParams, error) {
 	log := p.log.With(zap.String("request_id", requestID))
 	if requestID == "" || numTokens <= 0 {
@@ -263,7 +280,7 @@ func (p *Prefill) Prefill(ctx context.Context, requestID string, numTokens int, 
 	}
 	p.mu.Unlock()
 	if dup {
-		return protocol.KVTransferParams{}, fmt.Errorf("connector: request %q is already being prefilled or held for a decode peer", requestID)
+		return protocol.KVTransferParams{}, fmt.Errorf("%w: request %q is already being prefilled or held for a decode peer", ErrDuplicateRequest, requestID)
 	}
 	unclaim := func() {
 		p.mu.Lock()
@@ -274,7 +291,7 @@ func (p *Prefill) Prefill(ctx context.Context, requestID string, numTokens int, 
 	if err != nil {
 		unclaim()
 		p.metrics.RequestErrors.Add(1)
-		return protocol.KVTransferParams{}, err
+		return protocol.KVTransferParams{}, fmt.Errorf("connector: request %q, %d tokens: %w", requestID, numTokens, err)
 	}
 	start := time.Now()
 	if fill != nil {
@@ -290,7 +307,7 @@ func (p *Prefill) Prefill(ctx context.Context, requestID string, numTokens int, 
 	bytes := int64(len(blocks)) * p.reg.geom.BlockLen() * int64(p.reg.geom.NumRegions())
 	p.mu.Lock()
 	delete(p.pending, requestID)
-	p.held[requestID] = &heldReq{id: requestID, blocks: blocks, expiry: time.Now().Add(p.hold), bytes: bytes}
+	p.held[requestID] = &heldReq{id: requestID, blocks: blocks, expiry: p.now().Add(p.hold), bytes: bytes}
 	p.mu.Unlock()
 	p.metrics.Requests.Add(1)
 	p.metrics.Bytes.Add(bytes)
@@ -358,7 +375,7 @@ func (p *Prefill) loop(ctx context.Context) {
 	defer p.wg.Done()
 	t := time.NewTimer(idlePoll)
 	defer t.Stop()
-	lastExpiry := time.Now()
+	lastExpiry := p.now()
 	for {
 		select {
 		case <-ctx.Done():
@@ -380,9 +397,10 @@ func (p *Prefill) loop(ctx context.Context) {
 		for _, n := range ns {
 			p.handleNotification(n)
 		}
-		if now := time.Now(); now.Sub(lastExpiry) >= 50*time.Millisecond {
+		if now := p.now(); now.Sub(lastExpiry) >= 50*time.Millisecond {
 			lastExpiry = now
 			p.expire(now)
+			p.passes.Add(1)
 		}
 	}
 }
@@ -400,7 +418,7 @@ func (p *Prefill) handleNotification(raw nixl.Notification) {
 		p.mu.Lock()
 		for _, id := range n.Heartbeat {
 			if h := p.held[id]; h != nil {
-				if e := time.Now().Add(ext); e.After(h.expiry) {
+				if e := p.now().Add(ext); e.After(h.expiry) {
 					h.expiry = e
 				}
 			}

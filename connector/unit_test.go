@@ -301,7 +301,7 @@ func TestMetricsAfterTraffic(t *testing.T) {
 	assert.EqualValues(t, 2, before["gonixl_blocks_held"])
 	_, err = pr.dec.Pull(ctx, "m1", kv, []int{1, 2})
 	require.NoError(t, err)
-	require.Eventually(t, func() bool { return pr.pre.Held() == 0 }, 5*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return pr.pre.Held() == 0 }, 30*time.Second, 5*time.Millisecond)
 	ps, _ := parseProm(t, strings.NewReader(promText(pr.preM)))
 	ds, _ := parseProm(t, strings.NewReader(promText(pr.decM)))
 	assert.EqualValues(t, 0, ps["gonixl_blocks_held"])

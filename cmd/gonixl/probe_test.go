@@ -138,7 +138,7 @@ func TestProbePythonPrefill(t *testing.T) {
 			cmd := exec.CommandContext(ctx, py, script, "--profile", p.Name, "--layers", fmt.Sprint(layers), "--heads", fmt.Sprint(heads),
 				"--head-dim", fmt.Sprint(headDim), "--block-size", fmt.Sprint(blockSize), "--model", in.Model, "--hash", hash,
 				"--seed", "7", "--num-blocks", fmt.Sprint(numBlocks), "--timeout", "30")
-			var stderr strings.Builder
+			var stderr testenv.Buffer // read while the child runs: locked
 			cmd.Stderr = &stderr
 			out, err := cmd.StdoutPipe()
 			require.NoError(t, err)

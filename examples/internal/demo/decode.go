@@ -2,6 +2,7 @@ package demo
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"net/http"
 	"sync/atomic"
@@ -125,7 +126,7 @@ func (s *DecodeServer) completions(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	local, err := s.pool.Alloc(len(remote))
-	if err != nil {
+	if err != nil { // connector.ErrNoBlocks: 503 with Retry-After
 		writeError(w, http.StatusServiceUnavailable, err.Error())
 		return
 	}
@@ -134,11 +135,7 @@ func (s *DecodeServer) completions(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	res, err := s.role.Pull(ctx, id, kv, local)
 	if err != nil {
-		code := http.StatusBadGateway
-		if errorsIs(err, connector.ErrBadParams) {
-			code = http.StatusBadRequest
-		}
-		writeError(w, code, err.Error())
+		writeError(w, pullStatus(err), err.Error())
 		return
 	}
 	verified, err := s.verify(req.KVSeed(), tokens, local)
@@ -154,6 +151,18 @@ func (s *DecodeServer) completions(w http.ResponseWriter, r *http.Request) {
 		Gonixl: &Timing{HandshakeMS: ms(res.Handshake), TransferMS: ms(res.Transfer), CopyMS: ms(res.Copy),
 			Bytes: res.Bytes, Blocks: res.Blocks, VerifiedBytes: verified, Verified: true},
 	})
+}
+
+// pullStatus maps a pull error to its HTTP status: 400 for kv_transfer_params that cannot be served, 503
+// (with Retry-After) when the worker is stopping, 502 for a failure of the prefill peer or the transfer.
+func pullStatus(err error) int {
+	switch {
+	case errors.Is(err, connector.ErrBadParams):
+		return http.StatusBadRequest
+	case errors.Is(err, nixl.ErrClosed):
+		return http.StatusServiceUnavailable
+	}
+	return http.StatusBadGateway
 }
 
 // verify checks every byte the READ brought: for each layer it rebuilds what the prompt's K and V must be,

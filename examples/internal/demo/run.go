@@ -12,7 +12,8 @@ import (
 )
 
 // RunPrefill is the main of the prefill worker: it parses args, serves until ctx ends, and prints
-// "READY <url>" on stdout once it listens.
+// "READY <url>" on stdout once it listens. When ctx ends (SIGTERM) at any time, start-up included, it stops,
+// releases everything (the fake libnrt's temporary folder too) and returns nil.
 func RunPrefill(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("prefill", flag.ContinueOnError)
 	var c Common
@@ -28,9 +29,12 @@ func RunPrefill(ctx context.Context, args []string) error {
 		return err
 	}
 	defer log.Sync()
-	s, err := NewPrefillServer(PrefillConfig{VLLMVersion: c.VLLMVersion, Model: Qwen3_0_6B, NumBlocks: c.NumBlocks, BatchRows: *rows,
+	s, err := NewPrefillServer(ctx, PrefillConfig{VLLMVersion: c.VLLMVersion, Model: Qwen3_0_6B, NumBlocks: c.NumBlocks, BatchRows: *rows,
 		MaxSeq: *maxSeq, Order: order, NRTPath: *nrt, Label: *label, Backends: c.BackendSpecs(), Library: lib, Logger: log, SideChannel: *side})
 	if err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped during start-up: a clean stop
+		}
 		return err
 	}
 	defer s.Close()
