@@ -5,10 +5,7 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 )
-
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // TestCompletionPrompt checks that a prompt arrives as text or as token ids (as vLLM's API takes it, and as
 // Dynamo's frontend sends it), that it goes back on the wire the same way, and that the KV seed tells prompts apart.
