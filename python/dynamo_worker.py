@@ -117,7 +117,8 @@ def _engine_cls():
             cfg = WorkerConfig(
                 namespace=args.namespace, component=args.component or ("prefill" if args.role == "prefill" else "backend"),
                 endpoint="generate", model_name=args.model_path, served_model_name=args.model_name,
-                endpoint_types="chat,completions", discovery_backend="file", request_plane="tcp", event_plane="zmq",
+                endpoint_types="chat,completions", discovery_backend=args.discovery_backend,
+                request_plane=args.request_plane, event_plane=args.event_plane,
                 disaggregation_mode=engine.mode,
             )
             return engine, cfg
@@ -262,6 +263,11 @@ def parse_serve(argv) -> argparse.Namespace:
     p.add_argument("--model-name", default="gonixl-demo", help="served model name")
     p.add_argument("--namespace", default="dynamo")
     p.add_argument("--component", default="", help="default: prefill for the prefill role, backend for decode")
+    env = os.environ.get
+    p.add_argument("--discovery-backend", default=env("DYN_DISCOVERY_BACKEND", "file"),
+                   help="file (one host, $DYN_FILE_KV), etcd or kubernetes (default $DYN_DISCOVERY_BACKEND or file)")
+    p.add_argument("--request-plane", default=env("DYN_REQUEST_PLANE", "tcp"))
+    p.add_argument("--event-plane", default=env("DYN_EVENT_PLANE", "zmq"))
     p.add_argument("--context-length", type=int, default=3072)
     p.add_argument("--kv-blocks", type=int, default=640, help="the Go worker's -num-blocks")
     p.add_argument("--kv-block-size", type=int, default=16, help="tokens per KV block (vLLM's block_size)")

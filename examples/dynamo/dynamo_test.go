@@ -52,7 +52,8 @@ func newCluster(t *testing.T, callTimeout time.Duration, rows, maxSeq int) *clus
 // proven from both workers' records (the decode received exactly the prefill's params, remote_request_id is
 // Dynamo's request id, every byte verified). Then the failure paths on the same set: a stopped (SIGSTOP) Go
 // prefill and a killed one give the client an error, not a hang; a Dynamo worker stopped with SIGTERM leaves
-// discovery (the frontend's view and the file records) and requests fail fast.
+// discovery (the frontend's view and the file records) at once and requests fail fast; a killed one leaves
+// when its record expires.
 func TestDynamoEndToEnd(t *testing.T) {
 	const callTimeout = 20 * time.Second
 	cl := newCluster(t, callTimeout, 6, 1024)
@@ -158,5 +159,25 @@ func TestDynamoEndToEnd(t *testing.T) {
 		t.Logf("with no prefill worker: %v", err)
 		require.Error(t, err)
 		require.Contains(t, err.Error(), "HTTP 503")
+	})
+
+	t.Run("killed worker leaves discovery", func(t *testing.T) {
+		// SIGKILL: no unregistering; the record stops being refreshed and expires.
+		require.NoError(t, cl.dynDecode.signal(syscall.SIGKILL))
+		<-cl.dynDecode.done
+		t0 := time.Now()
+		for {
+			comps, err := cl.Components(ctx)
+			recs, _ := cl.Records("dynamo/backend/generate")
+			if err == nil && comps["backend"] == 0 && len(recs) == 0 {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				t.Fatalf("the killed decode worker is still discovered: frontend %v (%v), records %v", comps, err, recs)
+			case <-time.After(250 * time.Millisecond):
+			}
+		}
+		t.Logf("the killed decode worker left discovery after %v", time.Since(t0).Round(100*time.Millisecond))
 	})
 }
