@@ -3,9 +3,11 @@ package main
 import (
 	"context"
 	"errors"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -119,6 +121,31 @@ func TestDynamoEndToEnd(t *testing.T) {
 		require.NoError(t, err)
 	})
 
+	t.Run("client disconnect cancels the decode call", func(t *testing.T) {
+		// The Go decode is stopped, so the request waits there; the client gives up; Dynamo cancels the
+		// request and the decode worker closes its call to the Go decode.
+		require.NoError(t, cl.goDecode.signal(syscall.SIGSTOP))
+		rctx, rcancel := context.WithTimeout(ctx, 3*time.Second)
+		_, err := cl.Complete(rctx, prompt(11, 64), 4, false)
+		rcancel()
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		for !strings.Contains(readFile(cl.dynDecode.log), "cancelled by Dynamo: cancelling the gonixl call") {
+			select {
+			case <-ctx.Done():
+				require.NoError(t, cl.goDecode.signal(syscall.SIGCONT))
+				t.Fatalf("the decode worker did not cancel its call:%s", cl.dynDecode.tail())
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+		require.NoError(t, cl.goDecode.signal(syscall.SIGCONT))
+		res, err := cl.Complete(ctx, prompt(12, 64), 4, false)
+		require.NoError(t, err, "serves again")
+		prefill, decode, err := cl.RequestRecords()
+		require.NoError(t, err)
+		_, err = Check(res, 64, prefill, decode)
+		require.NoError(t, err)
+	})
+
 	t.Run("killed Go prefill gives an error", func(t *testing.T) {
 		require.NoError(t, cl.goPrefill.signal(syscall.SIGKILL))
 		<-cl.goPrefill.done
@@ -180,4 +207,10 @@ func TestDynamoEndToEnd(t *testing.T) {
 		}
 		t.Logf("the killed decode worker left discovery after %v", time.Since(t0).Round(100*time.Millisecond))
 	})
+}
+
+// readFile reads a log file a child process appends to (a file, not a buffer the child writes into).
+func readFile(path string) string {
+	data, _ := os.ReadFile(path)
+	return string(data)
 }
