@@ -160,8 +160,10 @@ def _engine_cls():
                     log.info("request %s cancelled by Dynamo: cancelling the gonixl call", request_id)
                     task.cancel()
                 return await task
-            except GonixlError as e:
-                raise (dx.InvalidArgument if 400 <= e.status < 500 and e.status != 409 else dx.Unknown)(str(e))
+            except GonixlError as e:  # 4xx: the request (bad params, duplicate id); 503: out of KV blocks, stopping
+                if e.status == 503:
+                    raise dx.WorkerUnavailable(str(e))
+                raise (dx.InvalidArgument if 400 <= e.status < 500 else dx.Unknown)(str(e))
             except asyncio.TimeoutError:
                 raise dx.ConnectionTimeout(f"gonixl worker at {self.url} did not answer within {self.args.timeout}s")
             except OSError as e:  # aiohttp's connection errors derive from OSError
