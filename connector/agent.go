@@ -41,7 +41,7 @@ type registered struct {
 }
 
 // register creates an agent, registers every region of cache with it in one call, and returns both.
-func register(lib *nixl.Library, name string, backends []nixl.BackendSpec, cache Cache, noProgressThread bool, log *zap.Logger) (*registered, error) {
+func register(lib *nixl.Library, name string, backends []nixl.BackendSpec, device string, cache Cache, noProgressThread bool, log *zap.Logger) (*registered, error) {
 	if lib == nil {
 		return nil, fmt.Errorf("connector: nil NIXL library (call nixl.Load)")
 	}
@@ -58,6 +58,10 @@ func register(lib *nixl.Library, name string, backends []nixl.BackendSpec, cache
 	}
 	if len(backends) == 0 {
 		backends = DefaultBackends
+	}
+	backends = withDataDevice(backends, device)
+	if device != "" {
+		log.Info("NIXL UCX data plane restricted to one network device (UCX_NET_DEVICES in the environment overrides)", zap.String("device", device))
 	}
 	a, err := lib.NewAgent(name, nixl.AgentConfig{Backends: backends, NoProgressThread: noProgressThread, Logger: log})
 	if err != nil {

@@ -30,6 +30,10 @@ type DecodeConfig struct {
 	EngineID string
 	// Backends is the NIXL backend list (default UCX).
 	Backends []nixl.BackendSpec
+	// DataDevice is the network device NIXL's UCX backend may use (see PrefillConfig.DataDevice). Default
+	// (""): every device, since prefill peers may be anywhere; DataDeviceFor("127.0.0.1") keeps a decode
+	// worker whose peers are all local on loopback.
+	DataDevice string
 	// TPRank and TPSize are this worker's TP rank and its engine's TP size (default 1).
 	TPRank, TPSize int
 	// Compat holds the compatibility-hash inputs and the opt-out (SkipCheck).
@@ -145,7 +149,8 @@ func NewDecode(cfg DecodeConfig) (*Decode, error) {
 	if err := checkPlan(cfg.Profile, cfg.Cache); err != nil {
 		return nil, err
 	}
-	reg, err := register(cfg.Library, fmt.Sprintf("%s-tp%d", cfg.EngineID, cfg.TPRank), cfg.Backends, cfg.Cache, false, log)
+	reg, err := register(cfg.Library, fmt.Sprintf("%s-tp%d", cfg.EngineID, cfg.TPRank), cfg.Backends,
+		resolveDataDevice(cfg.DataDevice, ""), cfg.Cache, false, log)
 	if err != nil {
 		return nil, err
 	}

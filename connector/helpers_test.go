@@ -156,7 +156,9 @@ type pairOpts struct {
 	decodeCompat                *Compat
 	decodeProfile               *protocol.Profile
 	backends                    []nixl.BackendSpec
-	clock                       *fakeClock // the prefill role's clock of holds and leases; nil = time.Now
+	clock                       *fakeClock                           // the prefill role's clock of holds and leases; nil = time.Now
+	decodeDevice                string                               // DecodeConfig.DataDevice
+	notifyFrom                  func(decodeEngineID string) []string // PrefillConfig.NotifyFrom
 }
 
 // fakeClock is a clock that moves only when the test says so: hold and lease tests assert what happens
@@ -214,7 +216,12 @@ func newPair(t testing.TB, p protocol.Profile, o pairOpts) *pair {
 	if o.clock != nil {
 		clock = o.clock.Now
 	}
-	pr.pre, err = NewPrefill(PrefillConfig{Profile: p, Library: l, Cache: pr.pcache, Compat: tinyCompat(p), clock: clock,
+	decID := fmt.Sprintf("decode-%s-%d", p.Name, time.Now().UnixNano())
+	var notifyFrom []string
+	if o.notifyFrom != nil {
+		notifyFrom = o.notifyFrom(decID)
+	}
+	pr.pre, err = NewPrefill(PrefillConfig{Profile: p, Library: l, Cache: pr.pcache, Compat: tinyCompat(p), clock: clock, NotifyFrom: notifyFrom,
 		HoldTimeout: o.hold, Logger: o.prefillLog, Metrics: pr.preM, Backends: o.backends,
 		EngineID: fmt.Sprintf("prefill-%s-%d", p.Name, time.Now().UnixNano())})
 	require.NoError(t, err)
@@ -224,6 +231,7 @@ func newPair(t testing.TB, p protocol.Profile, o pairOpts) *pair {
 		dc = *o.decodeCompat
 	}
 	pr.dec, err = NewDecode(DecodeConfig{Profile: dp, Library: l, Cache: pr.dcache, Compat: dc, Logger: o.decodeLog,
+		EngineID: decID, DataDevice: o.decodeDevice,
 		Metrics: pr.decM, Backends: o.backends, HandshakeTimeout: 2 * time.Second, HandshakeRetries: 1})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, pr.dec.Close()) })

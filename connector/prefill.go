@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -51,6 +52,19 @@ type PrefillConfig struct {
 	SideChannel *sidechannel.Server
 	// Compat holds the compatibility-hash inputs (vLLM ≥ 0.13 profiles).
 	Compat Compat
+	// DataDevice is the network device NIXL's UCX backend may use (UCX_NET_DEVICES for this agent only, set
+	// through the backend's engine_config): where its TCP data port listens and which addresses the agent
+	// metadata — handed to anyone who asks the side channel — names. Default (""): DataDeviceFor(the
+	// side-channel host), so the data plane stays on loopback when the side channel does, and is not
+	// restricted otherwise; AllDataDevices for every device; or one UCX device name, e.g. "eth1" or
+	// "mlx5_0:1". For several devices set UCX_NET_DEVICES in the environment, which always wins, as does a
+	// NET_DEVICES in the UCX backend's engine_config param.
+	DataDevice string
+	// NotifyFrom, when set, lists the remote NIXL agents whose notifications (transfer completions,
+	// heartbeats) are honoured: exact agent names, or prefixes ending in "*" (gonixl decode agents are named
+	// "<engine id>-tp<rank>"). Others are dropped, counted (Metrics.RejectedNotifications) and logged, so a
+	// peer outside the list cannot free or extend held blocks. Empty: every agent, as vLLM does.
+	NotifyFrom []string
 	// HoldTimeout overrides how long unread blocks are held: the profile's lease (renewed by heartbeats) or
 	// abort timeout.
 	HoldTimeout time.Duration
@@ -133,7 +147,14 @@ func NewPrefill(cfg PrefillConfig) (*Prefill, error) {
 	}
 	// The prefill agent is the target of the decode peers' READs and receives their notifications: it runs
 	// without NIXL's progress thread and the role's loop drives progress (see nixl.AgentConfig.NoProgressThread).
-	reg, err := register(cfg.Library, fmt.Sprintf("%s-pp%d-tp%d", cfg.EngineID, cfg.Rank.PP, cfg.Rank.TP), cfg.Backends, cfg.Cache, true, log)
+	host := cfg.Host
+	if cfg.SideChannel != nil {
+		if h, _, err := net.SplitHostPort(cfg.SideChannel.Addr()); err == nil {
+			host = h
+		}
+	}
+	reg, err := register(cfg.Library, fmt.Sprintf("%s-pp%d-tp%d", cfg.EngineID, cfg.Rank.PP, cfg.Rank.TP), cfg.Backends,
+		resolveDataDevice(cfg.DataDevice, host), cfg.Cache, true, log)
 	if err != nil {
 		return nil, err
 	}
@@ -405,7 +426,28 @@ func (p *Prefill) loop(ctx context.Context) {
 	}
 }
 
+// notifyAllowed reports whether a notification from agent is honoured (PrefillConfig.NotifyFrom).
+func (p *Prefill) notifyAllowed(agent string) bool {
+	if len(p.cfg.NotifyFrom) == 0 {
+		return true
+	}
+	for _, a := range p.cfg.NotifyFrom {
+		if prefix, ok := strings.CutSuffix(a, "*"); ok && strings.HasPrefix(agent, prefix) || a == agent {
+			return true
+		}
+	}
+	return false
+}
+
 func (p *Prefill) handleNotification(raw nixl.Notification) {
+	if !p.notifyAllowed(raw.Agent) {
+		// Logged for the first few, then every 1000th: a peer flooding forged notifications cannot flood the log.
+		if n := p.metrics.RejectedNotifications.Add(1); n <= 10 || n%1000 == 0 {
+			p.log.Warn("notification from an agent outside NotifyFrom dropped", zap.String("from", raw.Agent),
+				zap.Int("msg_bytes", len(raw.Msg)), zap.Int64("rejected_so_far", n))
+		}
+		return
+	}
 	n, err := p.cfg.Profile.DecodeNotification(raw.Msg)
 	if err != nil {
 		p.metrics.BadMessages.Add(1)

@@ -271,7 +271,7 @@ func TestMetricsPrometheus(t *testing.T) {
 	}
 	sort.Strings(names)
 	for _, want := range []string{"gonixl_request_errors_total", "gonixl_blocks_freed_total", "gonixl_heartbeats_total",
-		"gonixl_notifications_total", "gonixl_bad_messages_total"} {
+		"gonixl_notifications_total", "gonixl_bad_messages_total", "gonixl_rejected_notifications_total"} {
 		assert.Contains(t, names, want)
 	}
 }

@@ -30,6 +30,8 @@ type DecodeConfig struct {
 	Cache connector.Cache
 	// PullTimeout bounds one request's handshake and READ.
 	PullTimeout time.Duration
+	// DataDevice is connector.DecodeConfig.DataDevice ("" = every device).
+	DataDevice string
 }
 
 // Reader reads a region of a cache back to host memory (for verification).
@@ -77,7 +79,7 @@ func NewDecodeServer(cfg DecodeConfig) (*DecodeServer, error) {
 	s.pool = connector.NewBlockPool(s.cache.Geometry().NumBlocks)
 	if s.role, err = connector.NewDecode(connector.DecodeConfig{
 		Profile: p, Library: cfg.Library, Cache: s.cache, Backends: cfg.Backends,
-		Compat: cfg.Model.Compat(cfg.VLLMVersion), Logger: log,
+		Compat: cfg.Model.Compat(cfg.VLLMVersion), Logger: log, DataDevice: cfg.DataDevice,
 	}); err != nil {
 		s.Close()
 		return nil, err

@@ -34,6 +34,7 @@ type PrefillConfig struct {
 	NRTPath     string // libnrt: "" = the real libnrt.so.1 if present, else the fake one built in a temp dir
 	Backends    []nixl.BackendSpec
 	HoldTimeout time.Duration // 0: the profile's
+	DataDevice  string        // connector.PrefillConfig.DataDevice ("" = loopback, as the side channel)
 	Library     *nixl.Library
 	Logger      *zap.Logger
 	// Ready is called with the HTTP base URL once the server listens.
@@ -154,6 +155,7 @@ func NewPrefillServer(ctx context.Context, cfg PrefillConfig) (s *PrefillServer,
 	if s.role, err = connector.NewPrefill(connector.PrefillConfig{
 		Profile: p, Library: cfg.Library, Cache: s.stager, Backends: cfg.Backends, Port: cfg.SideChannel,
 		Compat: cfg.Model.Compat(cfg.VLLMVersion), HoldTimeout: cfg.HoldTimeout, Logger: log, KVCacheLayout: cfg.Label,
+		DataDevice: cfg.DataDevice,
 	}); err != nil {
 		return nil, err
 	}

@@ -1,14 +1,17 @@
 package demo
 
 import (
-	"go.uber.org/zap"
-
 	"context"
 	"flag"
 	"fmt"
+	"net"
+	"os"
+
+	"go.uber.org/zap"
+
+	"github.com/gonixl/gonixl/connector"
 	"github.com/gonixl/gonixl/layout"
 	"github.com/gonixl/gonixl/nixl"
-	"os"
 )
 
 // RunPrefill is the main of the prefill worker: it parses args, serves until ctx ends, and prints
@@ -30,7 +33,8 @@ func RunPrefill(ctx context.Context, args []string) error {
 	}
 	defer log.Sync()
 	s, err := NewPrefillServer(ctx, PrefillConfig{VLLMVersion: c.VLLMVersion, Model: Qwen3_0_6B, NumBlocks: c.NumBlocks, BatchRows: *rows,
-		MaxSeq: *maxSeq, Order: order, NRTPath: *nrt, Label: *label, Backends: c.BackendSpecs(), Library: lib, Logger: log, SideChannel: *side})
+		MaxSeq: *maxSeq, Order: order, NRTPath: *nrt, Label: *label, Backends: c.BackendSpecs(), Library: lib, Logger: log, SideChannel: *side,
+		DataDevice: c.DataDevice})
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil // stopped during start-up: a clean stop
@@ -57,7 +61,12 @@ func RunDecode(ctx context.Context, args []string) error {
 	}
 	defer log.Sync()
 	cfg := DecodeConfig{VLLMVersion: c.VLLMVersion, Model: Qwen3_0_6B, NumBlocks: c.NumBlocks, Order: order,
-		Backends: c.BackendSpecs(), Library: lib, Logger: log}
+		Backends: c.BackendSpecs(), Library: lib, Logger: log, DataDevice: c.DataDevice}
+	if cfg.DataDevice == "" { // the decode worker's peers are where its HTTP API is: loopback in the demo
+		if host, _, err := net.SplitHostPort(*addr); err == nil {
+			cfg.DataDevice = connector.DataDeviceFor(host)
+		}
+	}
 	if *gpu {
 		*where = "gpu"
 	}
