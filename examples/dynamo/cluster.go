@@ -233,25 +233,33 @@ func startCluster(ctx context.Context, cfg clusterConfig) (c *cluster, err error
 	}
 	c.Started["Go workers"] = time.Since(t)
 
-	port, err := freePort()
-	if err != nil {
-		return nil, err
-	}
-	c.URL = "http://127.0.0.1:" + strconv.Itoa(port)
 	t = time.Now()
-	if c.frontend, err = startProc("Dynamo frontend", logf("frontend"), c.env, cfg.Python, "-m", "dynamo.frontend",
-		"--http-host", "127.0.0.1", "--http-port", strconv.Itoa(port), "--router-mode", "kv",
-		"--discovery-backend", "file", "--request-plane", "tcp", "--event-plane", "zmq", "--namespace", "dynamo"); err != nil {
-		return nil, err
-	}
 	if c.dynPrefill, err = c.startWorker("prefill", c.GoPrefillURL, c.prefillRec); err != nil {
 		return nil, err
 	}
 	if c.dynDecode, err = c.startWorker("decode", c.GoDecodeURL, c.decodeRec); err != nil {
 		return nil, err
 	}
-	if err := c.waitRoutable(ctx); err != nil {
-		return nil, err
+	// The frontend cannot listen on port 0 and say which port it got: take a free port, and take another if
+	// something else bound it first (the frontend then exits).
+	for attempt := 1; ; attempt++ {
+		port, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		c.URL = "http://127.0.0.1:" + strconv.Itoa(port)
+		if c.frontend, err = startProc("Dynamo frontend", logf(fmt.Sprintf("frontend-%d", attempt)), c.env, cfg.Python, "-m",
+			"dynamo.frontend", "--http-host", "127.0.0.1", "--http-port", strconv.Itoa(port), "--router-mode", "kv",
+			"--discovery-backend", "file", "--request-plane", "tcp", "--event-plane", "zmq", "--namespace", "dynamo"); err != nil {
+			return nil, err
+		}
+		err = c.waitRoutable(ctx)
+		if err == nil {
+			break
+		}
+		if attempt == 3 || !c.frontend.exited() || c.dynPrefill.exited() || c.dynDecode.exited() {
+			return nil, err
+		}
 	}
 	c.Started["Dynamo frontend and workers"] = time.Since(t)
 	return c, nil
