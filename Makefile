@@ -22,17 +22,26 @@ TEST_FLAGS   ?= -race -count=1 -timeout 25m
 VLLM_VERSIONS  ?= 0.16.0 0.33.0
 VLLM_WHEEL_DIR ?= $(HOME)/.cache/gonixl/vllm-wheels
 
+# NVIDIA Dynamo (frontend, KV router, Python backend API) for the Dynamo tier: a cached virtualenv outside the
+# repo, installed by scripts/install-dynamo.sh from the pinned set in python/dynamo-requirements.txt.
+DYNAMO_VERSION ?= 1.6.1
+DYNAMO_VENV    ?= $(HOME)/.cache/gonixl/venvs/dynamo-$(DYNAMO_VERSION)
+
 export NIXL_LIB_DIR
+export GONIXL_DYNAMO_PYTHON := $(DYNAMO_VENV)/bin/python
 export GONIXL_PYTHON := $(VENV_PY)
 export VLLM_WHEEL_DIR
 
-.PHONY: all build vet lint generate nixl pydeps vllm-wheels deps test test-pure test-go demo fuzz bench vectors vectors-real clean help
+.PHONY: all build vet lint generate nixl pydeps vllm-wheels dynamo deps test test-pure test-go demo fuzz bench vectors vectors-real clean help
 
 all: build
 
 help:
 	@echo "make demo   - fetch NIXL, build and run the disaggregated prefill/decode demo"
 	@echo "make test   - fetch NIXL and Python test deps, run every test with the race detector"
+	@echo "make dynamo - install Dynamo $(DYNAMO_VERSION) into $(DYNAMO_VENV)"
+	@echo "make demo DYNAMO=1 - the same behind NVIDIA Dynamo's frontend (KV routing, file discovery, loopback)"
+	@echo "make dynamo - install Dynamo $(DYNAMO_VERSION) into $(DYNAMO_VENV)"
 	@echo "make nixl   - download the pinned NIXL wheel ($(NIXL_VERSION), cu$(NIXL_CUDA)) and unpack its libraries"
 	@echo "make fuzz   - run every fuzz target for FUZZTIME (default $(FUZZTIME)) each"
 	@echo "make bench  - run the benchmarks (ratios against in-run baselines)"
@@ -76,7 +85,12 @@ vllm-wheels:
 	  $(PYTHON) -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: -d $(VLLM_WHEEL_DIR) vllm==$$v || exit 1; }; \
 	done
 
-deps: nixl pydeps vllm-wheels
+dynamo: $(DYNAMO_VENV)/.complete
+
+$(DYNAMO_VENV)/.complete: python/dynamo-requirements.txt scripts/install-dynamo.sh
+	@DYNAMO_VERSION=$(DYNAMO_VERSION) DYNAMO_VENV=$(DYNAMO_VENV) DYNAMO_LOCK=python/dynamo-requirements.txt PYTHON=$(PYTHON) bash scripts/install-dynamo.sh
+
+deps: nixl pydeps vllm-wheels dynamo
 
 # Pure-Go packages must build and pass without cgo.
 test-pure:
@@ -89,8 +103,9 @@ test-go:
 
 test: deps test-pure test-go
 
-demo: nixl
-	$(GO) run ./examples/disagg
+# `make demo DYNAMO=1`: the same Go workers behind NVIDIA Dynamo's frontend (examples/dynamo).
+demo: nixl $(if $(DYNAMO),dynamo)
+	$(GO) run ./examples/$(if $(DYNAMO),dynamo,disagg)
 
 fuzz:
 	@bash scripts/fuzz.sh $(FUZZTIME)

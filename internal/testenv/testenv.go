@@ -116,6 +116,25 @@ func PythonModules(tb testing.TB, python string, modules ...string) {
 	}
 }
 
+// DynamoPython returns the interpreter of the cached NVIDIA Dynamo virtualenv ($GONIXL_DYNAMO_PYTHON, which the
+// Makefile sets, else the last ~/.cache/gonixl/venvs/dynamo-*/ in name order with a complete install); it fails/skips the
+// test when there is none.
+func DynamoPython(tb testing.TB) string {
+	tb.Helper()
+	if p := os.Getenv("GONIXL_DYNAMO_PYTHON"); p != "" {
+		if _, err := os.Stat(filepath.Join(filepath.Dir(filepath.Dir(p)), ".complete")); err == nil {
+			return p
+		}
+	} else if home, err := os.UserHomeDir(); err == nil {
+		stamps, _ := filepath.Glob(filepath.Join(home, ".cache", "gonixl", "venvs", "dynamo-*", ".complete"))
+		if len(stamps) > 0 {
+			return filepath.Join(filepath.Dir(stamps[len(stamps)-1]), "bin", "python")
+		}
+	}
+	Missing(tb, "NVIDIA Dynamo (a complete cached venv)", "run `make dynamo` (installs ai-dynamo into ~/.cache/gonixl/venvs)")
+	return ""
+}
+
 // Buffer collects a child process's output (exec.Cmd.Stdout or Stderr) and can be read at any time, also
 // while the child still writes: exec's copying goroutine and the test's reads are serialized by a mutex.
 // A plain strings.Builder or bytes.Buffer read before Wait returns is a data race — and the arguments of

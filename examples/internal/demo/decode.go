@@ -121,7 +121,7 @@ func (s *DecodeServer) completions(w http.ResponseWriter, r *http.Request) {
 	if id == "" {
 		id = fmt.Sprintf("cmpl-d-%d", s.seq.Add(1))
 	}
-	tokens := Tokens(req.Prompt)
+	tokens := req.NumTokens()
 	g := s.cache.Geometry()
 	remote := kv.RemoteBlockIDs.Flat()
 	if len(remote) != g.NeededBlocks(tokens) {
@@ -141,7 +141,7 @@ func (s *DecodeServer) completions(w http.ResponseWriter, r *http.Request) {
 		writeError(w, pullStatus(err), err.Error())
 		return
 	}
-	verified, err := s.verify(req.Prompt, tokens, local)
+	verified, err := s.verify(req.KVSeed(), tokens, local)
 	if err != nil {
 		s.log.Error("KV verification failed", zap.String("request_id", id), zap.Error(err))
 		writeError(w, http.StatusInternalServerError, "KV verification failed: "+err.Error())
@@ -172,9 +172,8 @@ func pullStatus(err error) int {
 // converts them to paged blocks with the same block ids (zero padding included) and compares those blocks
 // with the cache's. It also converts the cache's blocks back to (1, H, tokens, D) and compares the tokens,
 // so a converter bug on either side cannot hide. It returns the number of block bytes checked.
-func (s *DecodeServer) verify(prompt string, tokens int, blocks []int) (int64, error) {
+func (s *DecodeServer) verify(seed uint64, tokens int, blocks []int) (int64, error) {
 	g := s.cache.Geometry()
-	seed := Seed(prompt)
 	src := layout.Source{Batch: 1, Heads: g.NumKVHeads, SeqLen: tokens, HeadDim: g.HeadDim}
 	rowBytes := g.HeadDim * g.DType.Size()
 	want := make([]byte, g.NumKVHeads*tokens*rowBytes)

@@ -26,6 +26,17 @@ func Seed(prompt string) uint64 {
 	return h.Sum64()
 }
 
+// SeedIDs is the KV seed of a prompt given as token ids.
+func SeedIDs(ids []int) uint64 {
+	h := fnv.New64a()
+	var b [8]byte
+	for _, id := range ids {
+		binary.LittleEndian.PutUint64(b[:], uint64(id))
+		h.Write(b[:])
+	}
+	return h.Sum64()
+}
+
 // FillHead writes the KV of one head of one layer's K or V for positions [0, len(dst)/rowBytes): a
 // deterministic function of (seed, layer, kv, head, byte offset), as if a model had computed it.
 func FillHead(dst []byte, seed uint64, layer int, kv layout.KV, head int) {

@@ -1,17 +1,73 @@
 package demo
 
 import (
+	"bytes"
 	"encoding/json"
+	"fmt"
 	"time"
 )
 
-// CompletionRequest is the subset of vLLM's OpenAI /v1/completions request the demo serves.
+// CompletionRequest is the subset of vLLM's OpenAI /v1/completions request the demo serves. The prompt is text
+// or, as vLLM also takes it, token ids (what a frontend that tokenizes sends, e.g. NVIDIA Dynamo's).
 type CompletionRequest struct {
 	Model            string          `json:"model"`
 	Prompt           string          `json:"prompt"`
+	PromptTokenIDs   []int           `json:"-"` // the prompt as token ids; on the wire, "prompt": [ids...]
 	MaxTokens        int             `json:"max_tokens,omitempty"`
 	Stream           bool            `json:"stream"`
 	KVTransferParams json.RawMessage `json:"kv_transfer_params,omitempty"`
+}
+
+type completionWire CompletionRequest
+
+// UnmarshalJSON reads "prompt" as a string or an array of token ids.
+func (r *CompletionRequest) UnmarshalJSON(data []byte) error {
+	var w struct {
+		completionWire
+		Prompt json.RawMessage `json:"prompt"`
+	}
+	if err := json.Unmarshal(data, &w); err != nil {
+		return err
+	}
+	*r = CompletionRequest(w.completionWire)
+	if p := bytes.TrimSpace(w.Prompt); len(p) > 0 && p[0] == '[' {
+		if err := json.Unmarshal(p, &r.PromptTokenIDs); err != nil {
+			return fmt.Errorf("prompt: want a string or an array of token ids: %w", err)
+		}
+		return nil
+	}
+	if len(w.Prompt) > 0 {
+		return json.Unmarshal(w.Prompt, &r.Prompt)
+	}
+	return nil
+}
+
+// MarshalJSON writes the token ids as "prompt" when they are set.
+func (r CompletionRequest) MarshalJSON() ([]byte, error) {
+	w := struct {
+		completionWire
+		Prompt any `json:"prompt"`
+	}{completionWire(r), r.Prompt}
+	if r.PromptTokenIDs != nil {
+		w.Prompt = r.PromptTokenIDs
+	}
+	return json.Marshal(w)
+}
+
+// NumTokens is the prompt's length in tokens: its token ids, or the demo tokenizer's count of its text.
+func (r CompletionRequest) NumTokens() int {
+	if r.PromptTokenIDs != nil {
+		return len(r.PromptTokenIDs)
+	}
+	return Tokens(r.Prompt)
+}
+
+// KVSeed is the seed of the prompt's KV content (see Seed): the same prompt gives the same bytes on both sides.
+func (r CompletionRequest) KVSeed() uint64 {
+	if r.PromptTokenIDs != nil {
+		return SeedIDs(r.PromptTokenIDs)
+	}
+	return Seed(r.Prompt)
 }
 
 // CompletionResponse is vLLM's OpenAI completion response, with kv_transfer_params on the prefill side and

@@ -239,7 +239,7 @@ func (s *PrefillServer) completions(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var err error
-	tokens := Tokens(req.Prompt)
+	tokens := req.NumTokens()
 	if tokens == 0 || tokens > s.cfg.MaxSeq {
 		writeError(w, http.StatusBadRequest, fmt.Sprintf("prompt has %d tokens; this worker takes 1..%d", tokens, s.cfg.MaxSeq))
 		return
@@ -255,7 +255,7 @@ func (s *PrefillServer) completions(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	start := time.Now()
-	err = s.compute(row, tokens, Seed(req.Prompt))
+	err = s.compute(row, tokens, req.KVSeed())
 	computed := time.Now()
 	var stage time.Duration
 	var out protocol.KVTransferParams

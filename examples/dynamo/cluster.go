@@ -1,0 +1,554 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/gonixl/gonixl/examples/internal/demo"
+)
+
+// clusterConfig says how to run gonixl's Go workers behind NVIDIA Dynamo on one host.
+type clusterConfig struct {
+	Self        string   // a binary that serves `serve-prefill ARGS...` and `serve-decode ARGS...` (this program)
+	Python      string   // the interpreter of the Dynamo virtualenv (make dynamo)
+	Worker      string   // python/dynamo_worker.py
+	Dir         string   // working folder: discovery records, model, request records, logs (the caller removes it)
+	GoArgs      []string // flags both Go workers get (-vllm-version, -num-blocks, -kv-layout, ...)
+	PrefillArgs []string // flags only the Go prefill gets (-max-seq, -batch-rows)
+	DecodeArgs  []string // flags only the Go decode gets (-cache)
+	Context     int      // context length the workers advertise (the Go prefill's -max-seq)
+	KVBlocks    int      // KV blocks the workers advertise (-num-blocks)
+	MaxSeqs     int      // concurrent sequences the workers advertise (-batch-rows)
+	CallTimeout time.Duration
+	Model       string // served model name
+}
+
+// proc is one child process. Its stdout and stderr go to a log file (read only after it exited or for
+// reports); a READY line on stdout, when the program prints one, is also sent to ready.
+type proc struct {
+	name  string
+	cmd   *exec.Cmd
+	log   string
+	ready chan string
+	done  chan struct{}
+	err   error // set before done closes
+}
+
+func startProc(name, logPath string, env []string, argv ...string) (*proc, error) {
+	f, err := os.Create(logPath)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Env = env
+	cmd.Stderr = f
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("starting %s: %w", name, err)
+	}
+	p := &proc{name: name, cmd: cmd, log: logPath, ready: make(chan string, 1), done: make(chan struct{})}
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			line := sc.Text()
+			if rest, ok := strings.CutPrefix(line, "READY "); ok {
+				select {
+				case p.ready <- rest:
+				default:
+				}
+			}
+			fmt.Fprintln(f, line)
+		}
+		p.err = cmd.Wait() // after every read from the pipe
+		f.Close()
+		close(p.done)
+	}()
+	return p, nil
+}
+
+// waitReady returns the READY line's rest, or an error when the process exits first or ctx ends.
+func (p *proc) waitReady(ctx context.Context) (string, error) {
+	select {
+	case line := <-p.ready:
+		return line, nil
+	case <-p.done:
+		return "", fmt.Errorf("%s exited before it was ready (%v); its log: %s", p.name, p.err, p.tail())
+	case <-ctx.Done():
+		return "", fmt.Errorf("%s not ready: %w; its log: %s", p.name, ctx.Err(), p.tail())
+	}
+}
+
+// exited reports whether the process has exited.
+func (p *proc) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// stop sends SIGTERM and waits up to grace for the exit, then kills. It reports how long the exit took.
+func (p *proc) stop(grace time.Duration) time.Duration {
+	t := time.Now()
+	if p.exited() {
+		return 0
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(grace):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
+	return time.Since(t)
+}
+
+// signal sends sig (e.g. SIGSTOP, SIGCONT, SIGKILL).
+func (p *proc) signal(sig syscall.Signal) error { return p.cmd.Process.Signal(sig) }
+
+// tail returns the last lines of the log (only while the process writes nothing else, or after it exited:
+// it reads the file, never a buffer the process writes into).
+func (p *proc) tail() string {
+	data, _ := os.ReadFile(p.log)
+	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
+	if len(lines) > 15 {
+		lines = lines[len(lines)-15:]
+	}
+	return "\n\t" + strings.Join(lines, "\n\t")
+}
+
+// cluster is the running set: the event-plane broker, the Go prefill and decode workers, a Dynamo worker in
+// front of each, and Dynamo's frontend.
+type cluster struct {
+	cfg                    clusterConfig
+	env                    []string
+	broker                 *proc
+	goPrefill, goDecode    *proc
+	dynPrefill, dynDecode  *proc
+	frontend               *proc
+	URL                    string // the frontend's base URL
+	GoPrefillURL           string
+	GoDecodeURL            string
+	Started                map[string]time.Duration // how long each part took to be ready
+	prefillRec, decodeRec  string
+	httpc                  *http.Client
+	discoveryDir, modelDir string
+}
+
+// loopbackEnv is the environment that keeps every Dynamo server on 127.0.0.1: file discovery under dir, the TCP
+// request plane, and the ZMQ event plane through the loopback broker (Dynamo's direct ZMQ mode binds 0.0.0.0).
+func loopbackEnv(discovery, brokerURL string) []string {
+	env := []string{}
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "DYN_") {
+			env = append(env, kv)
+		}
+	}
+	return append(env,
+		"DYN_FILE_KV="+discovery, "DYN_DISCOVERY_BACKEND=file", "DYN_REQUEST_PLANE=tcp", "DYN_EVENT_PLANE=zmq",
+		"DYN_ZMQ_BROKER_URL="+brokerURL,
+		"DYN_EVENT_PLANE_HOST=127.0.0.1", "DYN_TCP_RPC_HOST=127.0.0.1", "DYN_TCP_RESPONSE_STREAM_HOST=127.0.0.1",
+		"DYN_SYSTEM_HOST=127.0.0.1", "DYN_HTTP_HOST=127.0.0.1",
+		"DYN_SELF_HOST_METADATA=0",                  // model cards in the discovery folder, no metadata server
+		"DYN_GRACEFUL_SHUTDOWN_GRACE_PERIOD_SECS=1", // unregister, then 1 s before draining
+		"HF_HUB_OFFLINE=1",                          // the model folder is local; never reach for the Hub
+		"UCX_NET_DEVICES=lo",                        // NIXL's UCX between the Go workers: loopback only
+	)
+}
+
+// startCluster starts everything and waits until the frontend routes to both workers. On error it stops what
+// it started.
+func startCluster(ctx context.Context, cfg clusterConfig) (c *cluster, err error) {
+	c = &cluster{cfg: cfg, Started: map[string]time.Duration{}, httpc: &http.Client{},
+		discoveryDir: filepath.Join(cfg.Dir, "discovery"), modelDir: filepath.Join(cfg.Dir, "model"),
+		prefillRec: filepath.Join(cfg.Dir, "prefill-records.jsonl"), decodeRec: filepath.Join(cfg.Dir, "decode-records.jsonl")}
+	defer func() {
+		if err != nil {
+			c.close()
+		}
+	}()
+	logf := func(name string) string { return filepath.Join(cfg.Dir, name+".log") }
+	base := loopbackEnv(c.discoveryDir, "")
+	if out, err := exec.CommandContext(ctx, cfg.Python, cfg.Worker, "make-model", c.modelDir, "--context-length",
+		strconv.Itoa(cfg.Context)).CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("make-model: %v: %s", err, out)
+	}
+
+	t := time.Now()
+	if c.broker, err = startProc("event-plane broker", logf("broker"), base, cfg.Python, cfg.Worker, "broker"); err != nil {
+		return nil, err
+	}
+	line, err := c.broker.waitReady(ctx)
+	if err != nil {
+		return nil, err
+	}
+	f := strings.Fields(line) // xsub=tcp://127.0.0.1:P xpub=tcp://127.0.0.1:Q
+	if len(f) != 2 {
+		return nil, fmt.Errorf("broker: unexpected READY line %q", line)
+	}
+	c.env = loopbackEnv(c.discoveryDir, f[0]+" , "+f[1])
+	c.Started["broker"] = time.Since(t)
+
+	goArgs := append([]string{"-http", "127.0.0.1:0"}, cfg.GoArgs...)
+	t = time.Now()
+	if c.goPrefill, err = startProc("Go prefill", logf("go-prefill"), c.env,
+		append(append([]string{cfg.Self, "serve-prefill"}, goArgs...), cfg.PrefillArgs...)...); err != nil {
+		return nil, err
+	}
+	if c.goDecode, err = startProc("Go decode", logf("go-decode"), c.env,
+		append(append([]string{cfg.Self, "serve-decode"}, goArgs...), cfg.DecodeArgs...)...); err != nil {
+		return nil, err
+	}
+	for _, x := range []struct {
+		p   *proc
+		url *string
+	}{{c.goPrefill, &c.GoPrefillURL}, {c.goDecode, &c.GoDecodeURL}} {
+		line, err := x.p.waitReady(ctx)
+		if err != nil {
+			return nil, err
+		}
+		*x.url = strings.Fields(line)[0]
+	}
+	c.Started["Go workers"] = time.Since(t)
+
+	t = time.Now()
+	if c.dynPrefill, err = c.startWorker("prefill", c.GoPrefillURL, c.prefillRec); err != nil {
+		return nil, err
+	}
+	if c.dynDecode, err = c.startWorker("decode", c.GoDecodeURL, c.decodeRec); err != nil {
+		return nil, err
+	}
+	// The frontend cannot listen on port 0 and say which port it got: take a free port, and take another if
+	// something else bound it first (the frontend then exits).
+	for attempt := 1; ; attempt++ {
+		port, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		c.URL = "http://127.0.0.1:" + strconv.Itoa(port)
+		if c.frontend, err = startProc("Dynamo frontend", logf(fmt.Sprintf("frontend-%d", attempt)), c.env, cfg.Python, "-m",
+			"dynamo.frontend", "--http-host", "127.0.0.1", "--http-port", strconv.Itoa(port), "--router-mode", "kv",
+			"--discovery-backend", "file", "--request-plane", "tcp", "--event-plane", "zmq", "--namespace", "dynamo"); err != nil {
+			return nil, err
+		}
+		err = c.waitRoutable(ctx)
+		if err == nil {
+			break
+		}
+		if attempt == 3 || !c.frontend.exited() || c.dynPrefill.exited() || c.dynDecode.exited() {
+			return nil, err
+		}
+	}
+	c.Started["Dynamo frontend and workers"] = time.Since(t)
+	return c, nil
+}
+
+func (c *cluster) startWorker(role, goURL, record string) (*proc, error) {
+	return startProc("Dynamo "+role+" worker", filepath.Join(c.cfg.Dir, "dynamo-"+role+".log"), c.env,
+		c.cfg.Python, c.cfg.Worker, "serve", "--role", role, "--gonixl-url", goURL, "--model-path", c.modelDir,
+		"--model-name", c.cfg.Model, "--context-length", strconv.Itoa(c.cfg.Context), "--kv-blocks",
+		strconv.Itoa(c.cfg.KVBlocks), "--max-seqs", strconv.Itoa(c.cfg.MaxSeqs), "--timeout",
+		strconv.FormatFloat(c.cfg.CallTimeout.Seconds(), 'f', -1, 64), "--record", record)
+}
+
+// waitRoutable waits until the frontend lists the model and both workers' endpoints.
+func (c *cluster) waitRoutable(ctx context.Context) error {
+	for {
+		for _, p := range []*proc{c.frontend, c.dynPrefill, c.dynDecode} {
+			if p.exited() {
+				return fmt.Errorf("%s exited (%v); its log: %s", p.name, p.err, p.tail())
+			}
+		}
+		comps, err := c.Components(ctx)
+		if err == nil && comps["prefill"] > 0 && comps["backend"] > 0 && c.modelListed(ctx) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("the frontend did not list both workers: %w (last: %v %v); frontend log: %s", ctx.Err(), comps, err, c.frontend.tail())
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+func (c *cluster) modelListed(ctx context.Context) bool {
+	var models struct {
+		Data []struct {
+			ID string `json:"id"`
+		} `json:"data"`
+	}
+	if err := c.getJSON(ctx, c.URL+"/v1/models", &models); err != nil {
+		return false
+	}
+	for _, m := range models.Data {
+		if m.ID == c.cfg.Model {
+			return true
+		}
+	}
+	return false
+}
+
+// Components returns how many instances of each component the frontend's /health lists (the discovery view
+// of the frontend: "prefill" and "backend", the decode worker's).
+func (c *cluster) Components(ctx context.Context) (map[string]int, error) {
+	var h struct {
+		Instances []struct {
+			Component string `json:"component"`
+		} `json:"instances"`
+	}
+	if err := c.getJSON(ctx, c.URL+"/health", &h); err != nil {
+		return nil, err
+	}
+	n := map[string]int{}
+	for _, i := range h.Instances {
+		n[i.Component]++
+	}
+	return n, nil
+}
+
+// Records returns the discovery records in the file-discovery folder whose key names component (e.g.
+// "dynamo/prefill/generate").
+func (c *cluster) Records(component string) ([]string, error) {
+	entries, err := os.ReadDir(filepath.Join(c.discoveryDir, "v1", "instances"))
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, err
+	}
+	var out []string
+	key := strings.ReplaceAll(component, "/", "%2F")
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), key+"%2F") {
+			out = append(out, e.Name())
+		}
+	}
+	return out, nil
+}
+
+func (c *cluster) getJSON(ctx context.Context, url string, v any) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := c.httpc.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: HTTP %d", url, resp.StatusCode)
+	}
+	return json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(v)
+}
+
+// completion is what the client saw of one request through the frontend.
+type completion struct {
+	ID           string // Dynamo's response id, "cmpl-<request id>"
+	Text         string
+	FinishReason string
+	Chunks       int // streamed chunks that carried text
+	Latency      time.Duration
+}
+
+// RequestID is Dynamo's request id (the response id without its "cmpl-" prefix).
+func (r completion) RequestID() string { return strings.TrimPrefix(r.ID, "cmpl-") }
+
+// Complete sends one completion request to the frontend, streamed or not.
+func (c *cluster) Complete(ctx context.Context, prompt string, maxTokens int, stream bool) (completion, error) {
+	var out completion
+	t := time.Now()
+	body, _ := json.Marshal(map[string]any{"model": c.cfg.Model, "prompt": prompt, "max_tokens": maxTokens, "stream": stream})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.URL+"/v1/completions", bytes.NewReader(body))
+	if err != nil {
+		return out, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := c.httpc.Do(req)
+	if err != nil {
+		return out, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		data, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
+		return out, fmt.Errorf("HTTP %d: %s", resp.StatusCode, bytes.TrimSpace(data))
+	}
+	type choice struct {
+		Text         string `json:"text"`
+		FinishReason string `json:"finish_reason"`
+	}
+	type chunk struct {
+		ID      string   `json:"id"`
+		Choices []choice `json:"choices"`
+	}
+	add := func(ch chunk) {
+		out.ID = ch.ID
+		for _, x := range ch.Choices {
+			out.Text += x.Text
+			if x.Text != "" {
+				out.Chunks++
+			}
+			if x.FinishReason != "" {
+				out.FinishReason = x.FinishReason
+			}
+		}
+	}
+	if !stream {
+		var ch chunk
+		if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&ch); err != nil {
+			return out, err
+		}
+		add(ch)
+		out.Latency = time.Since(t)
+		return out, nil
+	}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		data, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok {
+			continue
+		}
+		if data == "[DONE]" {
+			out.Latency = time.Since(t)
+			return out, nil
+		}
+		var ch chunk
+		if err := json.Unmarshal([]byte(data), &ch); err != nil {
+			return out, fmt.Errorf("stream chunk %q: %w", data, err)
+		}
+		add(ch)
+	}
+	if err := sc.Err(); err != nil {
+		return out, err
+	}
+	return out, errors.New("the stream ended without [DONE]")
+}
+
+// record is one line a Dynamo worker wrote for a request (python/dynamo_worker.py --record).
+type record struct {
+	Role         string          `json:"role"`
+	RequestID    string          `json:"request_id"`
+	PromptTokens int             `json:"prompt_tokens"`
+	Emitted      json.RawMessage `json:"emitted"`  // prefill: the disaggregated_params it handed to Dynamo
+	Received     json.RawMessage `json:"received"` // decode: the disaggregated_params Dynamo handed to it
+	Gonixl       *demo.Timing    `json:"gonixl"`
+	MS           float64         `json:"ms"`
+}
+
+// RequestRecords reads what both workers recorded, by request id. Call it after the requests completed: each
+// worker writes its line before it answers.
+func (c *cluster) RequestRecords() (prefill, decode map[string]record, err error) {
+	read := func(path string) (map[string]record, error) {
+		m := map[string]record{}
+		data, err := os.ReadFile(path)
+		if errors.Is(err, os.ErrNotExist) {
+			return m, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+			if line == "" {
+				continue
+			}
+			var r record
+			if err := json.Unmarshal([]byte(line), &r); err != nil {
+				return nil, fmt.Errorf("%s: %w", path, err)
+			}
+			m[r.RequestID] = r
+		}
+		return m, nil
+	}
+	if prefill, err = read(c.prefillRec); err != nil {
+		return nil, nil, err
+	}
+	decode, err = read(c.decodeRec)
+	return prefill, decode, err
+}
+
+// checked is one request's proof: what the prefill handed over, what the decode received and verified.
+type checked struct {
+	Prefill, Decode record
+}
+
+// Check proves one completed request: both workers saw Dynamo's request id, the decode received exactly the
+// params the prefill emitted, remote_request_id is Dynamo's request id, and the Go decode verified every byte
+// it READ.
+func Check(res completion, tokens int, prefill, decode map[string]record) (checked, error) {
+	id := res.RequestID()
+	p, ok := prefill[id]
+	if !ok {
+		return checked{}, fmt.Errorf("request %s: the prefill worker has no record of it", id)
+	}
+	d, ok := decode[id]
+	if !ok {
+		return checked{}, fmt.Errorf("request %s: the decode worker has no record of it", id)
+	}
+	// {"kv_transfer_params": {...}}, as Dynamo's vLLM workers hand them over.
+	var emitted, received map[string]map[string]any
+	if err := json.Unmarshal(p.Emitted, &emitted); err != nil {
+		return checked{}, fmt.Errorf("request %s: prefill params: %w", id, err)
+	}
+	if err := json.Unmarshal(d.Received, &received); err != nil {
+		return checked{}, fmt.Errorf("request %s: decode params: %w", id, err)
+	}
+	if !reflect.DeepEqual(emitted, received) {
+		return checked{}, fmt.Errorf("request %s: the decode received %s, the prefill emitted %s", id, d.Received, p.Emitted)
+	}
+	if got := emitted["kv_transfer_params"]["remote_request_id"]; got != id {
+		return checked{}, fmt.Errorf("request %s: remote_request_id is %v, not Dynamo's request id", id, got)
+	}
+	if p.PromptTokens != tokens || d.PromptTokens != tokens {
+		return checked{}, fmt.Errorf("request %s: prompt of %d tokens arrived as %d (prefill) and %d (decode)", id, tokens, p.PromptTokens, d.PromptTokens)
+	}
+	g := d.Gonixl
+	if g == nil || !g.Verified || g.Bytes == 0 || g.VerifiedBytes != g.Bytes {
+		return checked{}, fmt.Errorf("request %s: the decode did not verify every byte: %+v", id, g)
+	}
+	return checked{Prefill: p, Decode: d}, nil
+}
+
+// close stops everything: the Dynamo workers first (they unregister and drain), then the frontend, the Go
+// workers and the broker.
+func (c *cluster) close() {
+	for _, group := range [][]*proc{{c.dynPrefill, c.dynDecode}, {c.frontend, c.goPrefill, c.goDecode, c.broker}} {
+		var wg sync.WaitGroup
+		for _, p := range group {
+			if p != nil {
+				wg.Add(1)
+				go func() { defer wg.Done(); p.stop(30 * time.Second) }()
+			}
+		}
+		wg.Wait()
+	}
+	c.httpc.CloseIdleConnections()
+}
+
+func freePort() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}

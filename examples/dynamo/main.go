@@ -1,0 +1,267 @@
+// Command dynamo runs gonixl's Go prefill and decode workers behind NVIDIA Dynamo on one host: Dynamo's frontend
+// (OpenAI API, tokenizer, KV-aware router with its prefill router) discovers a thin Dynamo worker in front of
+// each Go worker (python/dynamo_worker.py, on Dynamo's Python backend API) through file discovery, calls them
+// over Dynamo's TCP request plane, and hands the prefill's kv_transfer_params to the decode worker. The Go
+// prefill (KV on a Neuron device — gonixl's fake libnrt when no Trainium is present — staged through
+// NIXL-registered DRAM) and the Go decode move the KV over real NIXL, handshaking over vLLM's side channel, and
+// the decode verifies every byte. Every server listens on 127.0.0.1 only.
+//
+// It needs the Dynamo virtualenv (`make dynamo`) and NIXL (`make nixl`); `make demo DYNAMO=1` does both.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/gonixl/gonixl/examples/internal/demo"
+)
+
+func main() {
+	if len(os.Args) > 1 && (os.Args[1] == "serve-prefill" || os.Args[1] == "serve-decode") {
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		run := demo.RunPrefill
+		if os.Args[1] == "serve-decode" {
+			run = demo.RunDecode
+		}
+		if err := run(ctx, os.Args[2:]); err != nil {
+			fmt.Fprintln(os.Stderr, os.Args[1]+":", err)
+			os.Exit(1)
+		}
+		return
+	}
+	if err := orchestrate(); err != nil {
+		fmt.Fprintln(os.Stderr, "dynamo: FAILED:", err)
+		os.Exit(1)
+	}
+}
+
+// dynamoPython is $GONIXL_DYNAMO_PYTHON (the Makefile sets it), else the last complete
+// ~/.cache/gonixl/venvs/dynamo-* in name order.
+func dynamoPython() string {
+	if p := os.Getenv("GONIXL_DYNAMO_PYTHON"); p != "" {
+		return p
+	}
+	home, _ := os.UserHomeDir()
+	stamps, _ := filepath.Glob(filepath.Join(home, ".cache", "gonixl", "venvs", "dynamo-*", ".complete"))
+	if len(stamps) == 0 {
+		return ""
+	}
+	return filepath.Join(filepath.Dir(stamps[len(stamps)-1]), "bin", "python")
+}
+
+// workerScript is python/dynamo_worker.py of this source tree (go run), else of the working directory.
+func workerScript() string {
+	if _, file, _, ok := runtime.Caller(0); ok {
+		p := filepath.Join(filepath.Dir(file), "..", "..", "python", "dynamo_worker.py")
+		if _, err := os.Stat(p); err == nil {
+			return p
+		}
+	}
+	return filepath.Join("python", "dynamo_worker.py")
+}
+
+// prompt is request i's prompt of n words of the demo model's vocabulary ("w0".."w4095"), one token each.
+func prompt(i, n int) string {
+	w := make([]string, n)
+	for j := range w {
+		w[j] = "w" + strconv.Itoa((i*977+j*31)%4096)
+	}
+	return strings.Join(w, " ")
+}
+
+type outcome struct {
+	name   string
+	tokens int
+	res    completion
+	proof  checked
+	err    error
+}
+
+func orchestrate() error {
+	var c demo.Common
+	fs := flag.NewFlagSet("dynamo", flag.ExitOnError)
+	c.Register(fs)
+	// Dynamo 1.6's [vllm] extra pins vLLM 0.31.0: the wire profile a Dynamo vLLM worker speaks.
+	vf := fs.Lookup("vllm-version")
+	vf.DefValue = "0.31.0"
+	_ = vf.Value.Set("0.31.0")
+	lengths := fs.String("lengths", "333,17,160,1000,640,2048", "prompt lengths in tokens, one request each, sent concurrently")
+	concurrency := fs.Int("concurrency", 4, "requests in flight at once (also the Go prefill's batch rows)")
+	maxTokens := fs.Int("max-tokens", 8, "tokens each request asks for")
+	where := fs.String("cache", "auto", "decode KV cache: auto (GPU memory when a CUDA GPU is present, else DRAM), gpu or dram")
+	python := fs.String("python", dynamoPython(), "Python of the Dynamo virtualenv (make dynamo)")
+	worker := fs.String("worker", workerScript(), "python/dynamo_worker.py")
+	keep := fs.Bool("keep", false, "keep the working folder (logs, discovery records, request records)")
+	timeout := fs.Duration("timeout", 5*time.Minute, "bound on the whole run")
+	fs.Parse(os.Args[1:])
+	if *python == "" {
+		return errors.New("no Dynamo virtualenv: run `make dynamo` (or pass -python)")
+	}
+	var sizes []int
+	maxLen := 0
+	for _, s := range strings.Split(*lengths, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || n <= 0 {
+			return fmt.Errorf("bad -lengths entry %q", s)
+		}
+		sizes = append(sizes, n)
+		maxLen = max(maxLen, n)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+	defer cancel()
+	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	dir, err := os.MkdirTemp("", "gonixl-dynamo-")
+	if err != nil {
+		return err
+	}
+	if *keep {
+		defer fmt.Printf("working folder kept: %s\n", dir)
+	} else {
+		defer os.RemoveAll(dir)
+	}
+
+	m := demo.Qwen3_0_6B
+	fmt.Printf("gonixl behind NVIDIA Dynamo — frontend with KV-aware routing, file discovery, TCP request plane, all on 127.0.0.1;\n"+
+		"vLLM %s wire profile between the Go workers, %s KV cache (%d layers × %d KV heads × %d, bf16, block %d)\n",
+		c.VLLMVersion, m.Name, m.NumLayers, m.NumKVHeads, m.HeadDim, m.BlockSize)
+	goArgs := []string{"-vllm-version", c.VLLMVersion, "-num-blocks", strconv.Itoa(c.NumBlocks), "-kv-layout", c.Order,
+		"-backends", c.Backends, "-log-level", c.LogLevel}
+	if c.NIXLLibDir != "" {
+		goArgs = append(goArgs, "-nixl-lib-dir", c.NIXLLibDir)
+	}
+	fmt.Print("starting: event-plane broker, Go prefill (Neuron KV → pinned DRAM → NIXL) and decode, Dynamo frontend, a Dynamo worker per Go worker ... ")
+	t0 := time.Now()
+	cl, err := startCluster(ctx, clusterConfig{Self: self, Python: *python, Worker: *worker, Dir: dir, GoArgs: goArgs,
+		PrefillArgs: []string{"-max-seq", strconv.Itoa(maxLen), "-batch-rows", strconv.Itoa(*concurrency)},
+		DecodeArgs:  []string{"-cache", *where}, Context: maxLen, KVBlocks: c.NumBlocks, MaxSeqs: *concurrency,
+		CallTimeout: time.Minute, Model: "gonixl-demo"})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		t := time.Now()
+		cl.close()
+		fmt.Printf("stopped in %.1f s (Dynamo workers unregister, drain, then the rest)\n", time.Since(t).Seconds())
+	}()
+	fmt.Printf("ready in %.1f s (Go workers %.1f s, Dynamo frontend and workers %.1f s)\n", time.Since(t0).Seconds(),
+		cl.Started["Go workers"].Seconds(), cl.Started["Dynamo frontend and workers"].Seconds())
+	fmt.Printf("frontend %s; Go prefill %s, Go decode %s\n", cl.URL, cl.GoPrefillURL, cl.GoDecodeURL)
+
+	fmt.Printf("running %d requests through Dynamo's frontend (its prefill router: prefill with max_tokens=1 → disaggregated_params → decode), %d at a time\n",
+		len(sizes), *concurrency)
+	results := make([]outcome, len(sizes))
+	sem := make(chan struct{}, *concurrency)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	done := 0
+	start := time.Now()
+	for i, n := range sizes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			res, err := cl.Complete(ctx, prompt(i+1, n), *maxTokens, false)
+			mu.Lock()
+			defer mu.Unlock()
+			done++
+			results[i] = outcome{name: fmt.Sprintf("req-%d", i+1), tokens: n, res: res, err: err}
+			if err != nil {
+				fmt.Printf("  [%d/%d] req-%d (%d tokens): FAILED: %v\n", done, len(sizes), i+1, n, err)
+			} else {
+				fmt.Printf("  [%d/%d] req-%d (%d tokens): %s in %.1f ms through Dynamo (request id %s)\n", done, len(sizes), i+1, n,
+					results[i].res.FinishReason, ms(res.Latency), res.RequestID())
+			}
+		}()
+	}
+	wg.Wait()
+	wall := time.Since(start)
+
+	// One streaming request, after the batch.
+	sn := min(160, maxLen)
+	sres, serr := cl.Complete(ctx, prompt(len(sizes)+1, sn), *maxTokens, true)
+	results = append(results, outcome{name: "stream", tokens: sn, res: sres, err: serr})
+	if serr == nil {
+		fmt.Printf("  streaming request (%d tokens): %d chunks, %q, in %.1f ms\n", sn, sres.Chunks, strings.TrimSpace(sres.Text), ms(sres.Latency))
+	} else {
+		fmt.Printf("  streaming request (%d tokens): FAILED: %v\n", sn, serr)
+	}
+
+	prefill, decode, err := cl.RequestRecords()
+	if err != nil {
+		return err
+	}
+	for i := range results {
+		if results[i].err == nil {
+			results[i].proof, results[i].err = Check(results[i].res, results[i].tokens, prefill, decode)
+		}
+	}
+	return summary(results, wall)
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+func gbps(bytes int64, msec float64) float64 {
+	if msec <= 0 {
+		return 0
+	}
+	return float64(bytes) / (msec / 1000) / 1e9
+}
+
+func summary(results []outcome, wall time.Duration) error {
+	sort.SliceStable(results, func(i, j int) bool { return results[i].name < results[j].name })
+	fmt.Println()
+	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "request\ttokens\tblocks\tprefill ms\tstage ms\tdecode ms\thandshake ms\ttransfer ms\tGB/s\tthrough Dynamo ms\tparams equal\tverified\t")
+	var bytes, verified int64
+	failed := 0
+	for _, r := range results {
+		if r.err != nil {
+			failed++
+			fmt.Fprintf(tw, "%s\t%d\t-\t-\t-\t-\t-\t-\t-\t-\t-\tFAILED\t\n", r.name, r.tokens)
+			continue
+		}
+		p, d := r.proof.Prefill, r.proof.Decode
+		bytes += d.Gonixl.Bytes
+		verified += d.Gonixl.VerifiedBytes
+		stage := 0.0
+		if p.Gonixl != nil {
+			stage = p.Gonixl.StageMS
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.2f\t%.1f\tyes\tyes\t\n", r.name, r.tokens, d.Gonixl.Blocks, p.MS, stage,
+			d.MS, d.Gonixl.HandshakeMS, d.Gonixl.TransferMS, gbps(d.Gonixl.Bytes, d.Gonixl.TransferMS), ms(r.res.Latency))
+	}
+	tw.Flush()
+	fmt.Printf("\nprefill/decode ms: the Dynamo worker's call to its Go worker; through Dynamo: the client's request to the frontend.\n")
+	fmt.Printf("total: %d requests, %.1f MB of KV moved over NIXL, %d bytes verified, batch wall %.2f s\n",
+		len(results), float64(bytes)/1e6, verified, wall.Seconds())
+	for _, r := range results {
+		if r.err != nil {
+			fmt.Printf("%s: %v\n", r.name, r.err)
+		}
+	}
+	if failed > 0 {
+		return errors.New(strconv.Itoa(failed) + " request(s) failed or were not verified")
+	}
+	fmt.Println("OK: every byte of every request arrived intact; the decode received exactly the prefill's params under Dynamo's request id")
+	return nil
+}
