@@ -142,7 +142,7 @@ func orchestrate() error {
 	m := demo.Qwen3_0_6B
 	fmt.Printf("gonixl behind NVIDIA Dynamo — frontend with KV-aware routing, file discovery, TCP request plane, all on 127.0.0.1;\n"+
 		"vLLM %s wire profile between the Go workers, %s KV cache (%d layers × %d KV heads × %d, bf16, block %d)\n",
-		c.VLLMVersion, m.Name, m.NumLayers, m.NumKVHeads, m.HeadDim, m.BlockSize)
+		c.VLLMVersion, m.Name, m.Layers, m.KVHeads, m.HeadDim, m.BlockSize)
 	goArgs := []string{"-vllm-version", c.VLLMVersion, "-num-blocks", strconv.Itoa(c.NumBlocks), "-kv-layout", c.Order,
 		"-backends", c.Backends, "-log-level", c.LogLevel}
 	if c.NIXLLibDir != "" {
