@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 
 	zmq "github.com/pebbe/zmq4"
 
 	"github.com/gonixl/gonixl/cuda"
+	"github.com/gonixl/gonixl/internal/elfdeps"
 	"github.com/gonixl/gonixl/neuron"
 	"github.com/gonixl/gonixl/nixl"
 )
@@ -36,10 +38,16 @@ type nixlReport struct {
 }
 
 type pluginReport struct {
-	Name     string            `json:"name"`
+	Name  string `json:"name"`
+	Loads bool   `json:"loads"`
+	// File is the plugin's shared object (libplugin_<name>.so in the plugin folder).
+	File     string            `json:"file,omitempty"`
 	MemTypes []string          `json:"mem_types,omitempty"`
 	Params   map[string]string `json:"params,omitempty"`
-	Error    string            `json:"error,omitempty"`
+	// Missing lists, when the plugin does not load, every library, symbol version or symbol the dynamic
+	// loader would not find for it (from its ELF dependency closure; internal/elfdeps).
+	Missing []string `json:"missing,omitempty"`
+	Error   string   `json:"error,omitempty"`
 }
 
 type zmqReport struct {
@@ -188,11 +196,12 @@ func nixlEnv(nf nixlFlags) nixlReport {
 	}
 	sort.Strings(plugins)
 	for _, p := range plugins {
-		pr := pluginReport{Name: p}
+		pr := pluginReport{Name: p, File: filepath.Join(r.PluginDir, "libplugin_"+p+".so")}
 		mems, params, err := a.PluginParams(p)
 		if err != nil {
-			pr.Error = "cannot be loaded here (a library it needs is missing?): " + oneLine(err.Error())
+			pr.Missing, pr.Error = pluginProblems(pr.File, err)
 		} else {
+			pr.Loads = true
 			for _, m := range mems {
 				pr.MemTypes = append(pr.MemTypes, m.String())
 			}
@@ -201,6 +210,21 @@ func nixlEnv(nf nixlFlags) nixlReport {
 		r.Plugins = append(r.Plugins, pr)
 	}
 	return r
+}
+
+// pluginProblems explains why NIXL could not load a plugin: NIXL's own error names at most the first
+// library the loader missed, so the plugin's dependency closure is read from its ELF files instead
+// (DT_NEEDED, RPATH/RUNPATH, LD_LIBRARY_PATH, version needs). It returns every problem and a one-line error.
+func pluginProblems(file string, nixlErr error) ([]string, string) {
+	rep, err := elfdeps.Check(file, elfdeps.Options{})
+	switch {
+	case err != nil:
+		return nil, "cannot be loaded here: " + oneLine(nixlErr.Error()) + " (reading " + file + ": " + oneLine(err.Error()) + ")"
+	case rep.OK():
+		return nil, "its libraries are all found, but NIXL cannot load it: " + oneLine(nixlErr.Error())
+	}
+	probs := rep.Problems()
+	return probs, "cannot be loaded here: " + strings.Join(probs, "; ")
 }
 
 func zmqEnv() zmqReport {
@@ -293,6 +317,13 @@ func printEnv(env *cmdEnv, r envReport) {
 		fmt.Fprintf(w, "  plugin dir   %s\n", r.NIXL.PluginDir)
 		fmt.Fprintf(w, "  plugins      %d\n", len(r.NIXL.Plugins))
 		for _, p := range r.NIXL.Plugins {
+			if p.Error != "" && len(p.Missing) > 0 {
+				fmt.Fprintf(w, "    %-12s cannot be loaded here; missing:\n", p.Name)
+				for _, m := range p.Missing {
+					fmt.Fprintf(w, "    %-12s   %s\n", "", m)
+				}
+				continue
+			}
 			if p.Error != "" {
 				fmt.Fprintf(w, "    %-12s %s\n", p.Name, p.Error)
 				continue
