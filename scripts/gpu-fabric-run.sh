@@ -6,8 +6,11 @@
 #   2. the connector's prefill/decode role tests over LIBFABRIC (GONIXL_TEST_LIBFABRIC=1: must load), tcp;
 #      then FI_PROVIDER=shm (NIXL 1.5.1's plugin only takes cxi, efa, tcp or sockets: expect a skip)
 #   3. gonixl bench, target and initiator in two processes, DRAM→DRAM: UCX (its default transports),
-#      UCX with UCX_TLS=tcp, LIBFABRIC (tcp); the same sweep for each
-#   4. the disaggregated demo, DRAM→VRAM (-cache gpu) and DRAM→DRAM, over LIBFABRIC and UCX
+#      UCX over TCP on loopback (UCX_TLS=tcp,cuda_copy UCX_NET_DEVICES=lo), LIBFABRIC (tcp); one sweep
+#   4. the disaggregated demo over LIBFABRIC and UCX: DRAM→VRAM host-buffered (-cache hostbuf: NIXL into
+#      pinned DRAM, then one batched copy to GPU memory), DRAM→VRAM direct (-cache gpu; NIXL 1.5.1's
+#      LIBFABRIC plugin serves VRAM only with the efa or cxi provider: expect its registration error), and
+#      DRAM→DRAM
 set -uo pipefail
 out=${OUT:-/tmp/out}
 mkdir -p "$out"
@@ -65,12 +68,12 @@ bench() { # name, backend, extra env...
 }
 echo "== gonixl bench, DRAM→DRAM, two processes" | tee "$out/bench.log"
 bench ucx UCX
-bench ucx-tcp UCX UCX_TLS=tcp
+bench ucx-tcp UCX UCX_TLS=tcp,cuda_copy UCX_NET_DEVICES=lo
 bench libfabric-tcp LIBFABRIC
 
 echo "== demo" | tee "$out/demo.log"
 for be in LIBFABRIC UCX; do
-  for cache in gpu dram; do
+  for cache in hostbuf gpu dram; do
     echo "## demo -backends $be -cache $cache" | tee -a "$out/demo.log"
     timeout 150 "$b/bin/disagg" -backends "$be" -cache "$cache" -timeout 140s 2>&1 | grep -vE '^\s*\[[0-9]+/' | tee -a "$out/demo.log"
   done
