@@ -12,7 +12,7 @@
 #                         of a registry reachable here carries such a libfabric (checked: Debian 12/13/sid/
 #                         experimental 1.17–2.1.0, PyPI mpich 5.0.2's bundled 2.5.1 = FABRIC_1.9, impi-rt,
 #                         mooncake-transfer-engine-efa*, crates.io ofi-libfabric-sys/libfabric-sys), so it is
-#                         taken from LIBFABRIC_DIR: on an EFA host the EFA installer's /opt/amazon/efa/lib64.
+#                         taken from LIBFABRIC_DIR: on an EFA host the EFA installer's /opt/amazon/efa/lib(64).
 #
 # Usage: scripts/fabric-deps.sh [--cuda-stub]      (env: NIXL_CUDA=12|13, LIBFABRIC_DIR, FABRIC_DEPS_HOME)
 #        eval "$(scripts/fabric-deps.sh --cuda-stub | tail -n 1)"   # exports LD_LIBRARY_PATH
@@ -78,7 +78,7 @@ if [ -n "${LIBFABRIC_DIR:-}" ]; then
   fi
   path="$LIBFABRIC_DIR:$path"
 else
-  echo "note: no LIBFABRIC_DIR; the plugin also needs libfabric.so.1 with FABRIC_1.10 (libfabric >= 2.7; EFA installer: /opt/amazon/efa/lib64)" >&2
+  echo "note: no LIBFABRIC_DIR; the plugin also needs libfabric.so.1 with FABRIC_1.10 (libfabric >= 2.7; EFA installer: /opt/amazon/efa/lib or lib64)" >&2
 fi
 ls -l "$lib" >&2
 echo "export LD_LIBRARY_PATH=$path\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"
