@@ -26,7 +26,7 @@ export NIXL_LIB_DIR
 export GONIXL_PYTHON := $(VENV_PY)
 export VLLM_WHEEL_DIR
 
-.PHONY: all build vet lint nixl pydeps vllm-wheels deps test test-pure test-go demo fuzz bench vectors clean help
+.PHONY: all build vet lint nixl pydeps vllm-wheels deps fabric-deps test test-pure test-go demo fuzz bench vectors clean help
 
 all: build
 
@@ -34,6 +34,7 @@ help:
 	@echo "make demo   - fetch NIXL, build and run the disaggregated prefill/decode demo"
 	@echo "make test   - fetch NIXL and Python test deps, run every test with the race detector"
 	@echo "make nixl   - download the pinned NIXL wheel ($(NIXL_VERSION), cu$(NIXL_CUDA)) and unpack its libraries"
+	@echo "make fabric-deps - the LIBFABRIC plugin's libraries besides libfabric (LIBFABRIC_DIR=... for that one)"
 	@echo "make fuzz   - run every fuzz target for FUZZTIME (default $(FUZZTIME)) each"
 	@echo "make bench  - run the benchmarks (ratios against in-run baselines)"
 	@echo "make lint   - go vet and staticcheck"
@@ -71,6 +72,12 @@ vllm-wheels:
 	done
 
 deps: nixl pydeps vllm-wheels
+
+# The LIBFABRIC plugin's libraries besides libfabric (CUDA runtime from PyPI, hwloc from Debian, a libcuda
+# stand-in where the loader knows no libcuda.so.1) in ~/.cache/gonixl; LIBFABRIC_DIR=... adds a libfabric >= 2.7. Prints the
+# LD_LIBRARY_PATH to export. Not part of `make test`: no registry reachable here carries libfabric >= 2.7.
+fabric-deps:
+	@NIXL_CUDA=$(NIXL_CUDA) bash scripts/fabric-deps.sh $(shell /sbin/ldconfig -p 2>/dev/null | grep -q 'libcuda.so.1 ' || echo --cuda-stub)
 
 # Pure-Go packages must build and pass without cgo.
 test-pure:
