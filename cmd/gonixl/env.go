@@ -89,7 +89,12 @@ var envVars = []string{
 	"NIXL_LIB_DIR", "NIXL_PLUGIN_DIR", "LD_LIBRARY_PATH", "UCX_TLS", "UCX_NET_DEVICES",
 	"GONIXL_CUDA_LIB", "CUDA_VISIBLE_DEVICES", "GONIXL_NRT_LIB", "NEURON_RT_VISIBLE_CORES",
 	"VLLM_NIXL_SIDE_CHANNEL_HOST", "VLLM_NIXL_SIDE_CHANNEL_PORT",
+	// libfabric (NIXL's LIBFABRIC backend); NIXL_LIBFABRIC_* (its parameter overrides) are listed too.
+	"FI_PROVIDER", "FI_TCP_IFACE", "FI_EFA_USE_DEVICE_RDMA", "FI_HMEM_CUDA_USE_GDRCOPY", "FI_LOG_LEVEL", "FI_LOG_PROV",
 }
+
+// envPrefixes are prefixes of further variables to report.
+var envPrefixes = []string{"NIXL_LIBFABRIC_"}
 
 const envHelp = `Reports, for each native dependency, where it was loaded from or every place that was tried:
   nixl    libnixl_capi.so: path, version, plugin folder, and per plugin its memory types and default
@@ -136,6 +141,14 @@ func runEnv(ctx context.Context, env *cmdEnv, args []string) error {
 	for _, k := range envVars {
 		if v, ok := os.LookupEnv(k); ok {
 			vars[k] = v
+		}
+	}
+	for _, kv := range os.Environ() {
+		k, v, _ := strings.Cut(kv, "=")
+		for _, p := range envPrefixes {
+			if strings.HasPrefix(k, p) {
+				vars[k] = v
+			}
 		}
 	}
 	nixlRep := nixlReport{Error: "skipped (--no-nixl)"}

@@ -169,10 +169,13 @@ func TestEnvPluginMissing(t *testing.T) {
 
 	bin := buildCLI(t)
 	cmd := exec.Command(bin, "env", "--json", "--no-neuron-init", "--nixl-lib-dir", dir)
-	cmd.Env = append(os.Environ(), "LD_LIBRARY_PATH="+fake+string(os.PathListSeparator)+os.Getenv("LD_LIBRARY_PATH"))
+	cmd.Env = append(os.Environ(), "LD_LIBRARY_PATH="+fake+string(os.PathListSeparator)+os.Getenv("LD_LIBRARY_PATH"),
+		"FI_PROVIDER=tcp", "NIXL_LIBFABRIC_NUM_THREADS=2")
 	stdout, err := cmd.Output()
 	require.NoError(t, err)
 	rep := decodeJSON[envReport](t, string(stdout))
+	require.Equal(t, "tcp", rep.Env["FI_PROVIDER"])
+	require.Equal(t, "2", rep.Env["NIXL_LIBFABRIC_NUM_THREADS"], "NIXL_LIBFABRIC_* parameter overrides are reported")
 	var lf *pluginReport
 	for i, p := range rep.NIXL.Plugins {
 		if p.Name == "LIBFABRIC" {
