@@ -142,3 +142,30 @@ func TestVersionLess(t *testing.T) {
 	require.Equal(t, []string{"FABRIC_1.0", "FABRIC_1.2", "FABRIC_1.9", "FABRIC_1.10"},
 		sortedVersions(map[string]bool{"FABRIC_1.10": true, "FABRIC_1.0": true, "FABRIC_1.9": true, "FABRIC_1.2": true}))
 }
+
+// DT_RUNPATH (the default of current linkers) is searched after LD_LIBRARY_PATH, DT_RPATH before it: the
+// same consumer resolves to the LD_LIBRARY_PATH copy with a runpath and to its own copy with an rpath.
+func TestCheckRunpathOrder(t *testing.T) {
+	root := t.TempDir()
+	own, env := filepath.Join(root, "own"), filepath.Join(root, "env")
+	for _, d := range []string{own, env} {
+		require.NoError(t, os.MkdirAll(d, 0o755))
+		cc(t, d, "libw.so.1", "int w(void){return 1;}\n", "-Wl,-soname,libw.so.1")
+		require.NoError(t, os.Symlink("libw.so.1", filepath.Join(d, "libw.so")))
+	}
+	withRunpath := cc(t, root, "librun.so", "int w(void);\nint r(void){return w();}\n",
+		"-L"+own, "-lw", "-Wl,--enable-new-dtags", "-Wl,-rpath,"+own)
+	withRpath := cc(t, root, "librp.so", "int w(void);\nint r(void){return w();}\n",
+		"-L"+own, "-lw", "-Wl,--disable-new-dtags", "-Wl,-rpath,"+own)
+
+	r, err := Check(withRunpath, Options{LibraryPath: []string{env}, NoLoaded: true})
+	require.NoError(t, err)
+	require.True(t, r.OK(), "%v", r.Problems())
+	require.Equal(t, filepath.Join(env, "libw.so.1"), r.Resolved["libw.so.1"], "LD_LIBRARY_PATH before DT_RUNPATH")
+	r, err = Check(withRpath, Options{LibraryPath: []string{env}, NoLoaded: true})
+	require.NoError(t, err)
+	require.Equal(t, filepath.Join(own, "libw.so.1"), r.Resolved["libw.so.1"], "DT_RPATH before LD_LIBRARY_PATH")
+	r, err = Check(withRunpath, Options{LibraryPath: []string{}, NoLoaded: true})
+	require.NoError(t, err)
+	require.Equal(t, filepath.Join(own, "libw.so.1"), r.Resolved["libw.so.1"], "DT_RUNPATH when LD_LIBRARY_PATH has none")
+}
