@@ -195,7 +195,7 @@ func TestSlowloris(t *testing.T) {
 // left, and serves again. (The handshake deadline that frees slots held by silent peers is TestSlowloris's.)
 func TestConnectionCap(t *testing.T) {
 	const limit, total = 50, 1000
-	srv, p := testServer(t, ServerConfig{MaxConnections: limit, HandshakeTimeout: patience})
+	srv, p := testServer(t, ServerConfig{MaxConnections: limit, MaxConnectionsPerHost: limit, HandshakeTimeout: patience})
 	var conns []net.Conn
 	defer func() {
 		for _, c := range conns {
@@ -463,4 +463,33 @@ func TestClientHostileServers(t *testing.T) {
 	runtime.ReadMemStats(&after)
 	require.ErrorIs(t, err, zmtp.ErrTooLarge)
 	assert.Less(t, after.TotalAlloc-before.TotalAlloc, uint64(16<<20))
+}
+
+// One host cannot take every slot: MaxConnectionsPerHost refuses its connections beyond the cap.
+func TestConnectionCapPerHost(t *testing.T) {
+	srv, p := testServer(t, ServerConfig{MaxConnections: 100, MaxConnectionsPerHost: 5, HandshakeTimeout: patience})
+	var conns []net.Conn
+	defer func() {
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	}()
+	for i := 0; i < 20; i++ {
+		nc, err := net.DialTimeout("tcp", srv.Addr(), 10*time.Second)
+		require.NoError(t, err)
+		conns = append(conns, nc)
+	}
+	waitFor(t, "every connection accepted or refused", func() bool {
+		st := srv.Stats()
+		return st.Accepted+st.Refused == 20
+	})
+	st := srv.Stats()
+	assert.Equal(t, uint64(5), st.Accepted)
+	assert.Equal(t, 1, st.Hosts)
+	for _, c := range conns {
+		_ = c.Close()
+	}
+	conns = nil
+	requireEmpty(t, srv)
+	requireServes(t, srv, p)
 }
