@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -216,4 +217,29 @@ func loaderFinds(lib string) bool {
 	}
 	out, err := exec.Command("/sbin/ldconfig", "-p").Output()
 	return err == nil && strings.Contains(string(out), lib+" ")
+}
+
+// pluginProblems: a plugin whose libraries all resolve keeps NIXL's own error; an unreadable file says so.
+func TestPluginProblems(t *testing.T) {
+	gcc, err := exec.LookPath("gcc")
+	if err != nil {
+		testenv.Missing(t, "gcc (builds a stand-in plugin)", err.Error())
+	}
+	dir := t.TempDir()
+	src := filepath.Join(dir, "p.c")
+	require.NoError(t, os.WriteFile(src, []byte("int nixl_plugin_init(void){return 0;}\n"), 0o644))
+	plugin := filepath.Join(dir, "libplugin_FAKE.so")
+	out, err := exec.Command(gcc, "-shared", "-fPIC", "-o", plugin, src).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	nixlErr := errors.New("nixl: plugin params FAKE: ERR_BACKEND")
+
+	missing, msg := pluginProblems(plugin, nixlErr)
+	require.Empty(t, missing)
+	require.Equal(t, "its libraries are all found, but NIXL cannot load it: nixl: plugin params FAKE: ERR_BACKEND", msg)
+
+	notELF := filepath.Join(dir, "libplugin_TEXT.so")
+	require.NoError(t, os.WriteFile(notELF, []byte("text"), 0o644))
+	missing, msg = pluginProblems(notELF, nixlErr)
+	require.Empty(t, missing)
+	require.Contains(t, msg, "cannot be loaded here: nixl: plugin params FAKE: ERR_BACKEND (reading "+notELF+": elfdeps: not an ELF file")
 }

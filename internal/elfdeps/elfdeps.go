@@ -13,6 +13,7 @@ import (
 	"debug/elf"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"sort"
@@ -228,7 +229,7 @@ func readObject(path string) (*object, error) {
 	f, err := elf.Open(path)
 	if err != nil {
 		var fe *elf.FormatError
-		if errors.As(err, &fe) {
+		if errors.As(err, &fe) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
 			return nil, fmt.Errorf("%w: %s: %v", ErrNotELF, path, err)
 		}
 		return nil, err

@@ -129,6 +129,9 @@ func TestCheckNotELF(t *testing.T) {
 	p := writeFile(t, filepath.Join(t.TempDir(), "x.so"), "not an elf file at all")
 	_, err := Check(p, Options{})
 	require.ErrorIs(t, err, ErrNotELF)
+	short := writeFile(t, filepath.Join(t.TempDir(), "short.so"), "text")
+	_, err = Check(short, Options{})
+	require.ErrorIs(t, err, ErrNotELF, "shorter than an ELF header")
 	_, err = Check(filepath.Join(t.TempDir(), "absent.so"), Options{})
 	require.ErrorIs(t, err, os.ErrNotExist)
 }
