@@ -225,7 +225,13 @@ func hasMissing(ms []MissingLib, name string) bool {
 	return false
 }
 
-func readObject(path string) (*object, error) {
+func readObject(path string) (o *object, err error) {
+	// debug/elf reads untrusted bytes; a malformed file must be an error here, never a crash of the caller.
+	defer func() {
+		if r := recover(); r != nil {
+			o, err = nil, fmt.Errorf("%w: %s: malformed (%v)", ErrNotELF, path, r)
+		}
+	}()
 	f, err := elf.Open(path)
 	if err != nil {
 		var fe *elf.FormatError
@@ -235,7 +241,7 @@ func readObject(path string) (*object, error) {
 		return nil, err
 	}
 	defer f.Close()
-	o := &object{path: path, class: f.Class, machine: f.Machine, versions: map[string]bool{}, defined: map[string]map[string]bool{}}
+	o = &object{path: path, class: f.Class, machine: f.Machine, versions: map[string]bool{}, defined: map[string]map[string]bool{}}
 	o.needed, _ = f.DynString(elf.DT_NEEDED)
 	origin := filepath.Dir(path)
 	if rp, _ := f.DynString(elf.DT_RPATH); len(rp) > 0 {

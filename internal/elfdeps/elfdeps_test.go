@@ -172,3 +172,20 @@ func TestCheckRunpathOrder(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, filepath.Join(own, "libw.so.1"), r.Resolved["libw.so.1"], "DT_RUNPATH when LD_LIBRARY_PATH has none")
 }
+
+// FuzzCheck: any file content gives a report or an error, never a panic.
+func FuzzCheck(f *testing.F) {
+	f.Add([]byte("\x7fELF"))
+	f.Add([]byte("\x7fELF\x02\x01\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x03\x00\x3e\x00\x01\x00\x00\x00"))
+	f.Add([]byte("not an elf file at all"))
+	dir := f.TempDir()
+	f.Fuzz(func(t *testing.T, b []byte) {
+		p := filepath.Join(dir, "f.so")
+		require.NoError(t, os.WriteFile(p, b, 0o644))
+		r, err := Check(p, Options{LibraryPath: []string{}, SystemDirs: []string{}, NoLoaded: true})
+		if err == nil {
+			require.NotNil(t, r)
+			_ = r.Problems()
+		}
+	})
+}
