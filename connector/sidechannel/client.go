@@ -168,9 +168,17 @@ func (c *client) connect(ctx context.Context, deadline time.Time) error {
 		cancel()
 		if err == nil {
 			_ = nc.SetDeadline(deadline)
+			stop := context.AfterFunc(ctx, func() { _ = nc.SetDeadline(time.Unix(1, 0)) })
 			zc, err := zmtp.Handshake(nc, zmtp.Options{Type: zmtp.REQ, MaxMessageSize: c.maxReply, MaxFrames: 8})
+			stop()
+			if err == nil && ctx.Err() != nil {
+				err = ctx.Err()
+			}
 			if err != nil {
 				_ = nc.Close()
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
 				if errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
 					return fmt.Errorf("%w (ZMTP handshake: %v)", ErrTimeout, err)
 				}

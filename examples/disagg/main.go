@@ -122,7 +122,7 @@ func orchestrate() error {
 	c.Register(fs)
 	lengths := fs.String("lengths", "3000,2048,1536,1000,640,333", "prompt lengths in tokens, one request each, sent concurrently")
 	concurrency := fs.Int("concurrency", 4, "requests in flight at once")
-	where := fs.String("cache", "auto", "decode KV cache: auto (GPU memory when a CUDA GPU is present, else DRAM), gpu or dram")
+	where := fs.String("cache", "auto", "decode KV cache: auto (GPU memory when a CUDA GPU is present, else DRAM), gpu, dram, or hostbuf (NIXL into pinned DRAM, then copied to GPU memory)")
 	gpu := fs.Bool("gpu", false, "same as -cache gpu")
 	timeout := fs.Duration("timeout", 5*time.Minute, "bound on the whole run")
 	fs.Parse(os.Args[1:])
