@@ -420,6 +420,9 @@ func (d *Decode) handshake(ctx context.Context, engineID string, re *remoteEngin
 	if re.plan, err = layout.NewReadPlan(d.reg.geom, dTP, dRank, geom, re.tp, total); err != nil {
 		return fmt.Errorf("%w: decode rank %d of %d cannot read prefill engine %s (TP %d): %v", ErrBadParams, dRank, dTP, engineID, re.tp, err)
 	}
+	// Our lists are local to this agent: whole-block descriptors where vLLM has K/V halves, so NIXL merges a
+	// run of consecutive blocks into one descriptor per region (layout.ReadPlan.Merged).
+	re.plan = re.plan.Merged()
 	defer func() {
 		if err != nil {
 			d.release(re)
