@@ -11,15 +11,27 @@ import (
 	"github.com/gonixl/gonixl/nixl"
 )
 
-// DefaultBackends is the NIXL backend list of the roles when none is configured (vLLM's default too).
-var DefaultBackends = []nixl.BackendSpec{{Plugin: "UCX"}}
+// DefaultBackends is the NIXL backend list of the roles when none is configured: UCX (vLLM's default too),
+// with nixl.DefaultUCXOptions (UCX_* environment variables still override them).
+var DefaultBackends = []nixl.BackendSpec{defaultUCX()}
 
-// ParseBackends turns vLLM's kv_connector_extra_config "backends" list (e.g. ["LIBFABRIC"]) into specs.
+func defaultUCX() nixl.BackendSpec {
+	s, err := nixl.DefaultUCXOptions().Spec()
+	if err != nil {
+		return nixl.BackendSpec{Plugin: "UCX"}
+	}
+	return s
+}
+
+// ParseBackends turns vLLM's kv_connector_extra_config "backends" list (e.g. ["LIBFABRIC"]) into specs; UCX
+// gets nixl.DefaultUCXOptions.
 func ParseBackends(names []string) []nixl.BackendSpec {
 	out := make([]nixl.BackendSpec, 0, len(names))
 	for _, n := range names {
-		if n = strings.TrimSpace(n); n != "" {
-			out = append(out, nixl.BackendSpec{Plugin: strings.ToUpper(n)})
+		if n = strings.ToUpper(strings.TrimSpace(n)); n == "UCX" {
+			out = append(out, defaultUCX())
+		} else if n != "" {
+			out = append(out, nixl.BackendSpec{Plugin: n})
 		}
 	}
 	return out
