@@ -310,7 +310,7 @@ func (c *KVCache) run(dir Direction, ops []Copy, s *Stream, host Regions) error 
 	if s != nil {
 		return s.Enqueue(dir, ops)
 	}
-	i, r := cCopyBatch(c.m.r.st.ctx, dir, ops, 0, true)
+	i, r := cCopyBatch(c.m.r.st.ctx, c.m.r.st.ordinal, dir, ops, 0, true)
 	return batchErr(dir, ops, i, r)
 }
 

@@ -19,12 +19,14 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/gonixl/gonixl/internal/testenv"
+	"github.com/gonixl/gonixl/internal/benchpeer"
 	"github.com/gonixl/gonixl/nixl"
 )
 
 var leaks atomic.Int64
 
 func TestMain(m *testing.M) {
+	benchpeer.MaybeServe() // BenchmarkDRAMToDRAM's peer process
 	// The two-process tests re-run this binary as the peer process.
 	if os.Getenv("GONIXL_NIXL_PEER") != "" {
 		os.Exit(peerMain())
