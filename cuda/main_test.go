@@ -11,6 +11,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/gonixl/gonixl/cuda"
+	"github.com/gonixl/gonixl/internal/benchpeer"
 	"github.com/gonixl/gonixl/internal/testenv"
 	"github.com/gonixl/gonixl/nixl"
 )
@@ -33,6 +34,7 @@ func (r runner) Run() int {
 const childEnv = "GONIXL_CUDA_CHILD"
 
 func TestMain(m *testing.M) {
+	benchpeer.MaybeServe() // BenchmarkDRAMToVRAM's DRAM peer process
 	if os.Getenv(childEnv) == "badptr" {
 		os.Exit(badPointerChild())
 	}
