@@ -241,7 +241,7 @@ func (d *Decode) Pull(ctx context.Context, requestID string, kv protocol.KVTrans
 	start := time.Now()
 	err = d.do(func() error {
 		for _, src := range re.sources {
-			x, err := d.reg.agent.MakeXfer(nixl.Read, src.local, localIdx, src.remote, remoteIdx, nixl.WithNotification(notif))
+			x, err := d.reg.agent.MakeXfer(nixl.Read, src.local, localIdx, src.remote, remoteIdx, d.reg.xferOpts(notif)...)
 			if err != nil {
 				return err
 			}

@@ -3,6 +3,7 @@ package cuda_test
 import (
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"testing"
 	"time"
 
@@ -21,13 +22,35 @@ import (
 // bytes (x_bigcopy). The host-buffered path (hostbuf_*) READs into pinned DRAM of this process in 8 slices
 // and copies each slice to the GPU with one batch-copy call while the next slice's READ runs.
 func BenchmarkDRAMToVRAM(b *testing.B) {
-	const total = 128 << 20
 	dev := gpu(b)
 	lib := loadNIXL(b)
-	params, err := nixl.DefaultUCXOptions().Params()
-	require.NoError(b, err)
+	rma := map[string]string{nixl.UCXRMAPipeline: "y"}
+	variants := []struct {
+		name     string
+		opts     nixl.UCXOptions
+		peerCUDA bool // the DRAM peer holds a CUDA context, as a prefill worker on a GPU host does
+	}{
+		{"gonixl-defaults", nixl.DefaultUCXOptions(), true},
+		{"gonixl-defaults/peer-without-cuda", nixl.DefaultUCXOptions(), false},
+		{"rma-pipeline", nixl.UCXOptions{Engine: rma}, true},
+		{"nixl-defaults", nixl.UCXOptions{}, true},
+	}
+	if os.Getenv("GONIXL_BENCH_SWEEP") == "" {
+		variants = variants[:1]
+	}
+	for _, v := range variants {
+		b.Run("ucx="+v.name, func(b *testing.B) {
+			params, err := v.opts.Params()
+			require.NoError(b, err)
+			benchDRAMToVRAM(b, dev, lib, params, v.peerCUDA)
+		})
+	}
+}
+
+func benchDRAMToVRAM(b *testing.B, dev *cuda.Device, lib *nixl.Library, params map[string]string, peerCUDA bool) {
+	const total = 128 << 20
 	b.Logf("UCX params %v; batch copies: cuMemcpyBatchAsync ABI %d (0 = per-copy loop)", params, shared.drv.BatchCopyABI())
-	peer := benchpeer.Start(b, lib, 2*total, params)
+	peer := benchpeer.Start(b, lib, 2*total, params, peerCUDA)
 	a, err := lib.NewAgent(fmt.Sprintf("vram-bench-%d", time.Now().UnixNano()), nixl.AgentConfig{
 		Backends: []nixl.BackendSpec{{Plugin: "UCX", Params: params}}})
 	require.NoError(b, err)

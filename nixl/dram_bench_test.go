@@ -3,6 +3,7 @@ package nixl_test
 import (
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"testing"
 	"time"
 
@@ -14,19 +15,31 @@ import (
 
 // BenchmarkDRAMToDRAM READs 64 MiB per transfer from a DRAM agent in another process (internal/benchpeer)
 // into this process's DRAM, in blocks of 32 KiB (Qwen3-0.6B's K or V block) and 2 MiB, scattered (a busy
-// pool's random block ids) and contiguous (a fresh request's run, which NIXL merges into one descriptor),
+// pool's random block ids) and contiguous (a fresh request's run, which NIXL merges into one descriptor;
+// contiguous-nomerge: the same with nixl.WithoutDescMerge, one descriptor per block),
 // with NIXL's UCX defaults and with gonixl's (nixl.DefaultUCXOptions). The baseline, in the same run, is a
 // plain copy of the same bytes in this process: x_copy is NIXL's throughput over copy's.
 func BenchmarkDRAMToDRAM(b *testing.B) {
 	const total = 64 << 20
 	gonixl, err := nixl.DefaultUCXOptions().Params()
 	require.NoError(b, err)
-	for _, opts := range []struct {
+	type variant struct {
 		name   string
 		params map[string]string
-	}{{"nixl-defaults", nil}, {"gonixl-defaults", gonixl}} {
+	}
+	variants := []variant{{"nixl-defaults", nil}, {"gonixl-defaults", gonixl}}
+	if os.Getenv("GONIXL_BENCH_SWEEP") != "" { // thread-pool sizes, to choose DefaultUCXOptions on a host
+		for _, th := range []int{8, 16} {
+			for _, split := range []int{4, 8, 32} {
+				p, err := nixl.UCXOptions{NumThreads: th, SplitBatchSize: split}.Params()
+				require.NoError(b, err)
+				variants = append(variants, variant{fmt.Sprintf("threads%d-split%d", th, split), p})
+			}
+		}
+	}
+	for _, opts := range variants {
 		b.Run("ucx="+opts.name, func(b *testing.B) {
-			peer := benchpeer.Start(b, loadLib(b), 2*total, opts.params)
+			peer := benchpeer.Start(b, loadLib(b), 2*total, opts.params, false)
 			a, err := loadLib(b).NewAgent(fmt.Sprintf("dram-bench-%s", opts.name), nixl.AgentConfig{
 				Backends: []nixl.BackendSpec{{Plugin: "UCX", Params: opts.params}}})
 			require.NoError(b, err)
@@ -50,11 +63,11 @@ func BenchmarkDRAMToDRAM(b *testing.B) {
 				require.NoError(b, err)
 				rp, err := a.Prep(peer.Agent, nixl.DRAM, rd)
 				require.NoError(b, err)
-				for _, pat := range []string{"scattered", "contiguous"} {
+				for _, pat := range []string{"scattered", "contiguous", "contiguous-nomerge"} {
 					b.Run(fmt.Sprintf("block=%dKiB/%s", blk>>10, pat), func(b *testing.B) {
 						n := total / blk
 						li, ri := make([]int, n), make([]int, n)
-						if pat == "contiguous" {
+						if pat != "scattered" {
 							for i := range n {
 								li[i], ri[i] = 5+i, 3+i
 							}
@@ -64,7 +77,11 @@ func BenchmarkDRAMToDRAM(b *testing.B) {
 							copy(li, lperm[:n])
 							copy(ri, rperm[:n])
 						}
-						x, err := a.MakeXfer(nixl.Read, lp, li, rp, ri)
+						var xo []nixl.Option
+						if pat == "contiguous-nomerge" {
+							xo = append(xo, nixl.WithoutDescMerge())
+						}
+						x, err := a.MakeXfer(nixl.Read, lp, li, rp, ri, xo...)
 						require.NoError(b, err)
 						defer x.Close()
 						run := func() {

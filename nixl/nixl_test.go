@@ -26,7 +26,7 @@ import (
 var leaks atomic.Int64
 
 func TestMain(m *testing.M) {
-	benchpeer.MaybeServe() // BenchmarkDRAMToDRAM's peer process
+	benchpeer.MaybeServe(nil) // BenchmarkDRAMToDRAM's peer process
 	// The two-process tests re-run this binary as the peer process.
 	if os.Getenv("GONIXL_NIXL_PEER") != "" {
 		os.Exit(peerMain())

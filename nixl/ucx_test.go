@@ -28,7 +28,7 @@ func TestUCXOptionsParams(t *testing.T) {
 	}
 	d := nixl.DefaultUCXOptions()
 	require.Equal(t, "y", d.Engine[nixl.UCXRMAPipeline])
-	require.LessOrEqual(t, d.NumThreads, 8)
+	require.LessOrEqual(t, d.NumThreads, 16)
 	spec, err := d.Spec()
 	require.NoError(t, err)
 	require.Equal(t, "UCX", spec.Plugin)

@@ -5,6 +5,7 @@ package benchpeer
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -18,7 +19,11 @@ import (
 	"github.com/gonixl/gonixl/nixl"
 )
 
+// helloPrefix starts the peer's hello line (UCX may print to stdout too, e.g. with UCX_PROTO_INFO=y).
+const helloPrefix = "GONIXL_BENCH_PEER "
+
 const (
+	envDevice = "GONIXL_BENCH_PEER_DEVICE"
 	envSize   = "GONIXL_BENCH_PEER_BYTES"
 	envParams = "GONIXL_BENCH_PEER_UCX"
 )
@@ -36,14 +41,23 @@ type Hello struct {
 func Pattern(i uint64) byte { return byte(i*131 + i>>12 + 7) }
 
 // MaybeServe runs the peer and exits when this process was started by Start; otherwise it returns at once.
-func MaybeServe() {
+// device, when not nil, runs the peer's whole life (agent, registration, progress loop) inside it when Start
+// asked for a device context (WithDevice): a package with a GPU passes a function that binds the GPU's context
+// to the calling OS thread, as a prefill worker holding a CUDA context would have it.
+func MaybeServe(device func(run func() error) error) {
 	size := os.Getenv(envSize)
 	if size == "" {
 		return
 	}
-	err := serve(size, os.Getenv(envParams))
+	run := func() error { return serve(size, os.Getenv(envParams)) }
+	var err error
+	if device != nil && os.Getenv(envDevice) != "" {
+		err = device(run)
+	} else {
+		err = run()
+	}
 	if err != nil {
-		_ = json.NewEncoder(os.Stdout).Encode(Hello{Error: err.Error()})
+		writeHello(Hello{Error: err.Error()})
 		os.Exit(1)
 	}
 	os.Exit(0)
@@ -90,7 +104,7 @@ func serve(sizeS, paramsS string) error {
 	if err != nil {
 		return err
 	}
-	if err := json.NewEncoder(os.Stdout).Encode(Hello{Agent: a.Name(), Metadata: md, Addr: m.Addr(), Len: uint64(n)}); err != nil {
+	if err := writeHello(Hello{Agent: a.Name(), Metadata: md, Addr: m.Addr(), Len: uint64(n)}); err != nil {
 		return err
 	}
 	done := make(chan struct{})
@@ -108,6 +122,15 @@ func serve(sizeS, paramsS string) error {
 	}
 }
 
+func writeHello(h Hello) error {
+	j, err := json.Marshal(h)
+	if err != nil {
+		return err
+	}
+	_, err = os.Stdout.Write(append(append([]byte(helloPrefix), j...), '\n'))
+	return err
+}
+
 // Peer is a running peer process.
 type Peer struct {
 	Hello
@@ -116,8 +139,9 @@ type Peer struct {
 }
 
 // Start launches the peer (this test binary, re-executed) with a DRAM buffer of size bytes and the UCX
-// backend params, loading NIXL from lib's folder; it is stopped by tb's cleanup.
-func Start(tb testing.TB, lib *nixl.Library, size int64, ucxParams map[string]string) *Peer {
+// backend params, loading NIXL from lib's folder; it is stopped by tb's cleanup. withDevice makes the peer
+// run inside MaybeServe's device function.
+func Start(tb testing.TB, lib *nixl.Library, size int64, ucxParams map[string]string, withDevice bool) *Peer {
 	tb.Helper()
 	pj, err := json.Marshal(ucxParams)
 	if err != nil {
@@ -128,6 +152,9 @@ func Start(tb testing.TB, lib *nixl.Library, size int64, ucxParams map[string]st
 	cmd := exec.Command(os.Args[0], "-test.run=^$", "-test.bench=^$")
 	cmd.Env = append(os.Environ(), envSize+"="+strconv.FormatInt(size, 10), envParams+"="+string(pj),
 		"NIXL_LIB_DIR="+lib.Dir(), "NIXL_PLUGIN_DIR="+lib.PluginDir())
+	if withDevice {
+		cmd.Env = append(cmd.Env, envDevice+"=1")
+	}
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -145,11 +172,18 @@ func Start(tb testing.TB, lib *nixl.Library, size int64, ucxParams map[string]st
 	line := make(chan error, 1)
 	go func() {
 		r := bufio.NewReaderSize(stdout, 1<<20)
-		l, err := r.ReadBytes('\n')
-		if err == nil {
-			err = json.Unmarshal(l, &p.Hello)
+		for {
+			l, err := r.ReadBytes('\n')
+			if err != nil {
+				line <- fmt.Errorf("the benchmark peer exited without its hello: %w", err)
+				break
+			}
+			if rest, ok := bytes.CutPrefix(l, []byte(helloPrefix)); ok {
+				line <- json.Unmarshal(rest, &p.Hello)
+				break
+			}
 		}
-		line <- err
+		_, _ = io.Copy(io.Discard, r) // keep draining: a peer blocked on a full pipe would stall the transfers
 		_, _ = io.Copy(io.Discard, r)
 	}()
 	select {
