@@ -126,7 +126,8 @@ func benchDRAMToVRAM(b *testing.B, dev *cuda.Device, lib *nixl.Library, params m
 				var sops [][]cuda.Copy
 				for k := 0; k < n; k += per {
 					e := min(k+per, n)
-					x, err := a.MakeXfer(nixl.Read, hp, li[k:e], rp, ri[k:e])
+					// Unmerged, as the decode role reads into DRAM caches: the thread pool splits by descriptors.
+					x, err := a.MakeXfer(nixl.Read, hp, li[k:e], rp, ri[k:e], nixl.WithoutDescMerge())
 					require.NoError(b, err)
 					defer x.Close()
 					sx = append(sx, x)

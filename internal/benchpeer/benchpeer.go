@@ -127,7 +127,7 @@ func writeHello(h Hello) error {
 	if err != nil {
 		return err
 	}
-	_, err = os.Stdout.Write(append(append([]byte(helloPrefix), j...), '\n'))
+	_, err = os.Stdout.Write(append(append([]byte("\n"+helloPrefix), j...), '\n'))
 	return err
 }
 
@@ -178,8 +178,9 @@ func Start(tb testing.TB, lib *nixl.Library, size int64, ucxParams map[string]st
 				line <- fmt.Errorf("the benchmark peer exited without its hello: %w", err)
 				break
 			}
-			if rest, ok := bytes.CutPrefix(l, []byte(helloPrefix)); ok {
-				line <- json.Unmarshal(rest, &p.Hello)
+			// UCX's own output (stdio, buffered) may share the line: find the prefix anywhere in it.
+			if i := bytes.Index(l, []byte(helloPrefix)); i >= 0 {
+				line <- json.Unmarshal(l[i+len(helloPrefix):], &p.Hello)
 				break
 			}
 		}
