@@ -232,6 +232,15 @@ func (d *Decode) Pull(ctx context.Context, requestID string, kv protocol.KVTrans
 	if err != nil {
 		return fail(fmt.Errorf("%w: %v", ErrBadParams, err))
 	}
+	if hp, ok := d.cfg.Cache.(HostBufferedPipeline); ok && re.plan.BlockSizeRatio() == 1 && len(localBlocks) > 1 {
+		if readErr, copyErr := d.pullSliced(ctx, re, hp, localBlocks, ids, notif, kv.RemoteRequestID, &res); readErr != nil {
+			d.forget(kv.RemoteEngineID, re)
+			return fail(fmt.Errorf("connector: READ of %d blocks from %s: %w", len(ids), kv.RemoteEngineID, readErr))
+		} else if copyErr != nil {
+			return fail(copyErr)
+		}
+		return d.pulled(log, res, len(ids)), nil
+	}
 	xfers := make([]*nixl.Xfer, 0, len(re.sources))
 	defer func() {
 		for _, x := range xfers {
@@ -292,6 +301,16 @@ func (d *Decode) Pull(ctx context.Context, requestID string, kv protocol.KVTrans
 	d.metrics.Observe("transfer", res.Transfer)
 	log.Debug("pulled", zap.Int("blocks", res.Blocks), zap.Int64("bytes", res.Bytes), zap.Duration("transfer", res.Transfer), zap.Float64("gbps", res.GBps()))
 	return res, nil
+}
+
+// pulled records a pulled request of blocks blocks (sliced host-buffered path).
+func (d *Decode) pulled(log *zap.Logger, res Result, blocks int) Result {
+	res.Blocks = blocks
+	d.metrics.Requests.Add(1)
+	d.metrics.Bytes.Add(res.Bytes)
+	d.metrics.Observe("transfer", res.Transfer)
+	log.Debug("pulled", zap.Int("blocks", res.Blocks), zap.Int64("bytes", res.Bytes), zap.Duration("transfer", res.Transfer), zap.Float64("gbps", res.GBps()))
+	return res
 }
 
 // do runs fn with the cache's device context current when the cache needs one (DeviceContext).
