@@ -123,3 +123,33 @@ func BenchmarkDRAMToDRAM(b *testing.B) {
 		})
 	}
 }
+
+// TestBenchPeer READs from the benchmarks' DRAM peer process (internal/benchpeer) and checks its bytes, so the
+// separate-process set-up of the benchmarks is tested where they do not run.
+func TestBenchPeer(t *testing.T) {
+	l := loadLib(t)
+	peer := benchpeer.Start(t, l, 1<<20, nil, false)
+	a, err := l.NewAgent(fmt.Sprintf("benchpeer-test-%d", os.Getpid()), nixl.AgentConfig{Backends: []nixl.BackendSpec{{Plugin: "UCX"}}})
+	require.NoError(t, err)
+	defer a.Close()
+	m := hostMem(t, 64<<10)
+	reg, err := a.RegisterMem(nixl.DRAM, []nixl.Desc{m.Desc()})
+	require.NoError(t, err)
+	defer reg.Close()
+	_, err = a.LoadRemoteMetadata(peer.Metadata)
+	require.NoError(t, err)
+	defer a.InvalidateRemoteMetadata(peer.Agent)
+	const off = 300 << 10
+	x, err := a.CreateXfer(nixl.Read, nixl.DRAM, []nixl.Desc{m.Desc()}, nixl.DRAM,
+		[]nixl.Desc{{Addr: peer.Addr + off, Len: uint64(m.Len())}}, peer.Agent)
+	require.NoError(t, err)
+	defer x.Close()
+	_, err = x.Post()
+	require.NoError(t, err)
+	require.NoError(t, x.Wait(ctxT(t)))
+	for i, v := range m.Bytes() {
+		if v != benchpeer.Pattern(uint64(off+i)) {
+			t.Fatalf("byte %d: %#x, want %#x", i, v, benchpeer.Pattern(uint64(off+i)))
+		}
+	}
+}

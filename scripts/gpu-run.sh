@@ -29,13 +29,13 @@ if [ -z "${SKIP_TESTS:-}" ]; then
   grep -E '^(--- FAIL|FAIL|ok|PASS)' "$out/test.log" | head -20; echo "cuda tests rc=$rc"
 fi
 echo "== DRAM→VRAM benchmark"
-GONIXL_BENCH_SWEEP=${BENCH_SWEEP:-1} timeout 200 ./cuda.test -test.run '^$' -test.bench '^BenchmarkDRAMToVRAM$' -test.benchtime "${BENCH_TIME:-5x}" -test.count "${BENCH_COUNT:-2}" -test.timeout 190s >"$out/bench-vram.log" 2>&1
+GONIXL_BENCH_SWEEP=${BENCH_SWEEP-1} timeout 200 ./cuda.test -test.run '^$' -test.bench '^BenchmarkDRAMToVRAM$' -test.benchtime "${BENCH_TIME:-5x}" -test.count "${BENCH_COUNT:-2}" -test.timeout 190s >"$out/bench-vram.log" 2>&1
 grep -E 'ns/op|FAIL|panic|bench_test|ABI' "$out/bench-vram.log" | sed -E 's/ +/ /g'
 echo "UCX protocols for RMA into GPU memory (UCX_PROTO_INFO=y, every variant, one pass each):"
 GONIXL_BENCH_SWEEP=1 UCX_PROTO_INFO=y timeout 90 ./cuda.test -test.run '^$' -test.bench '^BenchmarkDRAMToVRAM$' -test.benchtime 1x -test.count 1 -test.timeout 85s >"$out/proto-vram.log" 2>&1
 sed -E 's/^\[[^]]*\] \[[^]]*\] *//' "$out/proto-vram.log" | grep -A7 -E 'remote memory (read|write) .*(into|to) cuda' | grep -E '^\| ' | grep -vE 'Range|----' | sort | uniq -c | sort -rn | head -12
 echo "== DRAM→DRAM benchmark"
-GONIXL_BENCH_SWEEP=${BENCH_SWEEP:-1} timeout 150 ./nixl.test -test.run '^$' -test.bench DRAMToDRAM -test.benchtime "${BENCH_TIME:-5x}" -test.count 1 -test.timeout 140s >"$out/bench-dram.log" 2>&1
+GONIXL_BENCH_SWEEP=${BENCH_SWEEP-1} timeout 150 ./nixl.test -test.run '^$' -test.bench DRAMToDRAM -test.benchtime "${BENCH_TIME:-5x}" -test.count 1 -test.timeout 140s >"$out/bench-dram.log" 2>&1
 grep -E 'ns/op|FAIL|panic' "$out/bench-dram.log" | sed -E 's/ +/ /g; s/BenchmarkDRAMToDRAM.ucx=//'
 for v in ${DEMO_VERSIONS-0.16.0 0.33.0}; do
   echo "== demo, vLLM $v profile, decode cache in GPU memory: ./disagg -gpu -vllm-version $v"
