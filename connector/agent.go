@@ -79,7 +79,7 @@ func threadPool(specs []nixl.BackendSpec) bool {
 }
 
 // register creates an agent, registers every region of cache with it in one call, and returns both.
-func register(lib *nixl.Library, name string, backends []nixl.BackendSpec, cache Cache, noProgressThread bool, log *zap.Logger) (*registered, error) {
+func register(lib *nixl.Library, name string, backends []nixl.BackendSpec, device string, cache Cache, noProgressThread bool, log *zap.Logger) (*registered, error) {
 	if lib == nil {
 		return nil, fmt.Errorf("connector: nil NIXL library (call nixl.Load)")
 	}
@@ -97,30 +97,48 @@ func register(lib *nixl.Library, name string, backends []nixl.BackendSpec, cache
 	if len(backends) == 0 {
 		backends = DefaultBackends
 	}
+	backends = withDataDevice(backends, device)
+	if device != "" {
+		log.Info("NIXL UCX data plane restricted to one network device (UCX_NET_DEVICES in the environment overrides)", zap.String("device", device))
+	}
 	a, err := lib.NewAgent(name, nixl.AgentConfig{Backends: backends, NoProgressThread: noProgressThread, Logger: log})
 	if err != nil {
 		return nil, err
 	}
+	reg, err := registerCache(a, cache, g)
+	if err != nil {
+		a.Close()
+		return nil, err
+	}
+	split := cache.MemType() == nixl.DRAM && threadPool(backends) && lib.HasSkipDescMerge()
+	return &registered{agent: a, reg: reg, cache: cache, geom: g, splitDescs: split}, nil
+}
+
+// registerCache registers every region of cache with agent a in one call.
+func registerCache(a *nixl.Agent, cache Cache, g layout.Geometry) (*nixl.Registration, error) {
+	bases := cache.RegionBases()
 	descs := make([]nixl.Desc, len(bases))
 	for i, b := range bases {
 		descs[i] = nixl.Desc{Addr: b, Len: uint64(g.RegionLen()), DevID: cache.DeviceID()}
 	}
 	var reg *nixl.Registration
+	var err error
 	if r, ok := cache.(Registrar); ok {
 		reg, err = r.Register(a) // e.g. a CUDA cache, which registers with its device context current
 	} else {
 		reg, err = a.RegisterMem(cache.MemType(), descs)
 	}
 	if err != nil {
-		a.Close()
 		return nil, fmt.Errorf("connector: registering the KV cache (%s, %d regions of %d bytes): %w", cache.MemType(), len(descs), g.RegionLen(), err)
 	}
-	split := cache.MemType() == nixl.DRAM && threadPool(backends) && lib.HasSkipDescMerge()
-	return &registered{agent: a, reg: reg, cache: cache, geom: g, splitDescs: split}, nil
+	return reg, nil
 }
 
 func (r *registered) close() error {
-	err := r.reg.Close()
+	var err error
+	if r.reg != nil { // nil after a failed Prefill.Reregister
+		err = r.reg.Close()
+	}
 	if cerr := r.agent.Close(); err == nil {
 		err = cerr
 	}
@@ -157,7 +175,9 @@ func buildMetadata(p protocol.Profile, engineID string, r *registered) (protocol
 	m.DeviceID = int64(r.cache.DeviceID())
 	m.NumBlocks = int64(g.NumBlocks)
 	m.BlockLens = g.BlockLens()
-	m.KVCacheLayout = g.Order.String()
+	if m.KVCacheLayout, err = p.LayoutName(g.Order); err != nil { // "HND" up to 0.28, "LBHNC" from 0.29
+		return protocol.AgentMetadata{}, fmt.Errorf("connector: %w", err)
+	}
 	m.BlockSize = int64(g.BlockSize)
 	m.BlockStrides = g.BlockLens()
 	return m, nil

@@ -30,6 +30,10 @@ type DecodeConfig struct {
 	EngineID string
 	// Backends is the NIXL backend list (default UCX).
 	Backends []nixl.BackendSpec
+	// DataDevice is the network device NIXL's UCX backend may use (see PrefillConfig.DataDevice). Default
+	// (""): every device, since prefill peers may be anywhere; DataDeviceFor("127.0.0.1") keeps a decode
+	// worker whose peers are all local on loopback.
+	DataDevice string
 	// TPRank and TPSize are this worker's TP rank and its engine's TP size (default 1).
 	TPRank, TPSize int
 	// Compat holds the compatibility-hash inputs and the opt-out (SkipCheck).
@@ -62,8 +66,16 @@ type Decode struct {
 	reg     *registered
 	hash    string
 
-	mu      sync.Mutex
-	remotes map[string]*remoteEngine // by engine id
+	mu          sync.Mutex
+	remotes     map[string]*remoteEngine // handshaken (or handshaking) engines, by engine id
+	draining    map[string]*remoteEngine // dropped from remotes, still used by in-flight pulls, by engine id
+	generations map[string]int64         // remote_registration_generation seen per engine id (generation.go)
+	closed      bool
+	closeOnce   sync.Once
+	closeErr    error
+	pulls       sync.WaitGroup // in-flight Pull calls; Close waits for them
+	closing     context.Context
+	stop        context.CancelFunc // cancels closing: every in-flight pull's context
 }
 
 // DeviceContext is a Cache whose NIXL calls must run with its device context current on the calling OS
@@ -75,14 +87,25 @@ type DeviceContext interface {
 
 // remoteEngine is a handshaken prefill engine: the plan of which of its ranks this decode rank reads, and the
 // handshake with each of them.
+//
+// Lifetime: a remoteEngine is reference-counted under Decode.mu. Decode.remotes holds one reference while
+// the engine is cached, and every Pull that uses it holds one from remote() until it returns. Dropping the
+// engine (a failed transfer, a failed handshake, Close) only removes the cache's reference; the descriptor
+// lists are closed and the remote agents' metadata invalidated (release) when the last reference goes, so
+// never under an in-flight pull. Until then the engine waits in Decode.draining, and a new handshake with
+// the same engine waits for it: the remote agent names are the same, and invalidating the old generation's
+// metadata must not hit the new one's.
 type remoteEngine struct {
-	once    chan struct{} // closed when the handshake finished (ok or not)
-	err     error
-	addr    string
-	tp      int // the prefill engine's TP size
-	plan    *layout.ReadPlan
-	sources []*source
-	took    time.Duration
+	id       string
+	refs     int           // guarded by Decode.mu
+	released chan struct{} // closed after release (the last reference went)
+	once     chan struct{} // closed when the handshake finished (ok or not)
+	err      error
+	addr     string
+	tp       int // the prefill engine's TP size
+	plan     *layout.ReadPlan
+	sources  []*source
+	took     time.Duration
 }
 
 // source is one prefill rank this decode rank reads.
@@ -127,11 +150,14 @@ func NewDecode(cfg DecodeConfig) (*Decode, error) {
 	if err := checkPlan(cfg.Profile, cfg.Cache); err != nil {
 		return nil, err
 	}
-	reg, err := register(cfg.Library, fmt.Sprintf("%s-tp%d", cfg.EngineID, cfg.TPRank), cfg.Backends, cfg.Cache, false, log)
+	reg, err := register(cfg.Library, fmt.Sprintf("%s-tp%d", cfg.EngineID, cfg.TPRank), cfg.Backends,
+		resolveDataDevice(cfg.DataDevice, ""), cfg.Cache, false, log)
 	if err != nil {
 		return nil, err
 	}
-	d := &Decode{cfg: cfg, log: log, metrics: metrics, reg: reg, remotes: map[string]*remoteEngine{}}
+	d := &Decode{cfg: cfg, log: log, metrics: metrics, reg: reg, remotes: map[string]*remoteEngine{},
+		draining: map[string]*remoteEngine{}}
+	d.closing, d.stop = context.WithCancel(context.Background())
 	if cfg.Profile.Payload == protocol.PayloadM1 && !cfg.Compat.SkipCheck {
 		if d.hash, err = cfg.Profile.CompatHash(cfg.Compat.CompatInputs); err != nil {
 			d.Close()
@@ -173,8 +199,29 @@ func (r Result) GBps() float64 {
 var ErrBadParams = errors.New("connector: unusable kv_transfer_params")
 
 // Pull READs the blocks that kv (P's kv_transfer_params) names into localBlocks (same count, in token order),
-// then notifies the prefill side. Everything is validated before any transfer; ctx bounds the whole pull.
+// then notifies the prefill side. Everything is validated before any transfer; ctx bounds the whole pull,
+// and Close cancels it (the error then wraps nixl.ErrClosed).
 func (d *Decode) Pull(ctx context.Context, requestID string, kv protocol.KVTransferParams, localBlocks []int) (Result, error) {
+	res := Result{RequestID: requestID}
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return res, fmt.Errorf("connector: pull %s: the decode role is closed: %w", requestID, nixl.ErrClosed)
+	}
+	d.pulls.Add(1) // under mu with the closed check: no Add after Close's Wait began
+	d.mu.Unlock()
+	defer d.pulls.Done()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(d.closing, cancel)()
+	res, err := d.pull(ctx, requestID, kv, localBlocks)
+	if err != nil && d.closing.Err() != nil {
+		err = fmt.Errorf("%w (%w: the decode role was closed)", err, nixl.ErrClosed)
+	}
+	return res, err
+}
+
+func (d *Decode) pull(ctx context.Context, requestID string, kv protocol.KVTransferParams, localBlocks []int) (Result, error) {
 	res := Result{RequestID: requestID}
 	log := d.log.With(zap.String("request_id", requestID), zap.String("remote_engine_id", kv.RemoteEngineID),
 		zap.String("remote_request_id", kv.RemoteRequestID))
@@ -204,10 +251,12 @@ func (d *Decode) Pull(ctx context.Context, requestID string, kv protocol.KVTrans
 		prefillTP = 1 // vLLM assumes 1 when tp_size is absent
 	}
 	addr := "tcp://" + net.JoinHostPort(kv.RemoteHost, strconv.Itoa(kv.RemotePort))
+	d.advanceGeneration(kv.RemoteEngineID, kv.RemoteRegistrationGeneration)
 	re, hsTook, err := d.remote(ctx, kv.RemoteEngineID, addr, prefillTP)
 	if err != nil {
 		return fail(err)
 	}
+	defer d.put(re)
 	res.Handshake = hsTook
 	ids := make([]int, len(remoteIDs))
 	for i, v := range remoteIDs {
@@ -234,7 +283,7 @@ func (d *Decode) Pull(ctx context.Context, requestID string, kv protocol.KVTrans
 	}
 	if hp, ok := d.cfg.Cache.(HostBufferedPipeline); ok && re.plan.BlockSizeRatio() == 1 && len(localBlocks) > 1 {
 		if readErr, copyErr := d.pullSliced(ctx, re, hp, localBlocks, ids, notif, kv.RemoteRequestID, &res); readErr != nil {
-			d.forget(kv.RemoteEngineID, re)
+			d.forget(re) // pullSliced closed its requests
 			return fail(fmt.Errorf("connector: READ of %d blocks from %s: %w", len(ids), kv.RemoteEngineID, readErr))
 		} else if copyErr != nil {
 			return fail(copyErr)
@@ -277,15 +326,15 @@ func (d *Decode) Pull(ctx context.Context, requestID string, kv protocol.KVTrans
 	}
 	res.Transfer = time.Since(start)
 	if err != nil {
-		// The peer may be gone: release (cancel) the requests first, then drop the handshake, so the remote
-		// agents' metadata and descriptor lists are not invalidated under a live transfer; the next request
-		// handshakes again.
+		// The peer may be gone: release (cancel) the requests first, then drop the handshake, so the next
+		// request handshakes again. Other pulls may still use this engine's lists: they are closed when the
+		// last of them returns (put), never under a live transfer.
 		for _, x := range xfers {
 			if cerr := x.Close(); cerr != nil {
 				log.Warn("releasing the failed READ", zap.Error(cerr))
 			}
 		}
-		d.forget(kv.RemoteEngineID, re)
+		d.forget(re)
 		return fail(fmt.Errorf("connector: READ of %d blocks from %s: %w", len(ids), kv.RemoteEngineID, err))
 	}
 	res.Blocks = len(ids)
@@ -354,42 +403,117 @@ func (d *Decode) heartbeat(agents []string, remoteRequestID string) func() {
 	return func() { close(stop); <-done }
 }
 
-// remote returns the handshaken prefill engine, doing the handshake once (concurrent callers wait for it).
+// remote returns the handshaken prefill engine with a reference held for the caller (put it back with
+// put), doing the handshake once (concurrent callers wait for it). A caller that waited for a handshake
+// which failed only because its owner's context ended tries again with its own context. While an earlier
+// generation of the same engine is still draining (dropped, but used by in-flight pulls), a new handshake
+// waits for it to be released, bounded by ctx.
 func (d *Decode) remote(ctx context.Context, engineID, addr string, prefillTP int) (*remoteEngine, time.Duration, error) {
-	d.mu.Lock()
-	re := d.remotes[engineID]
-	if re != nil && (re.addr != addr || re.tp != prefillTP) {
-		d.mu.Unlock()
-		return nil, 0, fmt.Errorf("%w: engine %s was handshaken at %s with TP %d, now named at %s with TP %d",
-			ErrBadParams, engineID, re.addr, re.tp, addr, prefillTP)
+	for {
+		re, mine, err := d.acquire(ctx, engineID, addr, prefillTP)
+		if err != nil {
+			return nil, 0, err
+		}
+		if mine {
+			start := time.Now()
+			re.err = d.handshake(ctx, engineID, re)
+			re.took = time.Since(start)
+			if re.err == nil {
+				d.metrics.Handshakes.Add(1)
+				d.metrics.Observe("handshake", re.took)
+			} else {
+				d.drop(re)
+			}
+			close(re.once)
+			if re.err != nil {
+				d.put(re)
+				return nil, re.took, re.err
+			}
+			return re, re.took, nil
+		}
+		select {
+		case <-re.once:
+		case <-ctx.Done():
+			d.put(re)
+			return nil, 0, fmt.Errorf("connector: waiting for the handshake with %s: %w", engineID, ctx.Err())
+		}
+		if re.err == nil {
+			return re, 0, nil
+		}
+		d.put(re)
+		if ctx.Err() == nil && (errors.Is(re.err, context.Canceled) || errors.Is(re.err, context.DeadlineExceeded)) {
+			continue // the owner's context ended, not ours
+		}
+		return nil, 0, re.err
 	}
-	mine := re == nil
+}
+
+// acquire returns the cached engine with a reference for the caller, or creates it (mine: the caller does
+// the handshake; the new engine carries the cache's reference and the caller's).
+func (d *Decode) acquire(ctx context.Context, engineID, addr string, prefillTP int) (re *remoteEngine, mine bool, err error) {
+	for {
+		d.mu.Lock()
+		if d.closed {
+			d.mu.Unlock()
+			return nil, false, fmt.Errorf("connector: handshake with %s: the decode role is closed: %w", engineID, nixl.ErrClosed)
+		}
+		if re = d.remotes[engineID]; re != nil {
+			if re.addr != addr || re.tp != prefillTP {
+				d.mu.Unlock()
+				return nil, false, fmt.Errorf("%w: engine %s was handshaken at %s with TP %d, now named at %s with TP %d",
+					ErrBadParams, engineID, re.addr, re.tp, addr, prefillTP)
+			}
+			re.refs++
+			d.mu.Unlock()
+			return re, false, nil
+		}
+		old := d.draining[engineID]
+		if old == nil {
+			re = &remoteEngine{id: engineID, refs: 2, released: make(chan struct{}), once: make(chan struct{}), addr: addr, tp: prefillTP}
+			d.remotes[engineID] = re
+			d.mu.Unlock()
+			return re, true, nil
+		}
+		d.mu.Unlock()
+		select {
+		case <-old.released:
+		case <-ctx.Done():
+			return nil, false, fmt.Errorf("connector: handshake with %s: waiting for the transfers on its previous handshake to end: %w", engineID, ctx.Err())
+		}
+	}
+}
+
+// drop removes re from the handshake cache (if it is still the cached one) and puts the cache's reference.
+func (d *Decode) drop(re *remoteEngine) bool {
+	d.mu.Lock()
+	mine := d.remotes[re.id] == re
 	if mine {
-		re = &remoteEngine{once: make(chan struct{}), addr: addr, tp: prefillTP}
-		d.remotes[engineID] = re
+		delete(d.remotes, re.id)
+		d.draining[re.id] = re
 	}
 	d.mu.Unlock()
 	if mine {
-		start := time.Now()
-		re.err = d.handshake(ctx, engineID, re)
-		re.took = time.Since(start)
-		if re.err != nil {
-			d.mu.Lock()
-			delete(d.remotes, engineID)
-			d.mu.Unlock()
-		} else {
-			d.metrics.Handshakes.Add(1)
-			d.metrics.Observe("handshake", re.took)
-		}
-		close(re.once)
-		return re, re.took, re.err
+		d.put(re)
 	}
-	select {
-	case <-re.once:
-		return re, 0, re.err
-	case <-ctx.Done():
-		return nil, 0, fmt.Errorf("connector: waiting for the handshake with %s: %w", engineID, ctx.Err())
+	return mine
+}
+
+// put drops one reference to re; the last one releases its descriptor lists and remote agents.
+func (d *Decode) put(re *remoteEngine) {
+	d.mu.Lock()
+	re.refs--
+	last := re.refs == 0
+	d.mu.Unlock()
+	if !last {
+		return
 	}
+	d.release(re)
+	d.mu.Lock()
+	if d.draining[re.id] == re {
+		delete(d.draining, re.id)
+	}
+	d.mu.Unlock()
+	close(re.released)
 }
 
 // fetch asks the prefill engine's side channel for one rank's metadata and checks it (hash, engine id).
@@ -403,15 +527,21 @@ func (d *Decode) fetch(ctx context.Context, engineID, addr string, rank int) (pr
 	if err != nil {
 		return protocol.AgentMetadata{}, layout.Geometry{}, fmt.Errorf("connector: handshake with %s rank %d at %s: %w", engineID, rank, addr, err)
 	}
-	md, err := p.OpenHandshake(reply.Payload, protocol.HandshakeCheck{LocalHash: d.hash, EnforceHash: !d.cfg.Compat.SkipCheck, ExpectedEngineID: engineID})
+	md, err := p.OpenHandshake(reply.Payload, protocol.HandshakeCheck{LocalHash: d.hash, EnforceHash: !d.cfg.Compat.SkipCheck,
+		ExpectedEngineID: engineID, LocalInputs: &d.cfg.Compat.CompatInputs})
 	if err != nil {
 		return md, layout.Geometry{}, fmt.Errorf("connector: handshake with %s rank %d at %s: %w", engineID, rank, addr, err)
+	}
+	order, err := p.ParseLayoutName(md.KVCacheLayout) // the row's names ("HND" up to 0.28, "LBHNC" from 0.29)
+	if err != nil {
+		return md, layout.Geometry{}, fmt.Errorf("connector: prefill engine %s rank %d: %w", engineID, rank, err)
 	}
 	geom, err := layout.PeerGeometry(d.reg.geom, layout.Peer{
 		NumBlocks:     int(md.NumBlocks),
 		BlockLens:     md.BlockLens,
 		BlockSize:     int(md.BlockSize),
 		KVCacheLayout: md.KVCacheLayout,
+		Order:         order,
 		NumRegions:    len(md.KVCachesBaseAddr),
 	})
 	if err != nil {
@@ -442,11 +572,6 @@ func (d *Decode) handshake(ctx context.Context, engineID string, re *remoteEngin
 	// Our lists are local to this agent: whole-block descriptors where vLLM has K/V halves, so NIXL merges a
 	// run of consecutive blocks into one descriptor per region (layout.ReadPlan.Merged).
 	re.plan = re.plan.Merged()
-	defer func() {
-		if err != nil {
-			d.release(re)
-		}
-	}()
 	for _, rank := range re.plan.SourceRanks() {
 		if rank != first {
 			var g layout.Geometry
@@ -506,7 +631,8 @@ func (d *Decode) prepRemote(agent string, md protocol.AgentMetadata, descs []nix
 	return pl, err
 }
 
-// release closes a remote engine's descriptor lists and forgets its agents.
+// release closes a remote engine's descriptor lists and forgets its agents. Only put calls it, for the last
+// reference.
 func (d *Decode) release(re *remoteEngine) {
 	for _, src := range re.sources {
 		if src.remote != nil {
@@ -522,33 +648,31 @@ func (d *Decode) release(re *remoteEngine) {
 	re.sources = nil
 }
 
-// forget drops a remote engine's handshake (after a failed transfer), so the next pull does it again.
-func (d *Decode) forget(engineID string, re *remoteEngine) {
-	d.mu.Lock()
-	mine := d.remotes[engineID] == re
-	if mine {
-		delete(d.remotes, engineID)
+// forget drops a remote engine's handshake (after a failed transfer), so the next pull does it again. Its
+// lists are released when the last pull using them returns.
+func (d *Decode) forget(re *remoteEngine) {
+	if d.drop(re) {
+		d.log.Info("dropped handshake after a failure; it is redone on the next request", zap.String("remote_engine_id", re.id))
 	}
-	d.mu.Unlock()
-	if !mine {
-		return
-	}
-	d.release(re)
-	d.log.Info("dropped handshake after a failure; it is redone on the next request", zap.String("remote_engine_id", engineID))
 }
 
-// Close releases the remote and local descriptor lists, the registration and the agent. Idempotent.
+// Close cancels in-flight pulls and waits for them to return (each returns promptly once its context is
+// cancelled: transfers are released, handshakes abandoned), then releases the remote and local descriptor
+// lists, the registration and the agent. Pulls after Close fail with an error wrapping nixl.ErrClosed.
+// Idempotent.
 func (d *Decode) Close() error {
-	d.mu.Lock()
-	remotes := d.remotes
-	d.remotes = map[string]*remoteEngine{}
-	d.mu.Unlock()
-	for _, re := range remotes {
-		select {
-		case <-re.once:
-			d.release(re)
-		default:
+	d.closeOnce.Do(func() {
+		d.mu.Lock()
+		d.closed = true
+		remotes := d.remotes
+		d.remotes = map[string]*remoteEngine{}
+		d.mu.Unlock()
+		d.stop()
+		d.pulls.Wait()
+		for _, re := range remotes {
+			d.put(re) // the cache's reference; no pull holds one any more
 		}
-	}
-	return d.reg.close()
+		d.closeErr = d.reg.close()
+	})
+	return d.closeErr
 }

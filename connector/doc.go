@@ -31,6 +31,15 @@
 //
 // Prefill, Decode, DRAMCache, BlockPool and Metrics are safe for concurrent use. Close is idempotent: a
 // Prefill stops its side channel and notification loop, then deregisters the cache and closes its NIXL agent;
-// a Decode releases its descriptor lists, registration and agent. Close the roles before the caches they
-// registered.
+// a Decode cancels its in-flight pulls, waits for them to return (their errors wrap nixl.ErrClosed), then
+// releases its descriptor lists, registration and agent. A Decode reference-counts its handshakes: dropping
+// one after a failed transfer never closes descriptor lists that another pull is still using; they are
+// released when the last such pull returns. Close the roles before the caches they registered.
+//
+// # Exposure
+//
+// Whoever reaches the side channel gets the NIXL metadata, and with it, over the data port, can read and
+// write the registered cache and send notifications (see the README's trust model). The prefill role binds
+// 127.0.0.1 by default and keeps NIXL's UCX data plane on the same device (PrefillConfig.DataDevice);
+// PrefillConfig.NotifyFrom restricts whose notifications count.
 package connector

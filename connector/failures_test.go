@@ -1,6 +1,7 @@
 package connector
 
 import (
+	"context"
 	"fmt"
 	"testing"
 	"time"
@@ -9,25 +10,30 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gonixl/gonixl/connector/protocol"
+	"github.com/gonixl/gonixl/connector/sidechannel"
 	"github.com/gonixl/gonixl/nixl"
 )
 
 // The decode side never notifies: the prefill side frees the blocks once the hold (lease / abort timeout)
 // passes, never before, logs it with the request and engine ids, and counts it. A notification that arrives
-// after that is logged and counted as a bad message, not double-freed.
+// after that is logged and counted as a bad message, not double-freed. The role runs on a fake clock, so
+// "before" and "after" do not depend on how fast the machine is.
 func TestPrefillExpiry(t *testing.T) {
 	for _, p := range roleProfiles() {
 		t.Run(p.Name, func(t *testing.T) {
 			const hold = 250 * time.Millisecond
 			plog, plogs := observed()
-			pr := newPair(t, p, pairOpts{hold: hold, prefillLog: plog})
-			ctx := ctxT(t, 10*time.Second)
-			start := time.Now()
+			clk := newFakeClock()
+			pr := newPair(t, p, pairOpts{hold: hold, prefillLog: plog, clock: clk})
+			ctx := ctxT(t, 30*time.Second)
 			kv, err := pr.pre.Prefill(ctx, "never-read", 3*tinyBlock, patternFill(pr.pcache, 3))
 			require.NoError(t, err)
 			assert.EqualValues(t, 3, pr.preM.BlocksHeld.Load())
-			require.Eventually(t, func() bool { return pr.pre.Held() == 0 }, 5*time.Second, 5*time.Millisecond)
-			assert.GreaterOrEqual(t, time.Since(start), hold, "blocks must not be freed before the hold ends")
+			advanceAndSettle(t, pr.pre, clk, hold-time.Millisecond)
+			require.Equal(t, 1, pr.pre.Held(), "blocks must not be freed before the hold ends")
+			assert.EqualValues(t, 3, pr.preM.BlocksHeld.Load())
+			advanceAndSettle(t, pr.pre, clk, 50*time.Millisecond)
+			require.Zero(t, pr.pre.Held(), "blocks must be freed once the hold ended")
 			assert.Zero(t, pr.pre.pool.InUse())
 			assert.EqualValues(t, 3, pr.preM.BlocksExpired.Load())
 			assert.EqualValues(t, 1, pr.preM.RequestsExpired.Load())
@@ -43,7 +49,7 @@ func TestPrefillExpiry(t *testing.T) {
 			// A decode peer that shows up late: its notification is for a request no longer held.
 			_, err = pr.dec.Pull(ctx, "late", kv, localBlocks(3, 0))
 			require.NoError(t, err)
-			require.Eventually(t, func() bool { return pr.preM.BadMessages.Load() == 1 }, 5*time.Second, 5*time.Millisecond)
+			require.Eventually(t, func() bool { return pr.preM.BadMessages.Load() == 1 }, 30*time.Second, 5*time.Millisecond)
 			assert.Zero(t, pr.preM.BlocksFreed.Load())
 			assert.Zero(t, pr.pre.pool.InUse())
 			late := plogs.FilterMessage("notification for a request that is not held (already freed, expired, or unknown)").All()
@@ -54,47 +60,52 @@ func TestPrefillExpiry(t *testing.T) {
 }
 
 // Profiles with leases: "HB:<id>" heartbeats from the decode peer keep a request's blocks past its lease;
-// once they stop, the blocks are freed a lease extension (2/3 of the lease) later. In 0.16, which has no
-// leases, the same message is a malformed notification and changes nothing.
+// once they stop, the blocks are freed a lease extension (2/3 of the lease) later, not before. In 0.16, which
+// has no leases, the same message is a malformed notification and changes nothing. The prefill role runs on a
+// fake clock; each heartbeat is sent and seen processed before the clock moves on.
 func TestPrefillLeaseHeartbeats(t *testing.T) {
 	for _, p := range roleProfiles() {
 		t.Run(p.Name, func(t *testing.T) {
-			const hold = time.Second
-			pr := newPair(t, p, pairOpts{hold: hold})
-			ctx := ctxT(t, 20*time.Second)
+			const hold, step = time.Second, 100 * time.Millisecond
+			clk := newFakeClock()
+			pr := newPair(t, p, pairOpts{hold: hold, clock: clk})
+			ctx := ctxT(t, 60*time.Second)
 			// Handshake with a first request, so the decode agent knows the prefill agent.
 			kv0, err := pr.pre.Prefill(ctx, "warm", tinyBlock, nil)
 			require.NoError(t, err)
 			_, err = pr.dec.Pull(ctx, "warm", kv0, localBlocks(1, 0))
 			require.NoError(t, err)
+			require.Eventually(t, func() bool { return pr.pre.Held() == 0 }, 30*time.Second, time.Millisecond)
 			pr.dec.mu.Lock()
 			remote := pr.dec.remotes[pr.pre.EngineID()].sources[0].agent
 			pr.dec.mu.Unlock()
 
-			start := time.Now()
 			_, err = pr.pre.Prefill(ctx, "leased", 2*tinyBlock, nil)
 			require.NoError(t, err)
 			msg := []byte(protocol.HeartbeatPrefix + "leased,unknown-id")
-			var last time.Time
-			for time.Since(start) < 2*hold {
+			seen := func() int64 { return pr.preM.Heartbeats.Load() + pr.preM.BadMessages.Load() }
+			for range 2 * hold / step {
+				n := seen()
 				require.NoError(t, pr.dec.Agent().SendNotification(remote, msg))
-				last = time.Now()
-				time.Sleep(50 * time.Millisecond)
+				require.Eventually(t, func() bool { return seen() > n }, 30*time.Second, time.Millisecond, "heartbeat not processed")
+				advanceAndSettle(t, pr.pre, clk, step)
 			}
 			if !p.Leases {
-				require.Eventually(t, func() bool { return pr.pre.Held() == 0 }, 5*time.Second, 5*time.Millisecond)
+				assert.Zero(t, pr.pre.Held(), "no leases: freed at the hold, heartbeats or not")
 				assert.Positive(t, pr.preM.BadMessages.Load(), "0.16 reads HB: as a malformed notification")
 				assert.Zero(t, pr.preM.Heartbeats.Load())
 				assert.EqualValues(t, 1, pr.preM.RequestsExpired.Load())
 				return
 			}
 			// Leases: heartbeats kept it past 2× the lease.
-			require.Eventually(t, func() bool { return pr.preM.Heartbeats.Load() > 10 }, 5*time.Second, 5*time.Millisecond)
-			assert.Equal(t, 1, pr.pre.Held(), "heartbeats must keep the lease alive")
-			require.Eventually(t, func() bool { return pr.pre.Held() == 0 }, 5*time.Second, 5*time.Millisecond)
+			assert.EqualValues(t, 2*hold/step, pr.preM.Heartbeats.Load())
+			require.Equal(t, 1, pr.pre.Held(), "heartbeats must keep the lease alive")
+			// The last heartbeat was processed one step ago; its extension ends ext after it.
 			ext := hold * 2 / 3
-			assert.GreaterOrEqual(t, time.Since(last), ext-100*time.Millisecond, "freed a lease extension after the last heartbeat")
-			assert.Less(t, time.Since(last), ext+2*time.Second, "a shortened lease is extended by 2/3 of itself, not the default 20 s")
+			advanceAndSettle(t, pr.pre, clk, ext-step-time.Millisecond)
+			require.Equal(t, 1, pr.pre.Held(), "not freed before a lease extension after the last heartbeat")
+			advanceAndSettle(t, pr.pre, clk, 50*time.Millisecond)
+			require.Zero(t, pr.pre.Held(), "freed a lease extension after the last heartbeat (a shortened lease is extended by 2/3 of itself, not the default 20 s)")
 			assert.EqualValues(t, 1, pr.preM.RequestsExpired.Load())
 			assert.Zero(t, pr.preM.BadMessages.Load())
 			assert.Zero(t, pr.pre.pool.InUse())
@@ -161,7 +172,7 @@ func TestPullRejectsBadParams(t *testing.T) {
 			_, err = pr.dec.Pull(ctx, "good", good, local)
 			require.NoError(t, err)
 			requirePattern(t, pr.dcache, local, good.RemoteBlockIDs[0], 9)
-			require.Eventually(t, func() bool { return pr.pre.Held() == 0 }, 5*time.Second, 5*time.Millisecond)
+			require.Eventually(t, func() bool { return pr.pre.Held() == 0 }, 30*time.Second, 5*time.Millisecond)
 		})
 	}
 }
@@ -187,7 +198,7 @@ func TestHandshakeHashMismatch(t *testing.T) {
 			assert.Contains(t, err.Error(), mine)
 			assert.Contains(t, err.Error(), "enforce_handshake_compat")
 			assert.Zero(t, pr.decM.Handshakes.Load())
-			require.Eventually(t, func() bool { return pr.pre.Held() == 0 }, 5*time.Second, 5*time.Millisecond)
+			require.Eventually(t, func() bool { return pr.pre.Held() == 0 }, 30*time.Second, 5*time.Millisecond)
 			assert.EqualValues(t, 1, pr.preM.RequestsExpired.Load())
 			require.Len(t, plogs.FilterMessage("decode peer never confirmed reading; blocks freed at expiry").All(), 1)
 
@@ -217,10 +228,11 @@ func TestHandshakeProfileMismatch(t *testing.T) {
 			ctx := ctxT(t, 10*time.Second)
 			kv, err := pr.pre.Prefill(ctx, "m", tinyBlock, nil)
 			require.NoError(t, err)
-			start := time.Now()
 			_, err = pr.dec.Pull(ctx, "m", kv, []int{1})
 			require.Error(t, err)
-			assert.Less(t, time.Since(start), 5*time.Second)
+			// A clear refusal, not a timeout (no reply, or the context running out).
+			assert.NotErrorIs(t, err, sidechannel.ErrTimeout)
+			assert.NotErrorIs(t, err, context.DeadlineExceeded)
 			assert.Contains(t, err.Error(), "handshake with "+pr.pre.EngineID())
 			t.Logf("decode side: %v", err)
 			assert.Zero(t, pr.decM.Handshakes.Load())

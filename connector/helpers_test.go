@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -155,6 +156,32 @@ type pairOpts struct {
 	decodeCompat                *Compat
 	decodeProfile               *protocol.Profile
 	backends                    []nixl.BackendSpec
+	clock                       *fakeClock                           // the prefill role's clock of holds and leases; nil = time.Now
+	decodeDevice                string                               // DecodeConfig.DataDevice
+	notifyFrom                  func(decodeEngineID string) []string // PrefillConfig.NotifyFrom
+}
+
+// fakeClock is a clock that moves only when the test says so: hold and lease tests assert what happens
+// before and after an expiry without depending on how fast a loaded machine runs.
+type fakeClock struct{ ns atomic.Int64 }
+
+func newFakeClock() *fakeClock {
+	c := &fakeClock{}
+	c.ns.Store(time.Now().UnixNano())
+	return c
+}
+
+func (c *fakeClock) Now() time.Time          { return time.Unix(0, c.ns.Load()) }
+func (c *fakeClock) Advance(d time.Duration) { c.ns.Add(int64(d)) }
+
+// advanceAndSettle moves the prefill role's fake clock by d (at least 50 ms, the loop's expiry period) and
+// waits until the role's loop has run an expiry pass at the new time.
+func advanceAndSettle(t testing.TB, pre *Prefill, c *fakeClock, d time.Duration) {
+	t.Helper()
+	require.GreaterOrEqual(t, d, 50*time.Millisecond, "the loop runs an expiry pass once the clock moved 50 ms")
+	n := pre.passes.Load()
+	c.Advance(d)
+	require.Eventually(t, func() bool { return pre.passes.Load() > n }, 30*time.Second, time.Millisecond, "no expiry pass")
 }
 
 type pair struct {
@@ -185,7 +212,16 @@ func newPair(t testing.TB, p protocol.Profile, o pairOpts) *pair {
 	}
 	pr.dcache = newCache(t, tinyGeom(t, dp, o.decodeBlocks))
 	var err error
-	pr.pre, err = NewPrefill(PrefillConfig{Profile: p, Library: l, Cache: pr.pcache, Compat: tinyCompat(p),
+	var clock func() time.Time
+	if o.clock != nil {
+		clock = o.clock.Now
+	}
+	decID := fmt.Sprintf("decode-%s-%d", p.Name, time.Now().UnixNano())
+	var notifyFrom []string
+	if o.notifyFrom != nil {
+		notifyFrom = o.notifyFrom(decID)
+	}
+	pr.pre, err = NewPrefill(PrefillConfig{Profile: p, Library: l, Cache: pr.pcache, Compat: tinyCompat(p), clock: clock, NotifyFrom: notifyFrom,
 		HoldTimeout: o.hold, Logger: o.prefillLog, Metrics: pr.preM, Backends: o.backends,
 		EngineID: fmt.Sprintf("prefill-%s-%d", p.Name, time.Now().UnixNano())})
 	require.NoError(t, err)
@@ -195,6 +231,7 @@ func newPair(t testing.TB, p protocol.Profile, o pairOpts) *pair {
 		dc = *o.decodeCompat
 	}
 	pr.dec, err = NewDecode(DecodeConfig{Profile: dp, Library: l, Cache: pr.dcache, Compat: dc, Logger: o.decodeLog,
+		EngineID: decID, DataDevice: o.decodeDevice,
 		Metrics: pr.decM, Backends: o.backends, HandshakeTimeout: 2 * time.Second, HandshakeRetries: 1})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, pr.dec.Close()) })

@@ -85,7 +85,7 @@ func TestInteropPythonDecodeGoPrefill(t *testing.T) {
 			}
 			t.Logf("python READ of %d bytes in %.3f ms", res.Bytes, res.TransferS*1e3)
 
-			require.Eventually(t, func() bool { return pr.pre.Held() == 0 }, 10*time.Second, 5*time.Millisecond)
+			require.Eventually(t, func() bool { return pr.pre.Held() == 0 }, 30*time.Second, 5*time.Millisecond)
 			assert.EqualValues(t, 3, pr.preM.BlocksFreed.Load())
 			assert.EqualValues(t, 1, pr.preM.Notifications.Load())
 			assert.Zero(t, pr.preM.BadMessages.Load())
@@ -117,7 +117,7 @@ func TestInteropPythonDecodeHashMismatch(t *testing.T) {
 	var res pyDecodeResult
 	require.NoError(t, json.Unmarshal(jsonLine(out), &res), string(out))
 	assert.Contains(t, res.Error, "compatibility hash mismatch")
-	require.Eventually(t, func() bool { return pr.pre.Held() == 0 }, 10*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return pr.pre.Held() == 0 }, 30*time.Second, 5*time.Millisecond)
 	assert.EqualValues(t, 1, pr.preM.RequestsExpired.Load())
 }
 
@@ -132,7 +132,7 @@ func TestInteropGoDecodePythonPrefill(t *testing.T) {
 			args := append([]string{script}, pyModelArgs(t, p)...)
 			args = append(args, "--seed", "33", "--tokens", "40", "--num-blocks", "32", "--request-id", "py-pre-1", "--timeout", "30")
 			cmd := exec.CommandContext(ctx, py, args...)
-			var stderr strings.Builder
+			var stderr testenv.Buffer // read while the child runs: locked
 			cmd.Stderr = &stderr
 			stdout, err := cmd.StdoutPipe()
 			require.NoError(t, err)

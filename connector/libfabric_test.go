@@ -42,7 +42,7 @@ func TestRolesOverLIBFABRIC(t *testing.T) {
 			require.NoError(t, err)
 			requirePattern(t, pr.dcache, local, kv.RemoteBlockIDs[0], 77)
 			t.Logf("LIBFABRIC (%s): %d bytes in %v", os.Getenv("FI_PROVIDER"), res.Bytes, res.Transfer)
-			require.Eventually(t, func() bool { return pr.pre.Held() == 0 }, 10*time.Second, 5*time.Millisecond)
+			require.Eventually(t, func() bool { return pr.pre.Held() == 0 }, 30*time.Second, 5*time.Millisecond)
 			require.Equal(t, "LIBFABRIC", pr.pre.Agent().Backends()[0].Plugin())
 		})
 	}

@@ -24,7 +24,9 @@ type Metrics struct {
 	Heartbeats      atomic.Int64 // heartbeats sent (decode) or received (prefill)
 	Notifications   atomic.Int64 // transfer notifications received (prefill)
 	BadMessages     atomic.Int64 // malformed or unknown notifications (prefill)
-	Handshakes      atomic.Int64 // decode: handshakes done (cache misses)
+	// RejectedNotifications counts notifications from agents outside PrefillConfig.NotifyFrom (prefill).
+	RejectedNotifications atomic.Int64
+	Handshakes            atomic.Int64 // decode: handshakes done (cache misses)
 
 	mu    sync.Mutex
 	hists map[string]*summary
@@ -86,6 +88,7 @@ func (m *Metrics) WritePrometheus(w io.Writer) {
 		{"gonixl_heartbeats_total", "Lease heartbeats sent (decode) or received (prefill).", &m.Heartbeats, false},
 		{"gonixl_notifications_total", "Transfer notifications received.", &m.Notifications, false},
 		{"gonixl_bad_messages_total", "Malformed or unknown notifications.", &m.BadMessages, false},
+		{"gonixl_rejected_notifications_total", "Notifications from agents outside the prefill worker's allow-list.", &m.RejectedNotifications, false},
 		{"gonixl_handshakes_total", "Side-channel handshakes done.", &m.Handshakes, false},
 	}
 	for _, c := range counters {

@@ -3,6 +3,8 @@ package connector
 import (
 	"fmt"
 	"sync"
+
+	"github.com/gonixl/gonixl/layout"
 )
 
 // BlockPool hands out the block ids of a cache: 1..NumBlocks-1 (block 0 is vLLM's reserved null block and is
@@ -23,15 +25,17 @@ func NewBlockPool(numBlocks int) *BlockPool {
 	return p
 }
 
-// ErrNoBlocks is returned when a pool cannot satisfy an allocation.
-var ErrNoBlocks = fmt.Errorf("connector: not enough free KV blocks")
+// ErrNoBlocks is wrapped by the errors of a pool that cannot satisfy an allocation: BlockPool's, neuron's
+// (both wrap layout.ErrNoBlocks, which this is), and so Prefill's. It is transient: HTTP servers answer 503
+// with Retry-After.
+var ErrNoBlocks = layout.ErrNoBlocks
 
 // Alloc takes n blocks, or none and ErrNoBlocks.
 func (p *BlockPool) Alloc(n int) ([]int, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if n < 0 || n > len(p.free) {
-		return nil, fmt.Errorf("%w: want %d, %d of %d free (raise num_blocks or wait for transfers to finish)", ErrNoBlocks, n, len(p.free), p.total-1)
+		return nil, fmt.Errorf("connector: %w: want %d, %d of %d free (raise num_blocks or wait for transfers to finish)", ErrNoBlocks, n, len(p.free), p.total-1)
 	}
 	ids := make([]int, n)
 	for i := range ids {

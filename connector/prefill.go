@@ -7,14 +7,15 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
 
 	"github.com/gonixl/gonixl/connector/protocol"
 	"github.com/gonixl/gonixl/connector/sidechannel"
-	"github.com/gonixl/gonixl/layout"
 	"github.com/gonixl/gonixl/nixl"
 )
 
@@ -39,10 +40,12 @@ type PrefillConfig struct {
 	Host string
 	// Port is the side-channel port (remote_port); 0 picks a free port. vLLM's default is Profile.SideChannelPort.
 	Port int
-	// KVCacheLayout is the kv_cache_layout label published in the handshake; "" publishes the cache's
-	// physical block order. vLLM compares labels, not bytes, and a vLLM decode worker with
-	// kv_buffer_device="cpu" in layout eras A/B (e.g. 0.16) holds NHD bytes under its device label (usually
-	// "HND"): serve it with an NHD cache (Geometry.Order) and KVCacheLayout "HND".
+	// KVCacheLayout is the kv_cache_layout label published in the handshake, one of the profile's names
+	// (Profile.Labels: "HND"/"NHD" up to vLLM 0.28, "LBHNC"/"LBNHC" from 0.29); "" publishes the profile's name
+	// for the cache's physical block order (Profile.LayoutName). vLLM compares labels, not bytes, and a vLLM
+	// decode worker with kv_buffer_device="cpu" in layout eras A/B (e.g. 0.16) holds NHD bytes under its device
+	// label (usually "HND"): serve it with an NHD cache (Geometry.Order) and KVCacheLayout "HND"
+	// (Profile.LabelQuirks lists the known cases).
 	KVCacheLayout string
 	// SideChannel, when set, is a side channel shared by the workers of one engine (vLLM serves every TP rank
 	// of an engine on one port): the role publishes its rank's payload there and withdraws it on Close, but
@@ -50,6 +53,19 @@ type PrefillConfig struct {
 	SideChannel *sidechannel.Server
 	// Compat holds the compatibility-hash inputs (vLLM ≥ 0.13 profiles).
 	Compat Compat
+	// DataDevice is the network device NIXL's UCX backend may use (UCX_NET_DEVICES for this agent only, set
+	// through the backend's engine_config): where its TCP data port listens and which addresses the agent
+	// metadata — handed to anyone who asks the side channel — names. Default (""): DataDeviceFor(the
+	// side-channel host), so the data plane stays on loopback when the side channel does, and is not
+	// restricted otherwise; AllDataDevices for every device; or one UCX device name, e.g. "eth1" or
+	// "mlx5_0:1". For several devices set UCX_NET_DEVICES in the environment, which always wins, as does a
+	// NET_DEVICES in the UCX backend's engine_config param.
+	DataDevice string
+	// NotifyFrom, when set, lists the remote NIXL agents whose notifications (transfer completions,
+	// heartbeats) are honoured: exact agent names, or prefixes ending in "*" (gonixl decode agents are named
+	// "<engine id>-tp<rank>"). Others are dropped, counted (Metrics.RejectedNotifications) and logged, so a
+	// peer outside the list cannot free or extend held blocks. Empty: every agent, as vLLM does.
+	NotifyFrom []string
 	// HoldTimeout overrides how long unread blocks are held: the profile's lease (renewed by heartbeats) or
 	// abort timeout.
 	HoldTimeout time.Duration
@@ -57,6 +73,9 @@ type PrefillConfig struct {
 	Logger *zap.Logger
 	// Metrics receives counters; nil = a private Metrics (see Prefill.Metrics).
 	Metrics *Metrics
+
+	// clock replaces time.Now for holds, leases and expiry (tests inject a fake clock); nil = time.Now.
+	clock func() time.Time
 }
 
 // Prefill is the prefill role: it owns a registered KV cache, serves the side channel, and for each request
@@ -74,6 +93,14 @@ type Prefill struct {
 	payload []byte
 	hold    time.Duration
 	port    int
+	now     func() time.Time // the clock of holds and leases
+	passes  atomic.Int64     // expiry passes of the loop (tests wait for one)
+	// generation is remote_registration_generation (vLLM 0.33+): 1 for the first registration of the cache,
+	// bumped by Reregister. hash is the compatibility hash the payload carries.
+	generation atomic.Int64
+	hash       string
+	regMu      sync.Mutex // serialises Reregister and the deregistration in Close
+	regClosed  bool       // guarded by regMu
 
 	mu      sync.Mutex
 	held    map[string]*heldReq
@@ -127,16 +154,30 @@ func NewPrefill(cfg PrefillConfig) (*Prefill, error) {
 	}
 	// The prefill agent is the target of the decode peers' READs and receives their notifications: it runs
 	// without NIXL's progress thread and the role's loop drives progress (see nixl.AgentConfig.NoProgressThread).
-	reg, err := register(cfg.Library, fmt.Sprintf("%s-pp%d-tp%d", cfg.EngineID, cfg.Rank.PP, cfg.Rank.TP), cfg.Backends, cfg.Cache, true, log)
+	host := cfg.Host
+	if cfg.SideChannel != nil {
+		if h, _, err := net.SplitHostPort(cfg.SideChannel.Addr()); err == nil {
+			host = h
+		}
+	}
+	reg, err := register(cfg.Library, fmt.Sprintf("%s-pp%d-tp%d", cfg.EngineID, cfg.Rank.PP, cfg.Rank.TP), cfg.Backends,
+		resolveDataDevice(cfg.DataDevice, host), cfg.Cache, true, log)
 	if err != nil {
 		return nil, err
 	}
+	// vLLM's scheduler counts registrations from 0 and bumps the count when it publishes a changed handshake
+	// payload, so its first kv_transfer_params carry remote_registration_generation 1.
 	p := &Prefill{cfg: cfg, log: log, metrics: metrics, reg: reg, held: map[string]*heldReq{}, pending: map[string]bool{}}
+	p.generation.Store(1)
 	if a, ok := cfg.Cache.(BlockAllocator); ok {
 		p.alloc = a // e.g. a neuron.Stager, whose Stage needs blocks from its own pool
 	} else {
 		p.pool = NewBlockPool(reg.geom.NumBlocks)
 		p.alloc = poolAllocator{p.pool}
+	}
+	p.now = cfg.clock
+	if p.now == nil {
+		p.now = time.Now
 	}
 	p.hold = cfg.HoldTimeout
 	if p.hold == 0 {
@@ -151,9 +192,9 @@ func NewPrefill(cfg PrefillConfig) (*Prefill, error) {
 		reg.close()
 		return nil, err
 	}
-	md.AttnBackendName = cfg.Compat.AttnBackendName
+	md.AttnBackendName = backendName(cfg.Profile, cfg.Compat.CompatInputs)
 	if cfg.KVCacheLayout != "" {
-		if _, err := layout.ParseBlockOrder(cfg.KVCacheLayout); err != nil {
+		if _, err := cfg.Profile.ParseLayoutName(cfg.KVCacheLayout); err != nil {
 			reg.close()
 			return nil, fmt.Errorf("connector: PrefillConfig.KVCacheLayout: %w", err)
 		}
@@ -165,7 +206,11 @@ func NewPrefill(cfg PrefillConfig) (*Prefill, error) {
 			reg.close()
 			return nil, fmt.Errorf("connector: compatibility hash: %w", err)
 		}
+		if js, err := cfg.Profile.FactorsJSON(cfg.Compat.CompatInputs); err == nil {
+			log.Info("compatibility hash", zap.String("hash", hash), zap.String("inputs", js))
+		}
 	}
+	p.hash = hash
 	if p.payload, err = cfg.Profile.EncodeHandshake(hash, md); err != nil {
 		reg.close()
 		return nil, fmt.Errorf("connector: encoding the handshake: %w", err)
@@ -230,7 +275,8 @@ func (p *Prefill) Agent() *nixl.Agent { return p.reg.agent }
 func (p *Prefill) Metrics() *Metrics { return p.metrics }
 
 // BlockAllocator hands out and takes back a cache's block ids. A Cache that implements it (a neuron.Stager)
-// allocates the prefill role's blocks; otherwise the role uses its own BlockPool.
+// allocates the prefill role's blocks; otherwise the role uses its own BlockPool. Reserve's error wraps
+// ErrNoBlocks when too few blocks are free.
 type BlockAllocator interface {
 	Reserve(n int) ([]int, error)
 	Release(ids []int) error
@@ -245,9 +291,15 @@ func (a poolAllocator) Release(ids []int) error      { a.p.Free(ids); return nil
 // every block is complete.
 type FillFunc func(ctx context.Context, blockIDs []int) error
 
+// ErrDuplicateRequest is wrapped by Prefill's error for a request id that is already being prefilled or held
+// for a decode peer (HTTP servers answer 409).
+var ErrDuplicateRequest = errors.New("connector: duplicate request id")
+
 // Prefill runs one prefill request: it takes blocks for numTokens tokens, calls fill to put the KV there
 // (Neuron staging, a CPU computation, …), holds the blocks for the decode peer and returns the
 // kv_transfer_params of vLLM's prefill response. On any error the blocks are freed and nothing is published.
+// A request id already in use fails with ErrDuplicateRequest; when the allocator has too few free blocks the
+// error wraps ErrNoBlocks (the allocator's error must wrap it: BlockPool's and neuron's do).
 func (p *Prefill) Prefill(ctx context.Context, requestID string, numTokens int, fill FillFunc) (protocol.KVTransferParams, error) {
 	log := p.log.With(zap.String("request_id", requestID))
 	if requestID == "" || numTokens <= 0 {
@@ -263,7 +315,7 @@ func (p *Prefill) Prefill(ctx context.Context, requestID string, numTokens int, 
 	}
 	p.mu.Unlock()
 	if dup {
-		return protocol.KVTransferParams{}, fmt.Errorf("connector: request %q is already being prefilled or held for a decode peer", requestID)
+		return protocol.KVTransferParams{}, fmt.Errorf("%w: request %q is already being prefilled or held for a decode peer", ErrDuplicateRequest, requestID)
 	}
 	unclaim := func() {
 		p.mu.Lock()
@@ -274,7 +326,7 @@ func (p *Prefill) Prefill(ctx context.Context, requestID string, numTokens int, 
 	if err != nil {
 		unclaim()
 		p.metrics.RequestErrors.Add(1)
-		return protocol.KVTransferParams{}, err
+		return protocol.KVTransferParams{}, fmt.Errorf("connector: request %q, %d tokens: %w", requestID, numTokens, err)
 	}
 	start := time.Now()
 	if fill != nil {
@@ -290,7 +342,7 @@ func (p *Prefill) Prefill(ctx context.Context, requestID string, numTokens int, 
 	bytes := int64(len(blocks)) * p.reg.geom.BlockLen() * int64(p.reg.geom.NumRegions())
 	p.mu.Lock()
 	delete(p.pending, requestID)
-	p.held[requestID] = &heldReq{id: requestID, blocks: blocks, expiry: time.Now().Add(p.hold), bytes: bytes}
+	p.held[requestID] = &heldReq{id: requestID, blocks: blocks, expiry: p.now().Add(p.hold), bytes: bytes}
 	p.mu.Unlock()
 	p.metrics.Requests.Add(1)
 	p.metrics.Bytes.Add(bytes)
@@ -311,6 +363,11 @@ func (p *Prefill) Prefill(ctx context.Context, requestID string, numTokens int, 
 		PPSize:          1,
 		RemoteNumTokens: int64(numTokens),
 		TransferMode:    "pull",
+		// vLLM 0.33's value; sent on the rows whose ParamsKeys have it.
+		RemoteRegistrationGeneration: p.generation.Load(),
+		// P's prefix-cache hits (vLLM 0.31+ sends prefill_stats.num_cached_tokens): the role computes every
+		// prompt in full. A caller with its own prefix cache sets the field before returning the params.
+		RemotePrefillCachedTokens: 0,
 	}
 	log.Debug("blocks held for decode", zap.Int("blocks", len(blocks)), zap.Int("tokens", numTokens), zap.Duration("hold", p.hold))
 	return kv, nil
@@ -358,7 +415,7 @@ func (p *Prefill) loop(ctx context.Context) {
 	defer p.wg.Done()
 	t := time.NewTimer(idlePoll)
 	defer t.Stop()
-	lastExpiry := time.Now()
+	lastExpiry := p.now()
 	for {
 		select {
 		case <-ctx.Done():
@@ -380,14 +437,36 @@ func (p *Prefill) loop(ctx context.Context) {
 		for _, n := range ns {
 			p.handleNotification(n)
 		}
-		if now := time.Now(); now.Sub(lastExpiry) >= 50*time.Millisecond {
+		if now := p.now(); now.Sub(lastExpiry) >= 50*time.Millisecond {
 			lastExpiry = now
 			p.expire(now)
+			p.passes.Add(1)
 		}
 	}
 }
 
+// notifyAllowed reports whether a notification from agent is honoured (PrefillConfig.NotifyFrom).
+func (p *Prefill) notifyAllowed(agent string) bool {
+	if len(p.cfg.NotifyFrom) == 0 {
+		return true
+	}
+	for _, a := range p.cfg.NotifyFrom {
+		if prefix, ok := strings.CutSuffix(a, "*"); ok && strings.HasPrefix(agent, prefix) || a == agent {
+			return true
+		}
+	}
+	return false
+}
+
 func (p *Prefill) handleNotification(raw nixl.Notification) {
+	if !p.notifyAllowed(raw.Agent) {
+		// Logged for the first few, then every 1000th: a peer flooding forged notifications cannot flood the log.
+		if n := p.metrics.RejectedNotifications.Add(1); n <= 10 || n%1000 == 0 {
+			p.log.Warn("notification from an agent outside NotifyFrom dropped", zap.String("from", raw.Agent),
+				zap.Int("msg_bytes", len(raw.Msg)), zap.Int64("rejected_so_far", n))
+		}
+		return
+	}
 	n, err := p.cfg.Profile.DecodeNotification(raw.Msg)
 	if err != nil {
 		p.metrics.BadMessages.Add(1)
@@ -400,7 +479,7 @@ func (p *Prefill) handleNotification(raw nixl.Notification) {
 		p.mu.Lock()
 		for _, id := range n.Heartbeat {
 			if h := p.held[id]; h != nil {
-				if e := time.Now().Add(ext); e.After(h.expiry) {
+				if e := p.now().Add(ext); e.After(h.expiry) {
 					h.expiry = e
 				}
 			}
@@ -480,9 +559,12 @@ func (p *Prefill) Close() error {
 			err = p.server.Close()
 		}
 		p.wg.Wait()
+		p.regMu.Lock()
+		p.regClosed = true
 		if cerr := p.reg.close(); err == nil {
 			err = cerr
 		}
+		p.regMu.Unlock()
 		// The cache is deregistered and the agent gone, so no decode peer can read the held blocks any more:
 		// give them back to the allocator (a neuron.Stager outlives the role).
 		p.mu.Lock()

@@ -56,7 +56,7 @@ func TestRolesRoundTrip(t *testing.T) {
 				}
 				total += wantBytes
 				// The notification the READ carried frees P's blocks.
-				require.Eventually(t, func() bool { return pr.pre.Held() == 0 }, 5*time.Second, 5*time.Millisecond)
+				require.Eventually(t, func() bool { return pr.pre.Held() == 0 }, 30*time.Second, 5*time.Millisecond)
 				assert.Zero(t, pr.pre.pool.InUse())
 			}
 
@@ -184,7 +184,7 @@ func TestRolesConcurrentPulls(t *testing.T) {
 		requirePattern(t, pr.dcache, localBlocks(3, 3*i), kvs[i].RemoteBlockIDs[0], 10+i)
 	}
 	assert.EqualValues(t, 1, pr.decM.Handshakes.Load(), "one handshake for all concurrent pulls")
-	require.Eventually(t, func() bool { return pr.pre.Held() == 0 }, 5*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return pr.pre.Held() == 0 }, 30*time.Second, 5*time.Millisecond)
 	assert.EqualValues(t, 3*reqs, pr.preM.BlocksFreed.Load())
 	assert.Zero(t, pr.pre.pool.InUse())
 }
@@ -204,6 +204,7 @@ func TestPrefillFailuresFreeBlocks(t *testing.T) {
 
 	_, err = pr.pre.Prefill(ctx, "big", 8*tinyBlock, nil) // 8 blocks, 7 usable (block 0 is null)
 	require.ErrorIs(t, err, ErrNoBlocks)
+	assert.NotErrorIs(t, err, ErrDuplicateRequest)
 	assert.Zero(t, pr.pre.pool.InUse())
 
 	_, err = pr.pre.Prefill(ctx, "", 4, nil)
@@ -214,7 +215,9 @@ func TestPrefillFailuresFreeBlocks(t *testing.T) {
 	_, err = pr.pre.Prefill(ctx, "dup", 4, nil)
 	require.NoError(t, err)
 	_, err = pr.pre.Prefill(ctx, "dup", 4, nil)
+	require.ErrorIs(t, err, ErrDuplicateRequest)
 	require.ErrorContains(t, err, "held for a decode peer")
+	assert.NotErrorIs(t, err, ErrNoBlocks)
 	assert.Equal(t, 1, pr.pre.pool.InUse())
 	assert.True(t, pr.pre.Abort("dup"))
 	assert.False(t, pr.pre.Abort("dup"))
@@ -245,6 +248,7 @@ func TestPrefillDuplicateIDRace(t *testing.T) {
 	close(release)
 	<-done
 	assert.True(t, (first == nil) != (second == nil), "exactly one prefill of the id succeeds (first %v, second %v)", first, second)
+	require.ErrorIs(t, errors.Join(first, second), ErrDuplicateRequest)
 	assert.Equal(t, 1, pr.pre.Held())
 	assert.Equal(t, 2, pr.pre.pool.InUse(), "the refused prefill's blocks are back in the pool")
 	assert.EqualValues(t, 2, pr.preM.BlocksHeld.Load())

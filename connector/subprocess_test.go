@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gonixl/gonixl/connector/protocol"
+	"github.com/gonixl/gonixl/connector/sidechannel"
 	"github.com/gonixl/gonixl/internal/testenv"
 	"github.com/gonixl/gonixl/nixl"
 )
@@ -76,7 +77,7 @@ type peerProc struct {
 	cmd    *exec.Cmd
 	stdin  io.WriteCloser
 	params []protocol.KVTransferParams
-	stderr *strings.Builder
+	stderr *testenv.Buffer // read while the child runs: locked
 	once   sync.Once
 	err    error
 }
@@ -90,7 +91,7 @@ func startPeer(t *testing.T, p protocol.Profile, engine string, port, blocks, to
 		"GONIXL_PEER_ENGINE="+engine, fmt.Sprintf("GONIXL_PEER_PORT=%d", port), fmt.Sprintf("GONIXL_PEER_BLOCKS=%d", blocks),
 		fmt.Sprintf("GONIXL_PEER_TOKENS=%d", tokens), fmt.Sprintf("GONIXL_PEER_REQUESTS=%d", requests),
 		fmt.Sprintf("GONIXL_PEER_SEED=%d", seed))
-	pp := &peerProc{cmd: cmd, stderr: &strings.Builder{}}
+	pp := &peerProc{cmd: cmd, stderr: &testenv.Buffer{}}
 	cmd.Stderr = pp.stderr
 	var err error
 	pp.stdin, err = cmd.StdinPipe()
@@ -206,10 +207,11 @@ func TestPrefillKilledMidRead(t *testing.T) {
 			var last outcome
 			for o := range results {
 				last = o
-				assert.Less(t, o.took, deadline+time.Second, "a pull must end within its deadline")
+				// Generous margin (a loaded machine): the point is that a pull ends at its deadline, not hangs.
+				assert.Less(t, o.took, deadline+15*time.Second, "a pull must end at its deadline")
 			}
 			require.Error(t, last.err, "pulls from a dead prefill engine must fail")
-			assert.Less(t, time.Since(killedAt), 2*deadline+2*time.Second, "the failure must come within the deadline")
+			assert.Less(t, time.Since(killedAt), 2*deadline+15*time.Second, "the failure must come at the deadline")
 			t.Logf("pull failed %v after SIGKILL (in flight at the kill: %v; it ran %v): %v",
 				last.start.Add(last.took).Sub(killedAt), last.start.Before(killedAt), last.took, last.err)
 			assert.EqualValues(t, 1, m.RequestErrors.Load())
@@ -245,10 +247,12 @@ func TestPullNoPrefillEngine(t *testing.T) {
 	defer d.Close()
 	kv := protocol.KVTransferParams{DoRemotePrefill: true, RemoteBlockIDs: protocol.BlockIDs{{1, 2}}, RemoteEngineID: "gone",
 		RemoteRequestID: "r", RemoteHost: "127.0.0.1", RemotePort: freePort(t), TPSize: 1}
-	start := time.Now()
-	_, err = d.Pull(ctxT(t, 10*time.Second), "r", kv, []int{1, 2})
+	// The context is far longer than HandshakeTimeout × attempts (0.6 s): the handshake timeout ends the
+	// pull, not the context.
+	_, err = d.Pull(ctxT(t, 5*time.Minute), "r", kv, []int{1, 2})
 	require.Error(t, err)
-	assert.Less(t, time.Since(start), 3*time.Second)
+	assert.ErrorIs(t, err, sidechannel.ErrTimeout)
+	assert.NotErrorIs(t, err, context.DeadlineExceeded)
 	assert.Contains(t, err.Error(), "handshake with gone")
 	assert.False(t, errors.Is(err, ErrBadParams))
 	assert.Zero(t, m.Handshakes.Load())

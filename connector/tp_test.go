@@ -106,7 +106,7 @@ func TestHeterogeneousTPDecodeWider(t *testing.T) {
 					require.Equal(t, 1, pre.Held(), "the prefill side must wait for the second decode rank")
 				}
 			}
-			require.Eventually(t, func() bool { return pre.Held() == 0 }, 10*time.Second, 5*time.Millisecond)
+			require.Eventually(t, func() bool { return pre.Held() == 0 }, 30*time.Second, 5*time.Millisecond)
 			require.EqualValues(t, 2, pre.Metrics().Notifications.Load())
 		})
 	}
@@ -150,7 +150,7 @@ func TestHeterogeneousTPPrefillWider(t *testing.T) {
 			require.EqualValues(t, 4*dc.Geometry().NumDescRegions()*int(dc.Geometry().DescLen()), res.Bytes)
 			checkHeads(t, dc, 0, tokens, local)
 			for _, pre := range pres {
-				require.Eventually(t, func() bool { return pre.Held() == 0 }, 10*time.Second, 5*time.Millisecond)
+				require.Eventually(t, func() bool { return pre.Held() == 0 }, 30*time.Second, 5*time.Millisecond)
 			}
 		})
 	}

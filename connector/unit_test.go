@@ -274,7 +274,7 @@ func TestMetricsPrometheus(t *testing.T) {
 	}
 	sort.Strings(names)
 	for _, want := range []string{"gonixl_request_errors_total", "gonixl_blocks_freed_total", "gonixl_heartbeats_total",
-		"gonixl_notifications_total", "gonixl_bad_messages_total"} {
+		"gonixl_notifications_total", "gonixl_bad_messages_total", "gonixl_rejected_notifications_total"} {
 		assert.Contains(t, names, want)
 	}
 }
@@ -304,7 +304,7 @@ func TestMetricsAfterTraffic(t *testing.T) {
 	assert.EqualValues(t, 2, before["gonixl_blocks_held"])
 	_, err = pr.dec.Pull(ctx, "m1", kv, []int{1, 2})
 	require.NoError(t, err)
-	require.Eventually(t, func() bool { return pr.pre.Held() == 0 }, 5*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return pr.pre.Held() == 0 }, 30*time.Second, 5*time.Millisecond)
 	ps, _ := parseProm(t, strings.NewReader(promText(pr.preM)))
 	ds, _ := parseProm(t, strings.NewReader(promText(pr.decM)))
 	assert.EqualValues(t, 0, ps["gonixl_blocks_held"])

@@ -29,7 +29,7 @@ func TestPollWait(t *testing.T) {
 	err = pollWait(ctx, func() Result { return Result(600) }, "cuEventQuery")
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	require.Contains(t, err.Error(), "cuEventQuery")
-	require.Less(t, time.Since(start), 2*time.Second)
+	require.Less(t, time.Since(start), 20*time.Second, "bounded by the context (generous: a loaded machine)")
 
 	// A failure ends the wait with the driver's status.
 	err = pollWait(context.Background(), func() Result { return Result(700) }, "cuStreamQuery")

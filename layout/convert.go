@@ -108,15 +108,27 @@ func (g Geometry) checkSeq(regionLen int, kv KV, srcLen int, s Source, q Seq) er
 	if q.Tokens < 0 || q.Tokens > s.SeqLen {
 		return fmt.Errorf("%w: %d tokens, source holds %d positions", ErrOutOfBounds, q.Tokens, s.SeqLen)
 	}
-	if q.FirstHead < 0 || q.FirstHead+g.NumKVHeads > s.Heads {
-		return fmt.Errorf("%w: heads [%d, %d) requested, source has %d heads", ErrOutOfBounds,
-			q.FirstHead, q.FirstHead+g.NumKVHeads, s.Heads)
+	// Written as FirstHead > Heads-NumKVHeads so that a FirstHead near math.MaxInt cannot wrap the sum
+	// (both Heads and NumKVHeads are positive and bounded here, so the difference cannot wrap either).
+	if q.FirstHead < 0 || q.FirstHead > s.Heads-g.NumKVHeads {
+		return fmt.Errorf("%w: %d heads from head %d requested, source has %d heads", ErrOutOfBounds,
+			g.NumKVHeads, q.FirstHead, s.Heads)
 	}
 	return g.CheckBlockIDs(q.BlockIDs, q.Tokens)
 }
 
-// NeededBlocks is ceil(tokens/BlockSize): how many blocks hold tokens positions.
-func (g Geometry) NeededBlocks(tokens int) int { return (tokens + g.BlockSize - 1) / g.BlockSize }
+// NeededBlocks is ceil(tokens/BlockSize): how many blocks hold tokens positions (0 for tokens ≤ 0). It
+// cannot overflow, whatever tokens is. g must be valid (BlockSize > 0).
+func (g Geometry) NeededBlocks(tokens int) int {
+	if tokens <= 0 {
+		return 0
+	}
+	n := tokens / g.BlockSize
+	if tokens%g.BlockSize != 0 {
+		n++
+	}
+	return n
+}
 
 // bitsetPool recycles the scratch used to detect duplicate block ids in long lists, so that validation
 // allocates nothing in steady state.
@@ -124,8 +136,16 @@ var bitsetPool = sync.Pool{New: func() any { return new([]uint64) }}
 
 // CheckBlockIDs validates a request's block ids against the geometry: each in 1..NumBlocks-1 (0 is the
 // null block, ErrNullBlock; ≥ NumBlocks is ErrBlockOutOfRange), no duplicates (ErrDuplicateBlock), and at
-// least NeededBlocks(tokens) of them (ErrTooFewBlocks). Pass tokens = 0 to check the ids alone.
+// least NeededBlocks(tokens) of them (ErrTooFewBlocks). An invalid geometry is refused first
+// (ErrInvalidGeometry). Pass tokens = 0 to check the ids alone; a negative
+// tokens is refused (ErrOutOfBounds).
 func (g Geometry) CheckBlockIDs(ids []int, tokens int) error {
+	if err := g.Validate(); err != nil {
+		return err
+	}
+	if tokens < 0 {
+		return fmt.Errorf("%w: token count %d is negative", ErrOutOfBounds, tokens)
+	}
 	if need := g.NeededBlocks(tokens); len(ids) < need {
 		return fmt.Errorf("%w: %d tokens at block size %d need %d blocks, got %d", ErrTooFewBlocks,
 			tokens, g.BlockSize, need, len(ids))
@@ -155,7 +175,7 @@ func checkDistinct(ids []int, n int) error {
 		return nil
 	}
 	p := bitsetPool.Get().(*[]uint64)
-	words := (n + 63) / 64
+	words := n/64 + 1 // not (n+63)/64: cannot wrap
 	if cap(*p) < words {
 		*p = make([]uint64, words)
 	}

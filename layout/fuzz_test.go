@@ -3,6 +3,7 @@ package layout
 import (
 	"encoding/binary"
 	"errors"
+	"math"
 	"math/big"
 	"testing"
 )
@@ -164,6 +165,89 @@ func FuzzToPaged(f *testing.F) {
 					t.Fatalf("region modified on error %v", err)
 				}
 			}
+		}
+	})
+}
+
+// FuzzSeqExtremes: ToPaged and FromPaged with Seq fields (and the block ids) over the whole int64 range,
+// seeded with math.MaxInt, math.MinInt, -1 and 0, against small valid shapes: they never panic, refuse with
+// a sentinel, and touch nothing on error; on success the fields are in range.
+func FuzzSeqExtremes(f *testing.F) {
+	for _, v := range []int64{math.MaxInt64, math.MaxInt64 - 1, math.MaxInt64 - 3, math.MinInt64, -1, 0, 1, 3} {
+		f.Add(uint8(3), uint8(2), v, int64(3), int64(0), int64(1), int64(2), uint8(0))
+		f.Add(uint8(3), uint8(2), int64(1), v, int64(0), int64(1), int64(2), uint8(5))
+		f.Add(uint8(3), uint8(2), int64(1), int64(3), v, int64(1), int64(2), uint8(17))
+		f.Add(uint8(3), uint8(2), int64(1), int64(3), int64(1), v, int64(2), uint8(3))
+		f.Add(uint8(3), uint8(2), int64(1), int64(3), int64(1), int64(1), v, uint8(30))
+	}
+	f.Fuzz(func(t *testing.T, heads, nh uint8, row, tokens, firstHead, id0, id1 int64, variant uint8) {
+		g := Geometry{NumLayers: 1, NumBlocks: 6, BlockSize: 2, NumKVHeads: 1 + int(nh%3), HeadDim: 2, DType: BF16,
+			Order: BlockOrder(1 + variant%2), Plan: RegionPlan(1 + (variant/2)%3)}
+		s := Source{Batch: 2, Heads: 1 + int(heads%4), SeqLen: 6, HeadDim: 2, Transposed: variant&16 != 0}
+		q := Seq{Row: int(row), Tokens: int(tokens), FirstHead: int(firstHead), BlockIDs: []int{int(id0), int(id1), 5}}
+		reg := filled(int(g.RegionLen()), 0xAA)
+		n, _ := s.Bytes(2)
+		src := filled(int(n), 0x11)
+		check := func(what string, err error, buf []byte, fill byte) {
+			if err == nil {
+				if q.Row < 0 || q.Row >= s.Batch || q.Tokens < 0 || q.Tokens > s.SeqLen || q.FirstHead < 0 ||
+					q.FirstHead > s.Heads-g.NumKVHeads {
+					t.Fatalf("%s accepted %+v for %+v", what, q, s)
+				}
+				return
+			}
+			if !errors.Is(err, ErrOutOfBounds) && !errors.Is(err, ErrBlockOutOfRange) && !errors.Is(err, ErrNullBlock) &&
+				!errors.Is(err, ErrDuplicateBlock) && !errors.Is(err, ErrTooFewBlocks) {
+				t.Fatalf("%s: unexpected error class: %v", what, err)
+			}
+			for _, x := range buf {
+				if x != fill {
+					t.Fatalf("%s modified its destination on error %v", what, err)
+				}
+			}
+		}
+		check("ToPaged", g.ToPaged(reg, K, src, s, q), reg, 0xAA)
+		reg = filled(int(g.RegionLen()), 0xAA)
+		check("FromPaged", g.FromPaged(src, s, V, reg, q), src, 0x11)
+	})
+}
+
+// FuzzTP: the tensor-parallel helpers and NewReadPlan with arbitrary (including extreme) heads, degrees
+// and ranks never panic, and what they accept is in range.
+func FuzzTP(f *testing.F) {
+	for _, v := range []int64{math.MaxInt64, math.MinInt64, -1, 0, 1, 8, 1 << 40} {
+		f.Add(v, int64(2), int64(1), int64(4))
+		f.Add(int64(8), v, int64(1), int64(4))
+		f.Add(int64(8), int64(2), v, int64(4))
+		f.Add(int64(8), int64(2), int64(1), v)
+	}
+	f.Fuzz(func(t *testing.T, heads, tp, rank, remoteTP int64) {
+		first, n, err := RankHeads(int(heads), int(tp), int(rank))
+		if err == nil && (n <= 0 || n > MaxKVHeads || first < 0 || int64(first) >= max(heads, 1) || tp > MaxTP) {
+			t.Fatalf("RankHeads(%d, %d, %d) = %d, %d", heads, tp, rank, first, n)
+		}
+		if rs, err := DistinctRanks(int(heads), int(tp)); err == nil && (len(rs) == 0 || int64(len(rs)) > tp) {
+			t.Fatalf("DistinctRanks(%d, %d) = %d ranks", heads, tp, len(rs))
+		}
+		hl, err1 := HeadsPerRank(int(heads), int(tp))
+		hr, err2 := HeadsPerRank(int(heads), int(remoteTP))
+		if err1 != nil || err2 != nil {
+			return
+		}
+		mk := func(h int) Geometry {
+			return Geometry{NumLayers: 1, NumBlocks: 4, BlockSize: 16, NumKVHeads: h, HeadDim: 8, DType: BF16, Order: HND, Plan: PlanSplitKV}
+		}
+		p, err := NewReadPlan(mk(hl), int(tp), int(rank), mk(hr), int(remoteTP), int(heads))
+		if err != nil {
+			return
+		}
+		for _, r := range p.SourceRanks() {
+			if r < 0 || int64(r) >= remoteTP {
+				t.Fatalf("source rank %d of remote TP %d", r, remoteTP)
+			}
+		}
+		if p.HeadOffset() >= uint64(p.Remote.DescLen()) {
+			t.Fatalf("head offset %d outside the remote descriptor (%d)", p.HeadOffset(), p.Remote.DescLen())
 		}
 	})
 }

@@ -5,11 +5,17 @@ import (
 	"slices"
 )
 
+// MaxTP is the largest tensor-parallel degree accepted (far above any deployment); it keeps every rank
+// and head computation of this file far from overflow and bounds what DistinctRanks allocates.
+const MaxTP = 1 << 16
+
 // HeadsPerRank is the number of KV heads each of tp ranks holds for a model with totalKVHeads KV heads,
 // following NxDI's REPLICATE_TO_TP_DEGREE and vLLM: totalKVHeads/tp when tp divides it, 1 (replicated)
-// when tp > totalKVHeads and totalKVHeads divides tp. Other combinations are refused.
+// when tp > totalKVHeads and totalKVHeads divides tp. Other combinations, tp > MaxTP and more than
+// MaxKVHeads heads per rank are refused.
 func HeadsPerRank(totalKVHeads, tp int) (int, error) {
-	if totalKVHeads <= 0 || tp <= 0 || totalKVHeads > MaxKVHeads*tp {
+	// (totalKVHeads-1)/tp ≥ MaxKVHeads is totalKVHeads > MaxKVHeads·tp without the product, which could wrap.
+	if totalKVHeads <= 0 || tp <= 0 || tp > MaxTP || (totalKVHeads-1)/tp >= MaxKVHeads {
 		return 0, fmt.Errorf("%w: %d KV heads over TP %d", ErrInvalidGeometry, totalKVHeads, tp)
 	}
 	if tp <= totalKVHeads {
@@ -35,7 +41,11 @@ func RankHeads(totalKVHeads, tp, rank int) (first, n int, err error) {
 	if rank < 0 || rank >= tp {
 		return 0, 0, fmt.Errorf("%w: rank %d of TP %d", ErrOutOfBounds, rank, tp)
 	}
-	return rank * totalKVHeads / tp, n, nil
+	// rank·totalKVHeads/tp without the product: tp divides totalKVHeads, or totalKVHeads divides tp.
+	if tp <= totalKVHeads {
+		return rank * n, n, nil
+	}
+	return rank / (tp / totalKVHeads), n, nil
 }
 
 // DistinctRanks lists, in rank order, one rank per distinct head set: all ranks when tp ≤ totalKVHeads,
@@ -116,6 +126,10 @@ func NewReadPlan(local Geometry, localTP, localRank int, remote Geometry, remote
 	}
 	p := &ReadPlan{Local: local, Remote: remote, LocalTP: localTP, LocalRank: localRank, RemoteTP: remoteTP,
 		TotalHeads: totalKVHeads, ratio: local.BlockSize / remote.BlockSize}
+	if n, ok := mulChecked(int64(local.NumDescs()), int64(p.ratio)); !ok || n > MaxDescs {
+		return nil, fmt.Errorf("%w: %d local descriptors × block size ratio %d exceeds %d descriptors (remote block size %d is too small)",
+			ErrIncompatible, local.NumDescs(), p.ratio, int64(MaxDescs), remote.BlockSize)
+	}
 	if localTP >= remoteTP {
 		if localTP%remoteTP != 0 {
 			return nil, fmt.Errorf("%w: local TP %d is not a multiple of remote TP %d", ErrIncompatible, localTP, remoteTP)

@@ -8,6 +8,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/gonixl/gonixl/layout"
 )
 
 func TestBlockPoolNeverHandsOutNullBlock(t *testing.T) {
@@ -112,4 +114,10 @@ func TestBlockPoolWithoutLeases(t *testing.T) {
 	_, err = p.Reserve(1)
 	require.ErrorIs(t, err, ErrNoBlocks)
 	require.NoError(t, p.Release(ids))
+}
+
+// The pool's exhaustion error is the one sentinel every allocator wraps (layout.ErrNoBlocks, which
+// connector.ErrNoBlocks is), so a prefill role's caller recognizes it whichever allocator ran out.
+func TestNoBlocksIsShared(t *testing.T) {
+	require.ErrorIs(t, ErrNoBlocks, layout.ErrNoBlocks)
 }

@@ -1,6 +1,7 @@
 package neuron
 
 import (
+	"context"
 	_ "embed"
 	"errors"
 	"fmt"
@@ -8,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 )
 
 //go:embed internal/fakenrt/fakenrt.c
@@ -22,11 +24,17 @@ func FakeNRTSource() []byte { return append([]byte(nil), fakeNRTSource...) }
 // Pass the path as Options.Path (or $GONIXL_NRT_LIB) to run without Trainium; it is loaded through the
 // same dlopen path as the real runtime. No Neuron SDK is needed. The knobs are described in the source
 // (FakeNRTSource): FAKE_NRT_NUM_CORES, FAKE_NRT_DEVICE_BYTES, FAKE_NRT_MAX_XFER, FAKE_NRT_FAIL_READ, ...
-func BuildFakeNRT(dir string) (string, error) { return buildFakeNRT(dir, false) }
+func BuildFakeNRT(dir string) (string, error) { return buildFakeNRT(context.Background(), dir, false) }
+
+// BuildFakeNRTContext is BuildFakeNRT that stops the compiler when ctx ends (a worker asked to stop during
+// its start-up), returning ctx's error.
+func BuildFakeNRTContext(ctx context.Context, dir string) (string, error) {
+	return buildFakeNRT(ctx, dir, false)
+}
 
 // buildFakeNRT optionally builds the "old runtime" variant without the optional symbols (batch transfers,
 // nrt_get_status_as_str).
-func buildFakeNRT(dir string, oldRuntime bool) (string, error) {
+func buildFakeNRT(ctx context.Context, dir string, oldRuntime bool) (string, error) {
 	if dir == "" {
 		return "", fmt.Errorf("%w: BuildFakeNRT needs a folder", ErrBadArgument)
 	}
@@ -46,8 +54,16 @@ func buildFakeNRT(dir string, oldRuntime bool) (string, error) {
 	if oldRuntime {
 		args = append([]string{"-DFAKE_NRT_OLD_RUNTIME"}, args...)
 	}
-	cmd := exec.Command(cc, args...)
+	cmd := exec.CommandContext(ctx, cc, args...)
+	// The compiler's scratch files go to dir too, and when ctx ends its whole process group (driver, cc1,
+	// as, ld) is killed: a stopped build leaves nothing outside dir, and nothing writes into dir afterwards.
+	cmd.Env = append(os.Environ(), "TMPDIR="+dir)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	if b, err := cmd.CombinedOutput(); err != nil {
+		if ctx.Err() != nil {
+			return "", fmt.Errorf("neuron: build fake libnrt: %w", ctx.Err())
+		}
 		return "", fmt.Errorf("neuron: build fake libnrt with %s: %w: %s", cc, err, strings.TrimSpace(string(b)))
 	}
 	return out, nil

@@ -1,6 +1,7 @@
 package neuron
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -25,7 +26,7 @@ func TestMain(m *testing.M) {
 			fmt.Fprintln(os.Stderr, "building the fake libnrt:", err)
 			return 1
 		}
-		if fakeOldLib, err = buildFakeNRT(filepath.Join(dir, "old"), true); err != nil {
+		if fakeOldLib, err = buildFakeNRT(context.Background(), filepath.Join(dir, "old"), true); err != nil {
 			fmt.Fprintln(os.Stderr, "building the old-runtime fake libnrt:", err)
 			return 1
 		}

@@ -364,8 +364,8 @@ func TestStageCancelled(t *testing.T) {
 	rt := openFake(t, Options{})
 	c := newTestCache(smallSpec(false))
 	s := newStager(t, StagerConfig{Geometry: smallGeometry(layout.NHD, layout.PlanSplitKV), Source: c.device(t, rt), FirstHead: 1, Workers: 2})
-	// 20 ms per device read: far longer than the deadline plus Go's timer latency while threads sit in C.
-	setCtl(t, rt, "read_delay_us", 20000)
+	// 200 ms per device read: far longer than the deadline plus Go's timer latency while threads sit in C.
+	setCtl(t, rt, "read_delay_us", 200000)
 	ids, err := s.Reserve(2)
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Millisecond)

@@ -3,6 +3,8 @@ package neuron
 import (
 	"errors"
 	"fmt"
+
+	"github.com/gonixl/gonixl/layout"
 )
 
 // Status is an NRT_STATUS code returned by libnrt (nrt_status.h; the numbering is stable and only appended to).
@@ -34,7 +36,8 @@ var (
 	// ErrTooLarge: a requested size is beyond what this package or the machine can hold.
 	ErrTooLarge = errors.New("neuron: size too large")
 	// ErrNoBlocks: the block pool cannot satisfy a reservation.
-	ErrNoBlocks = errors.New("neuron: not enough free KV blocks")
+	// It wraps layout.ErrNoBlocks (= connector.ErrNoBlocks), so callers need not know which pool ran out.
+	ErrNoBlocks = fmt.Errorf("neuron: %w", layout.ErrNoBlocks)
 	// ErrNotReserved: a block id is not currently reserved (double release, or staging into free blocks).
 	ErrNotReserved = errors.New("neuron: block not reserved")
 )

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/gonixl/gonixl/internal/testenv"
 )
 
 func TestBenchLocal(t *testing.T) {
@@ -69,13 +71,13 @@ func TestBenchBadFlags(t *testing.T) {
 }
 
 // startServer runs `gonixl bench --serve` as its own process and returns its address.
-func startServer(t *testing.T, dir string, extra ...string) (addr string, cmd *exec.Cmd, stdout *bufio.Reader, stderr *strings.Builder) {
+func startServer(t *testing.T, dir string, extra ...string) (addr string, cmd *exec.Cmd, stdout *bufio.Reader, stderr *testenv.Buffer) {
 	t.Helper()
 	bin := buildCLI(t)
 	cmd = exec.Command(bin, append([]string{"bench", "--serve", "--listen", "127.0.0.1:0", "--nixl-lib-dir", dir}, extra...)...)
 	out, err := cmd.StdoutPipe()
 	require.NoError(t, err)
-	stderr = &strings.Builder{}
+	stderr = &testenv.Buffer{} // read while the server runs: locked
 	cmd.Stderr = stderr
 	require.NoError(t, cmd.Start())
 	t.Cleanup(func() {
@@ -185,7 +187,7 @@ func TestSubprocessSmoke(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, string(out), "Commands:")
 	cmd := exec.Command(bin, "inspect", "/definitely/not/here")
-	var stderr strings.Builder
+	var stderr testenv.Buffer
 	cmd.Stderr = &stderr
 	err = cmd.Run()
 	var ee *exec.ExitError

@@ -85,7 +85,7 @@ func TestEnvWithoutNIXL(t *testing.T) {
 
 	cmd = exec.Command(bin, "env", "--require", "nixl", "--no-neuron-init")
 	cmd.Env = envv
-	var stderr strings.Builder
+	var stderr testenv.Buffer
 	cmd.Stderr = &stderr
 	out, err = cmd.Output()
 	var ee *exec.ExitError

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"os"
@@ -39,7 +38,7 @@ func runCLI(t *testing.T, args ...string) result {
 
 func runCLICtx(t *testing.T, ctx context.Context, args ...string) result {
 	t.Helper()
-	var out, errb bytes.Buffer
+	var out, errb testenv.Buffer // a command's goroutines (progress lines) may still write as it returns
 	code := runContext(ctx, args, &out, &errb)
 	return result{code: code, stdout: out.String(), stderr: errb.String()}
 }

@@ -52,7 +52,11 @@ func TestProbe(t *testing.T) {
 			require.Equal(t, int64(g.NumBlocks), md.NumBlocks)
 			require.Equal(t, int64(g.BlockSize), md.BlockSize)
 			require.Equal(t, g.BlockLens(), md.BlockLens)
-			require.Equal(t, "HND", md.KVCacheLayout)
+			prof, err := protocol.ProfileFor(v)
+			require.NoError(t, err)
+			wantLabel, err := prof.LayoutName(g.Order) // "HND" up to 0.28, "LBHNC" from 0.29
+			require.NoError(t, err)
+			require.Equal(t, wantLabel, md.KVCacheLayout)
 			require.Len(t, md.Regions, g.NumRegions())
 			var total int64
 			for i, reg := range md.Regions {
@@ -85,7 +89,7 @@ func TestProbe(t *testing.T) {
 			other.Model = "test/other"
 			r = runCLI(t, append([]string{"probe", addr, "--vllm-version", v, "--no-nixl"}, hashArgs(other)...)...)
 			require.Contains(t, r.stdout, "MISMATCH")
-			requireOneLine(t, r, exitError, "compatibility hash mismatch")
+			requireOneLine(t, r, exitError, "compatibility hash mismatch", `"model": "test/other"`) // + our hash inputs
 
 			r = runCLI(t, "probe", addr, "--vllm-version", v, "--no-nixl", "--engine-id", "someone-else")
 			requireOneLine(t, r, exitError, "someone-else")
@@ -138,7 +142,7 @@ func TestProbePythonPrefill(t *testing.T) {
 			cmd := exec.CommandContext(ctx, py, script, "--profile", p.Name, "--layers", fmt.Sprint(layers), "--heads", fmt.Sprint(heads),
 				"--head-dim", fmt.Sprint(headDim), "--block-size", fmt.Sprint(blockSize), "--model", in.Model, "--hash", hash,
 				"--seed", "7", "--num-blocks", fmt.Sprint(numBlocks), "--timeout", "30")
-			var stderr strings.Builder
+			var stderr testenv.Buffer // read while the child runs: locked
 			cmd.Stderr = &stderr
 			out, err := cmd.StdoutPipe()
 			require.NoError(t, err)

@@ -136,9 +136,9 @@ type Server struct {
 	closing bool
 	wg      sync.WaitGroup // accept loop and peer goroutines
 
-	served, rejected, dropped                  atomic.Uint64
+	served, rejected, dropped                 atomic.Uint64
 	accepted, refused, disconnects, throttled atomic.Uint64
-	open, queued, highWater                    atomic.Int64
+	open, queued, highWater                   atomic.Int64
 
 	stop      chan struct{}
 	done      chan struct{}

@@ -149,6 +149,9 @@ func orchestrate() error {
 	if c.NIXLLibDir != "" {
 		common = append(common, "-nixl-lib-dir", c.NIXLLibDir)
 	}
+	if c.DataDevice != "" {
+		common = append(common, "-data-device", c.DataDevice)
+	}
 	fmt.Print("starting prefill worker (Neuron KV tensors → pinned DRAM staging → NIXL) ... ")
 	t0 := time.Now()
 	pre, err := start(ctx, "prefill", append([]string{"serve-prefill", "-max-seq", strconv.Itoa(maxLen), "-batch-rows", strconv.Itoa(*concurrency)}, common...), os.Stderr)

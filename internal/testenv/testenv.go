@@ -104,3 +104,35 @@ func PythonModules(tb testing.TB, python string, modules ...string) {
 		}
 	}
 }
+
+// Buffer collects a child process's output (exec.Cmd.Stdout or Stderr) and can be read at any time, also
+// while the child still writes: exec's copying goroutine and the test's reads are serialized by a mutex.
+// A plain strings.Builder or bytes.Buffer read before Wait returns is a data race — and the arguments of
+// require.*/assert.* are evaluated even when the assertion passes, so
+// `require.NoError(t, err, "%s", stderr.String())` reads it on every run. The zero value is ready to use.
+type Buffer struct {
+	mu sync.Mutex
+	b  []byte
+}
+
+// Write appends p; it never fails.
+func (b *Buffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	b.b = append(b.b, p...)
+	b.mu.Unlock()
+	return len(p), nil
+}
+
+// String returns what was written so far.
+func (b *Buffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return string(b.b)
+}
+
+// Reset forgets what was written.
+func (b *Buffer) Reset() {
+	b.mu.Lock()
+	b.b = b.b[:0]
+	b.mu.Unlock()
+}

@@ -2,6 +2,7 @@ package demo
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"net/http"
 	"sync/atomic"
@@ -29,6 +30,8 @@ type DecodeConfig struct {
 	Cache connector.Cache
 	// PullTimeout bounds one request's handshake and READ.
 	PullTimeout time.Duration
+	// DataDevice is connector.DecodeConfig.DataDevice ("" = every device).
+	DataDevice string
 }
 
 // Reader reads a region of a cache back to host memory (for verification).
@@ -76,7 +79,7 @@ func NewDecodeServer(cfg DecodeConfig) (*DecodeServer, error) {
 	s.pool = connector.NewBlockPool(s.cache.Geometry().NumBlocks)
 	if s.role, err = connector.NewDecode(connector.DecodeConfig{
 		Profile: p, Library: cfg.Library, Cache: s.cache, Backends: cfg.Backends,
-		Compat: cfg.Model.Compat(cfg.VLLMVersion), Logger: log,
+		Compat: cfg.Model.Compat(cfg.VLLMVersion), Logger: log, DataDevice: cfg.DataDevice,
 	}); err != nil {
 		s.Close()
 		return nil, err
@@ -125,7 +128,7 @@ func (s *DecodeServer) completions(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	local, err := s.pool.Alloc(len(remote))
-	if err != nil {
+	if err != nil { // connector.ErrNoBlocks: 503 with Retry-After
 		writeError(w, http.StatusServiceUnavailable, err.Error())
 		return
 	}
@@ -135,11 +138,7 @@ func (s *DecodeServer) completions(w http.ResponseWriter, r *http.Request) {
 	res, err := s.role.Pull(ctx, id, kv, local)
 	pulled := time.Now()
 	if err != nil {
-		code := http.StatusBadGateway
-		if errorsIs(err, connector.ErrBadParams) {
-			code = http.StatusBadRequest
-		}
-		writeError(w, code, err.Error())
+		writeError(w, pullStatus(err), err.Error())
 		return
 	}
 	verified, err := s.verify(req.Prompt, tokens, local)
@@ -158,6 +157,18 @@ func (s *DecodeServer) completions(w http.ResponseWriter, r *http.Request) {
 			TransferStartUS: pulled.Add(-res.Copy - res.Transfer).UnixMicro(),
 			Bytes:           res.Bytes, Blocks: res.Blocks, VerifiedBytes: verified, Verified: true},
 	})
+}
+
+// pullStatus maps a pull error to its HTTP status: 400 for kv_transfer_params that cannot be served, 503
+// (with Retry-After) when the worker is stopping, 502 for a failure of the prefill peer or the transfer.
+func pullStatus(err error) int {
+	switch {
+	case errors.Is(err, connector.ErrBadParams):
+		return http.StatusBadRequest
+	case errors.Is(err, nixl.ErrClosed):
+		return http.StatusServiceUnavailable
+	}
+	return http.StatusBadGateway
 }
 
 // verify checks every byte the READ brought: for each layer it rebuilds what the prompt's K and V must be,

@@ -20,6 +20,7 @@ type Common struct {
 	Backends    string
 	LogLevel    string
 	NIXLLibDir  string
+	DataDevice  string
 }
 
 // Register adds the shared flags to fs.
@@ -29,6 +30,7 @@ func (c *Common) Register(fs *flag.FlagSet) {
 	fs.StringVar(&c.Order, "kv-layout", "HND", "physical block order the decode side expects: HND or NHD")
 	fs.StringVar(&c.Backends, "backends", "UCX", "comma-separated NIXL backends, e.g. UCX or LIBFABRIC")
 	fs.StringVar(&c.LogLevel, "log-level", "warn", "log level: debug, info, warn, error")
+	fs.StringVar(&c.DataDevice, "data-device", "", "UCX network device of NIXL's data plane (default: loopback when the worker listens on loopback; \"all\": every device; or e.g. eth1, mlx5_0:1)")
 	fs.StringVar(&c.NIXLLibDir, "nixl-lib-dir", "", "folder of libnixl_capi.so (default: $NIXL_LIB_DIR, the loader path, standard prefixes)")
 }
 

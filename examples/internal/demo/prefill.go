@@ -34,6 +34,7 @@ type PrefillConfig struct {
 	NRTPath     string // libnrt: "" = the real libnrt.so.1 if present, else the fake one built in a temp dir
 	Backends    []nixl.BackendSpec
 	HoldTimeout time.Duration // 0: the profile's
+	DataDevice  string        // connector.PrefillConfig.DataDevice ("" = loopback, as the side channel)
 	Library     *nixl.Library
 	Logger      *zap.Logger
 	// Ready is called with the HTTP base URL once the server listens.
@@ -56,8 +57,9 @@ type PrefillServer struct {
 }
 
 // OpenNeuron opens the Neuron runtime at path, or the real libnrt.so.1 when present, or else builds the fake
-// libnrt into a temporary folder (returned, for removal) and opens that.
-func OpenNeuron(path string, log *zap.Logger) (*neuron.Runtime, string, error) {
+// libnrt into a temporary folder (returned, for removal) and opens that. When ctx ends during the build the
+// compiler is stopped, the folder removed and ctx's error returned.
+func OpenNeuron(ctx context.Context, path string, log *zap.Logger) (*neuron.Runtime, string, error) {
 	if path == "" && neuron.Available(neuron.Options{}) {
 		rt, err := neuron.Open(neuron.Options{Logger: log})
 		return rt, "", err
@@ -68,7 +70,7 @@ func OpenNeuron(path string, log *zap.Logger) (*neuron.Runtime, string, error) {
 		if dir, err = os.MkdirTemp("", "gonixl-fakenrt-"); err != nil {
 			return nil, "", err
 		}
-		if path, err = neuron.BuildFakeNRT(dir); err != nil {
+		if path, err = neuron.BuildFakeNRTContext(ctx, dir); err != nil {
 			os.RemoveAll(dir)
 			return nil, "", fmt.Errorf("building the fake libnrt (no Trainium here): %w", err)
 		}
@@ -81,8 +83,10 @@ func OpenNeuron(path string, log *zap.Logger) (*neuron.Runtime, string, error) {
 	return rt, dir, err
 }
 
-// NewPrefillServer allocates the device tensors, the staging arena and the prefill role.
-func NewPrefillServer(cfg PrefillConfig) (s *PrefillServer, err error) {
+// NewPrefillServer allocates the device tensors, the staging arena and the prefill role. When ctx ends
+// during start-up (SIGTERM), it stops at the next step, releases what it made (the fake libnrt's temporary
+// folder included) and returns ctx's error.
+func NewPrefillServer(ctx context.Context, cfg PrefillConfig) (s *PrefillServer, err error) {
 	log := cfg.Logger
 	if log == nil {
 		log = zap.NewNop()
@@ -91,17 +95,25 @@ func NewPrefillServer(cfg PrefillConfig) (s *PrefillServer, err error) {
 	if err != nil {
 		return nil, err
 	}
-	s = &PrefillServer{cfg: cfg, log: log, profile: p}
+	srv := &PrefillServer{cfg: cfg, log: log, profile: p}
+	s = srv
 	defer func() {
+		if err == nil {
+			err = ctx.Err() // asked to stop while the last step ran
+		}
 		if err != nil {
-			s.Close()
+			srv.Close() // not s: a `return nil, err` has set it to nil already
+			s = nil
 		}
 	}()
 	g, err := cfg.Model.Geometry(p, cfg.NumBlocks, cfg.Order)
 	if err != nil {
 		return nil, err
 	}
-	if s.rt, s.fakeDir, err = OpenNeuron(cfg.NRTPath, log); err != nil {
+	if s.rt, s.fakeDir, err = OpenNeuron(ctx, cfg.NRTPath, log); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
 	spec := neuron.SourceSpec{DType: cfg.Model.DType, NumLayers: cfg.Model.NumLayers,
@@ -111,6 +123,9 @@ func NewPrefillServer(cfg PrefillConfig) (s *PrefillServer, err error) {
 		return nil, err
 	}
 	for l := 0; l < cfg.Model.NumLayers; l++ {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
 		k, err := s.rt.Allocate(neuron.PlacementDevice, 0, uint64(size), fmt.Sprintf("past_key_values.%d", 2*l))
 		if err != nil {
 			return nil, err
@@ -126,14 +141,21 @@ func NewPrefillServer(cfg PrefillConfig) (s *PrefillServer, err error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
 	// The arena is registered by the prefill role (Agent nil here); the Stager's pool hands out the blocks.
 	if s.stager, err = neuron.NewStager(neuron.StagerConfig{Geometry: g, SchedulerBlocks: cfg.NumBlocks, Source: src,
 		Lock: neuron.LockBestEffort, Pool: neuron.PoolOptions{LeaseTimeout: -1}, Logger: log}); err != nil {
 		return nil, err
 	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
 	if s.role, err = connector.NewPrefill(connector.PrefillConfig{
 		Profile: p, Library: cfg.Library, Cache: s.stager, Backends: cfg.Backends, Port: cfg.SideChannel,
 		Compat: cfg.Model.Compat(cfg.VLLMVersion), HoldTimeout: cfg.HoldTimeout, Logger: log, KVCacheLayout: cfg.Label,
+		DataDevice: cfg.DataDevice,
 	}); err != nil {
 		return nil, err
 	}
@@ -242,8 +264,11 @@ func (s *PrefillServer) completions(w http.ResponseWriter, r *http.Request) {
 	}
 	s.rows <- row
 	if err != nil {
-		s.log.Warn("prefill failed", zap.String("request_id", id), zap.Error(err))
-		writeError(w, http.StatusInternalServerError, err.Error())
+		code := prefillStatus(err)
+		if code >= 500 {
+			s.log.Warn("prefill failed", zap.String("request_id", id), zap.Error(err))
+		}
+		writeError(w, code, err.Error())
 		return
 	}
 	g := s.stager.Geometry()
@@ -259,6 +284,20 @@ func (s *PrefillServer) completions(w http.ResponseWriter, r *http.Request) {
 		KVTransferParams: raw,
 		Gonixl:           &Timing{ComputeMS: ms(computed.Sub(start)), StageMS: ms(stage), Blocks: g.NeededBlocks(tokens), Bytes: int64(g.NeededBlocks(tokens)) * g.BlockLen() * int64(g.NumRegions())},
 	})
+}
+
+// prefillStatus maps a prefill error to its HTTP status: 409 for a request id already in use, 503 (the
+// client retries; writeError adds Retry-After) when the KV blocks ran out or the worker is stopping, 500
+// otherwise.
+func prefillStatus(err error) int {
+	switch {
+	case errors.Is(err, connector.ErrDuplicateRequest):
+		return http.StatusConflict
+	case errors.Is(err, connector.ErrNoBlocks), errors.Is(err, nixl.ErrClosed), errors.Is(err, context.Canceled),
+		errors.Is(err, context.DeadlineExceeded):
+		return http.StatusServiceUnavailable
+	}
+	return http.StatusInternalServerError
 }
 
 // apiMux serves what both workers share: GET /version (the vLLM version the worker speaks), /health, /metrics,
@@ -300,17 +339,60 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
+// RetryAfter is the Retry-After (seconds) of a 503: blocks free up as decode peers finish reading.
+const RetryAfter = "1"
+
 func writeError(w http.ResponseWriter, code int, msg string) {
+	if code == http.StatusServiceUnavailable && w.Header().Get("Retry-After") == "" {
+		w.Header().Set("Retry-After", RetryAfter)
+	}
 	writeJSON(w, code, ErrorResponse{Object: "error", Message: msg, Type: http.StatusText(code), Code: code})
 }
 
-// Serve runs h on addr until ctx ends, calling ready with the base URL.
+// HTTPTimeouts bound what one client can hold of a worker's HTTP server.
+type HTTPTimeouts struct {
+	// ReadHeader bounds reading a request's headers.
+	ReadHeader time.Duration
+	// Read bounds reading the whole request, body included: a client that sends headers and then stalls the
+	// body is cut off.
+	Read time.Duration
+	// Handler bounds one request's handling (waiting for a batch row, prefill, pull); its context ends then.
+	Handler time.Duration
+	// Write bounds the response, from the end of the request headers; longer than Handler.
+	Write time.Duration
+	// Idle bounds a keep-alive connection between requests.
+	Idle time.Duration
+}
+
+// DefaultHTTPTimeouts are the workers' timeouts: requests are small JSON bodies (16 MiB at most), a pull takes
+// at most the decode worker's PullTimeout (60 s by default).
+var DefaultHTTPTimeouts = HTTPTimeouts{ReadHeader: 10 * time.Second, Read: 30 * time.Second, Handler: 3 * time.Minute,
+	Write: 4 * time.Minute, Idle: 2 * time.Minute}
+
+// Serve runs h on addr with DefaultHTTPTimeouts until ctx ends, calling ready with the base URL.
 func Serve(ctx context.Context, addr string, h http.Handler, ready func(string)) error {
+	return ServeTimeouts(ctx, addr, h, ready, DefaultHTTPTimeouts)
+}
+
+// ServeTimeouts is Serve with the given timeouts.
+func ServeTimeouts(ctx context.Context, addr string, h http.Handler, ready func(string), t HTTPTimeouts) error {
+	if err := ctx.Err(); err != nil {
+		return nil // asked to stop before serving
+	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	if t.Handler > 0 {
+		inner := h
+		h = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			hctx, cancel := context.WithTimeout(r.Context(), t.Handler)
+			defer cancel()
+			inner.ServeHTTP(w, r.WithContext(hctx))
+		})
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: t.ReadHeader, ReadTimeout: t.Read, WriteTimeout: t.Write,
+		IdleTimeout: t.Idle}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	if ready != nil {

@@ -15,7 +15,24 @@ func contextWithTimeout(r *http.Request, d time.Duration) (context.Context, cont
 	return context.WithTimeout(r.Context(), d)
 }
 
-func errorsIs(err, target error) bool { return errors.Is(err, target) }
+// UpstreamError is a worker's answer other than 200.
+type UpstreamError struct {
+	Status     int
+	Message    string
+	RetryAfter string // the worker's Retry-After header, if any
+}
+
+func (e *UpstreamError) Error() string { return fmt.Sprintf("HTTP %d: %s", e.Status, e.Message) }
+
+// passThrough reports whether the proxy answers the client with the worker's own status: a 4xx is about the
+// request (bad parameters, a duplicate id) and a 503 asks the client to retry; anything else is the
+// proxy's upstream failing (502).
+func (e *UpstreamError) passThrough() bool {
+	return (e.Status >= 400 && e.Status < 500) || e.Status == http.StatusServiceUnavailable
+}
+
+// defaultClient bounds a worker call when Proxy.Client is nil.
+var defaultClient = &http.Client{Timeout: 5 * time.Minute}
 
 // Proxy runs vLLM's disaggregated request flow, as vLLM's toy_proxy_server.py does: the request goes to the
 // prefill worker with max_tokens=1 and kv_transfer_params{do_remote_decode: true}; the prefill response's
@@ -75,7 +92,7 @@ func (p *Proxy) post(ctx context.Context, base string, body CompletionRequest, i
 	}
 	c := p.Client
 	if c == nil {
-		c = http.DefaultClient
+		c = defaultClient
 	}
 	resp, err := c.Do(req)
 	if err != nil {
@@ -87,16 +104,18 @@ func (p *Proxy) post(ctx context.Context, base string, body CompletionRequest, i
 		return err
 	}
 	if resp.StatusCode != http.StatusOK {
+		ue := &UpstreamError{Status: resp.StatusCode, Message: string(bytes.TrimSpace(data)), RetryAfter: resp.Header.Get("Retry-After")}
 		var e ErrorResponse
 		if json.Unmarshal(data, &e) == nil && e.Message != "" {
-			return fmt.Errorf("HTTP %d: %s", resp.StatusCode, e.Message)
+			ue.Message = e.Message
 		}
-		return fmt.Errorf("HTTP %d: %s", resp.StatusCode, bytes.TrimSpace(data))
+		return ue
 	}
 	return json.Unmarshal(data, out)
 }
 
-// Handler serves the proxy as POST /v1/completions.
+// Handler serves the proxy as POST /v1/completions. A worker's 4xx (bad request, duplicate id) and 503 (out
+// of KV blocks, stopping; Retry-After kept) reach the client as they are; other failures are 502.
 func (p *Proxy) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) {
@@ -107,6 +126,14 @@ func (p *Proxy) Handler() http.Handler {
 		}
 		res, err := p.Do(r.Context(), req, r.Header.Get("X-Request-Id"))
 		if err != nil {
+			var ue *UpstreamError
+			if errors.As(err, &ue) && ue.passThrough() {
+				if ue.RetryAfter != "" {
+					w.Header().Set("Retry-After", ue.RetryAfter)
+				}
+				writeError(w, ue.Status, err.Error())
+				return
+			}
 			writeError(w, http.StatusBadGateway, err.Error())
 			return
 		}

@@ -1,18 +1,22 @@
 package demo
 
 import (
-	"go.uber.org/zap"
-
 	"context"
 	"flag"
 	"fmt"
+	"net"
+	"os"
+
+	"go.uber.org/zap"
+
+	"github.com/gonixl/gonixl/connector"
 	"github.com/gonixl/gonixl/layout"
 	"github.com/gonixl/gonixl/nixl"
-	"os"
 )
 
 // RunPrefill is the main of the prefill worker: it parses args, serves until ctx ends, and prints
-// "READY <url>" on stdout once it listens.
+// "READY <url>" on stdout once it listens. When ctx ends (SIGTERM) at any time, start-up included, it stops,
+// releases everything (the fake libnrt's temporary folder too) and returns nil.
 func RunPrefill(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("prefill", flag.ContinueOnError)
 	var c Common
@@ -28,9 +32,13 @@ func RunPrefill(ctx context.Context, args []string) error {
 		return err
 	}
 	defer log.Sync()
-	s, err := NewPrefillServer(PrefillConfig{VLLMVersion: c.VLLMVersion, Model: Qwen3_0_6B, NumBlocks: c.NumBlocks, BatchRows: *rows,
-		MaxSeq: *maxSeq, Order: order, NRTPath: *nrt, Label: *label, Backends: c.BackendSpecs(), Library: lib, Logger: log, SideChannel: *side})
+	s, err := NewPrefillServer(ctx, PrefillConfig{VLLMVersion: c.VLLMVersion, Model: Qwen3_0_6B, NumBlocks: c.NumBlocks, BatchRows: *rows,
+		MaxSeq: *maxSeq, Order: order, NRTPath: *nrt, Label: *label, Backends: c.BackendSpecs(), Library: lib, Logger: log, SideChannel: *side,
+		DataDevice: c.DataDevice})
 	if err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped during start-up: a clean stop
+		}
 		return err
 	}
 	defer s.Close()
@@ -53,7 +61,12 @@ func RunDecode(ctx context.Context, args []string) error {
 	}
 	defer log.Sync()
 	cfg := DecodeConfig{VLLMVersion: c.VLLMVersion, Model: Qwen3_0_6B, NumBlocks: c.NumBlocks, Order: order,
-		Backends: c.BackendSpecs(), Library: lib, Logger: log}
+		Backends: c.BackendSpecs(), Library: lib, Logger: log, DataDevice: c.DataDevice}
+	if cfg.DataDevice == "" { // the decode worker's peers are where its HTTP API is: loopback in the demo
+		if host, _, err := net.SplitHostPort(*addr); err == nil {
+			cfg.DataDevice = connector.DataDeviceFor(host)
+		}
+	}
 	if *gpu {
 		*where = "gpu"
 	}

@@ -1,0 +1,223 @@
+package connector
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/gonixl/gonixl/connector/protocol"
+	"github.com/gonixl/gonixl/nixl"
+)
+
+// patternErr is requirePattern for goroutines: it returns the first mismatch instead of failing the test.
+func patternErr(c *DRAMCache, local []int, remote []int64, seed int) error {
+	for r := 0; r < c.Geometry().NumRegions(); r++ {
+		for j, b := range local {
+			got := blockBytes(c, r, b)
+			for i := range got {
+				if want := patternByte(seed, r, int(remote[j]), i); got[i] != want {
+					return fmt.Errorf("region %d, local block %d (remote %d), byte %d: got %#x, want %#x", r, b, remote[j], i, got[i], want)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+func sideAddr(kv protocol.KVTransferParams) string {
+	return "tcp://" + net.JoinHostPort(kv.RemoteHost, strconv.Itoa(kv.RemotePort))
+}
+
+// A dropped handshake (after a failed transfer) keeps its descriptor lists while a pull still holds a
+// reference; they are released with the last reference, and a new handshake with the same engine waits for
+// that (the remote agent names are the same).
+func TestRemoteEngineRefcount(t *testing.T) {
+	p, _ := protocol.ProfileByName("0.33")
+	pr := newPair(t, p, pairOpts{})
+	ctx := ctxT(t, 20*time.Second)
+	kv, err := pr.pre.Prefill(ctx, "a", tinyBlock, patternFill(pr.pcache, 1))
+	require.NoError(t, err)
+	_, err = pr.dec.Pull(ctx, "a", kv, []int{1})
+	require.NoError(t, err)
+
+	// An in-flight pull's reference.
+	re, took, err := pr.dec.remote(ctx, kv.RemoteEngineID, sideAddr(kv), 1)
+	require.NoError(t, err)
+	assert.Zero(t, took, "the handshake is cached")
+	pr.dec.forget(re) // another pull on the same engine failed
+	pr.dec.mu.Lock()
+	assert.Equal(t, 1, re.refs)
+	assert.NotContains(t, pr.dec.remotes, kv.RemoteEngineID)
+	assert.Same(t, re, pr.dec.draining[kv.RemoteEngineID])
+	pr.dec.mu.Unlock()
+	require.Len(t, re.sources, 1, "the lists must survive while a pull holds the engine")
+
+	// The held lists still carry a transfer.
+	kvb, err := pr.pre.Prefill(ctx, "b", tinyBlock, patternFill(pr.pcache, 2))
+	require.NoError(t, err)
+	notif, err := p.EncodeNotification(protocol.Notification{RequestID: kvb.RemoteRequestID, Count: 1})
+	require.NoError(t, err)
+	src := re.sources[0]
+	li, ri, err := re.plan.Indices([]int{2}, []int{int(kvb.RemoteBlockIDs[0][0])}, nil, nil)
+	require.NoError(t, err)
+	x, err := pr.dec.Agent().MakeXfer(nixl.Read, src.local, li, src.remote, ri, nixl.WithNotification(notif))
+	require.NoError(t, err)
+	_, err = x.Post()
+	require.NoError(t, err)
+	require.NoError(t, x.Wait(ctx))
+	require.NoError(t, x.Close())
+	requirePattern(t, pr.dcache, []int{2}, kvb.RemoteBlockIDs[0], 2)
+
+	// A new pull must wait for the old generation to be released (bounded by its context).
+	kvc, err := pr.pre.Prefill(ctx, "c", tinyBlock, patternFill(pr.pcache, 3))
+	require.NoError(t, err)
+	short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	_, err = pr.dec.Pull(short, "c", kvc, []int{3})
+	cancel()
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.Contains(t, err.Error(), "previous handshake")
+
+	// The last reference releases the lists; then the handshake is redone.
+	pr.dec.put(re)
+	select {
+	case <-re.released:
+	default:
+		t.Fatal("the last put did not release the engine")
+	}
+	assert.Nil(t, re.sources)
+	pr.dec.mu.Lock()
+	assert.Empty(t, pr.dec.draining)
+	pr.dec.mu.Unlock()
+	res, err := pr.dec.Pull(ctx, "c", kvc, []int{3})
+	require.NoError(t, err)
+	assert.Positive(t, res.Handshake, "a new handshake")
+	requirePattern(t, pr.dcache, []int{3}, kvc.RemoteBlockIDs[0], 3)
+	assert.EqualValues(t, 2, pr.decM.Handshakes.Load())
+}
+
+// Concurrent pulls on one prefill engine while other pulls on the same engine fail (their context ends
+// mid-transfer, so the handshake is dropped), pulls to a dead prefill engine fail, and finally Close runs
+// while pulls are in flight: no healthy pull ever sees its descriptor lists closed under it, every pull
+// returns, and every error after Close wraps nixl.ErrClosed.
+func TestDecodeConcurrentPullsFailuresAndClose(t *testing.T) {
+	p, _ := protocol.ProfileByName("0.33")
+	const rounds, healthy, failing = 3, 6, 3
+	perRound := healthy + failing
+	plog, _ := observed()
+	dlog, dlogs := observed()
+	pr := newPair(t, p, pairOpts{prefillBlocks: 4 * rounds * perRound, decodeBlocks: 4 * rounds * perRound, hold: time.Second, prefillLog: plog, decodeLog: dlog})
+	ctx := ctxT(t, 60*time.Second)
+
+	// A second prefill engine that dies after its handshake.
+	deadCache := newCache(t, tinyGeom(t, p, 8))
+	dead, err := NewPrefill(PrefillConfig{Profile: p, Library: testLib(t), Cache: deadCache, Compat: tinyCompat(p),
+		EngineID: fmt.Sprintf("dead-%d", time.Now().UnixNano())})
+	require.NoError(t, err)
+	kvDead, err := dead.Prefill(ctx, "d0", tinyBlock, nil)
+	require.NoError(t, err)
+	_, err = pr.dec.Pull(ctx, "d0", kvDead, []int{4*rounds*perRound - 1})
+	require.NoError(t, err)
+	kvDead, err = dead.Prefill(ctx, "d1", tinyBlock, nil)
+	require.NoError(t, err)
+	require.NoError(t, dead.Close())
+
+	local := atomic.Int64{}
+	next := func() int { return int(local.Add(1)) }
+	var failed atomic.Int64
+	for round := range rounds {
+		var wg sync.WaitGroup
+		errs := make(chan error, perRound+1)
+		for i := range healthy {
+			kv, err := pr.pre.Prefill(ctx, fmt.Sprintf("h%d-%d", round, i), tinyBlock, patternFill(pr.pcache, round*16+i))
+			require.NoError(t, err)
+			wg.Go(func() {
+				l := []int{next()}
+				if _, err := pr.dec.Pull(ctx, kv.RemoteRequestID, kv, l); err != nil {
+					errs <- fmt.Errorf("healthy pull %d/%d: %w", round, i, err)
+					return
+				}
+				if err := patternErr(pr.dcache, l, kv.RemoteBlockIDs[0], round*16+i); err != nil {
+					errs <- err
+				}
+			})
+		}
+		for i := range failing {
+			kv, err := pr.pre.Prefill(ctx, fmt.Sprintf("f%d-%d", round, i), tinyBlock, nil)
+			require.NoError(t, err)
+			wg.Go(func() {
+				// A context that ends at once: the pull fails once its READ is posted (or before), and drops
+				// the handshake that the healthy pulls are using.
+				c, cancel := context.WithCancel(ctx)
+				cancel()
+				if _, err := pr.dec.Pull(c, kv.RemoteRequestID, kv, []int{next()}); err == nil {
+					t.Log("a pull with a cancelled context completed (the READ finished before the first status check)")
+				} else {
+					failed.Add(1)
+				}
+			})
+		}
+		wg.Go(func() {
+			c, cancel := context.WithTimeout(ctx, 2*time.Second)
+			defer cancel()
+			if _, err := pr.dec.Pull(c, "d1", kvDead, []int{next()}); err == nil {
+				errs <- errors.New("a pull from a closed prefill engine succeeded")
+			}
+		})
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Error(err)
+		}
+	}
+	assert.Positive(t, failed.Load())
+	assert.NotEmpty(t, dlogs.FilterMessage("dropped handshake after a failure; it is redone on the next request").All(),
+		"the scenario needs dropped handshakes")
+
+	// Close with pulls in flight: each returns (nil, or an error wrapping nixl.ErrClosed), and Close waits.
+	var wg sync.WaitGroup
+	var closedErrs, okPulls atomic.Int64
+	errs := make(chan error, 2*healthy)
+	for i := range 2 * healthy {
+		kv, err := pr.pre.Prefill(ctx, fmt.Sprintf("c-%d", i), tinyBlock, patternFill(pr.pcache, 200+i))
+		require.NoError(t, err)
+		wg.Go(func() {
+			_, err := pr.dec.Pull(ctx, kv.RemoteRequestID, kv, []int{next()})
+			switch {
+			case err == nil:
+				okPulls.Add(1)
+			case errors.Is(err, nixl.ErrClosed):
+				closedErrs.Add(1)
+			default:
+				errs <- fmt.Errorf("pull during Close: %w", err)
+			}
+		})
+	}
+	require.NoError(t, pr.dec.Close())
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		t.Fatal("pulls did not return after Close")
+	}
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	t.Logf("during Close: %d pulls completed, %d refused or cancelled", okPulls.Load(), closedErrs.Load())
+	pr.dec.mu.Lock()
+	assert.Empty(t, pr.dec.remotes)
+	assert.Empty(t, pr.dec.draining)
+	pr.dec.mu.Unlock()
+	_, err = pr.dec.Pull(ctx, "after", kvDead, []int{1})
+	require.ErrorIs(t, err, nixl.ErrClosed)
+}
