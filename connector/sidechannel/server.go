@@ -33,7 +33,7 @@ const (
 	DefaultMaxQueuedReplies = 8
 	DefaultRequestRate      = 100 // requests a second per remote host
 	DefaultRequestBurst     = 100
-	DefaultHandshakeTimeout = 10 * time.Second
+	DefaultHandshakeTimeout = 5 * time.Second
 	DefaultIdleTimeout      = 2 * time.Minute
 	DefaultWriteTimeout     = 10 * time.Second
 	DefaultLogLimit         = 10
