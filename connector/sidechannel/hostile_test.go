@@ -240,6 +240,7 @@ func TestPipeliningNonReaders(t *testing.T) {
 	srv, _ := testServer(t, ServerConfig{
 		Payloads:         map[protocol.Rank][]byte{{}: payload},
 		MaxQueuedReplies: queue, WriteTimeout: 500 * time.Millisecond, RequestRate: -1, MaxConnections: 1000,
+		SendBufferSize: 64 << 10,
 	})
 	req, err := p.EncodeRequest(protocol.Rank{})
 	require.NoError(t, err)
