@@ -4,8 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"io"
+	"net"
 	"os"
 	"strconv"
 	"strings"
@@ -168,13 +168,21 @@ func (c *client) connect(ctx context.Context, deadline time.Time) error {
 		cancel()
 		if err == nil {
 			_ = nc.SetDeadline(deadline)
+			stop := context.AfterFunc(ctx, func() { _ = nc.SetDeadline(time.Unix(1, 0)) })
 			zc, err := zmtp.Handshake(nc, zmtp.Options{Type: zmtp.REQ, MaxMessageSize: c.maxReply, MaxFrames: 8})
+			stop()
+			if err == nil && ctx.Err() != nil {
+				err = ctx.Err()
+			}
 			if err != nil {
 				_ = nc.Close()
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
 				if errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
 					return fmt.Errorf("%w (ZMTP handshake: %v)", ErrTimeout, err)
 				}
-				return fmt.Errorf("%w with %s: %v (is it a ZMQ ROUTER or REP socket without CURVE/PLAIN security?)", ErrHandshake, c.addr, err)
+				return fmt.Errorf("%w with %s: %w (is it a ZMQ ROUTER or REP socket without CURVE/PLAIN security?)", ErrHandshake, c.addr, err)
 			}
 			c.conn = zc
 			return nil
@@ -227,7 +235,7 @@ func (c *client) roundTrip(ctx context.Context, p protocol.Profile, req []byte, 
 		case errors.Is(err, zmtp.ErrTooLarge):
 			return Result{}, fmt.Errorf("sidechannel: reply over MaxReplySize (%d bytes): %w", c.maxReply, err)
 		case errors.Is(err, zmtp.ErrProtocol), errors.Is(err, zmtp.ErrPeerError):
-			return Result{}, fmt.Errorf("%w: %v", ErrHandshake, err)
+			return Result{}, fmt.Errorf("%w: %w", ErrHandshake, err)
 		}
 		// The connection broke before the reply (server restarted, or it dropped us): no reply, retryable.
 		return Result{}, fmt.Errorf("%w: connection lost before the reply (%v)", ErrTimeout, err)

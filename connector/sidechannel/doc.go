@@ -12,7 +12,7 @@
 //	defer srv.Close()
 //	res, err := sidechannel.Fetch(ctx, p, "10.0.0.5:5600", protocol.Rank{}, sidechannel.FetchOptions{})
 //
-// Bad peers: the Server bounds what each peer can cost (ServerConfig: MaxConnections, MaxQueuedReplies,
+// Bad peers: the Server bounds what each peer can cost (ServerConfig: MaxConnections, MaxConnectionsPerHost, MaxQueuedReplies,
 // RequestRate, HandshakeTimeout, IdleTimeout, WriteTimeout, MaxRequestSize), forgets a peer entirely when it
 // leaves, rate-limits its log lines about bad input, and counts all of it in Stats.
 //

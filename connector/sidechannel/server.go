@@ -29,6 +29,7 @@ const DefaultHost = "127.0.0.1"
 // Defaults of the per-peer bounds (ServerConfig fields left 0).
 const (
 	DefaultMaxConnections   = 1024
+	DefaultMaxConnsPerHost  = 256
 	DefaultMaxQueuedReplies = 8
 	DefaultRequestRate      = 100 // requests a second per remote host
 	DefaultRequestBurst     = 100
@@ -65,6 +66,10 @@ type ServerConfig struct {
 	// MaxConnections caps the open connections (all peers); DefaultMaxConnections when 0. A connection
 	// over the cap is closed at once (a libzmq peer reconnects later).
 	MaxConnections int
+	// MaxConnectionsPerHost caps the open connections from one remote IP address; DefaultMaxConnsPerHost
+	// (or MaxConnections if smaller) when 0. vLLM's decode workers open one short-lived connection each per
+	// handshake.
+	MaxConnectionsPerHost int
 	// MaxQueuedReplies bounds the replies waiting to be written on one connection; DefaultMaxQueuedReplies
 	// when 0. A peer that pipelines requests without reading the replies is not read from while its queue
 	// is full, and is disconnected when a reply cannot be written within WriteTimeout.
@@ -95,7 +100,7 @@ type Stats struct {
 	Dropped  uint64 // messages not answered (no REQ envelope, oversized)
 
 	Accepted    uint64 // connections accepted
-	Refused     uint64 // connections closed at once because MaxConnections were open
+	Refused     uint64 // connections closed at once because MaxConnections (or MaxConnectionsPerHost) were open
 	Disconnects uint64 // connections the server closed because of the peer: a failed handshake, a protocol error, an oversized message, an idle or write timeout
 	Throttled   uint64 // requests that waited for the per-host rate limit
 
@@ -112,7 +117,7 @@ type Stats struct {
 // Unlike vLLM's listener it survives bad input: a malformed request or an unknown rank is logged and answered
 // with an empty payload (a vLLM decoder then fails at once with "Failed to decode NixlHandshakePayload"
 // instead of timing out), a message without a REQ envelope is dropped, and a peer that sends an oversized
-// message or bad ZMTP is disconnected. Memory per peer is bounded: MaxConnections, MaxQueuedReplies,
+// message or bad ZMTP is disconnected. Memory per peer is bounded: MaxConnections, MaxConnectionsPerHost, MaxQueuedReplies,
 // RequestRate, HandshakeTimeout, IdleTimeout and WriteTimeout; nothing of a peer is kept after it leaves.
 // It stops when its context is cancelled or Close is called.
 //
@@ -136,9 +141,9 @@ type Server struct {
 	closing bool
 	wg      sync.WaitGroup // accept loop and peer goroutines
 
-	served, rejected, dropped                  atomic.Uint64
+	served, rejected, dropped                 atomic.Uint64
 	accepted, refused, disconnects, throttled atomic.Uint64
-	open, queued, highWater                    atomic.Int64
+	open, queued, highWater                   atomic.Int64
 
 	stop      chan struct{}
 	done      chan struct{}
@@ -200,6 +205,9 @@ func NewServer(ctx context.Context, p protocol.Profile, cfg ServerConfig) (*Serv
 	}
 	if cfg.MaxConnections <= 0 {
 		cfg.MaxConnections = DefaultMaxConnections
+	}
+	if cfg.MaxConnectionsPerHost <= 0 {
+		cfg.MaxConnectionsPerHost = min(DefaultMaxConnsPerHost, cfg.MaxConnections)
 	}
 	if cfg.MaxQueuedReplies <= 0 {
 		cfg.MaxQueuedReplies = DefaultMaxQueuedReplies
@@ -399,18 +407,18 @@ func (s *Server) admit(nc net.Conn) {
 		host = addr
 	}
 	s.peersMu.Lock()
-	if s.closing || int(s.open.Load()) >= s.cfg.MaxConnections {
+	st := s.hosts[host]
+	if s.closing || int(s.open.Load()) >= s.cfg.MaxConnections || st != nil && st.refs >= s.cfg.MaxConnectionsPerHost {
 		closing := s.closing
 		s.peersMu.Unlock()
 		_ = nc.Close()
 		if !closing {
 			s.refused.Add(1)
-			s.badInput("connection refused: MaxConnections are open", zap.String("peer", addr),
-				zap.Int("max_connections", s.cfg.MaxConnections))
+			s.badInput("connection refused: MaxConnections (or MaxConnectionsPerHost) are open", zap.String("peer", addr),
+				zap.Int("max_connections", s.cfg.MaxConnections), zap.Int("max_connections_per_host", s.cfg.MaxConnectionsPerHost))
 		}
 		return
 	}
-	st := s.hosts[host]
 	if st == nil {
 		st = &hostState{}
 		if s.cfg.RequestRate > 0 {

@@ -204,7 +204,7 @@ func TestFetchTimeoutIsBounded(t *testing.T) {
 	el := time.Since(start)
 	require.ErrorIs(t, err, ErrTimeout)
 	assert.GreaterOrEqual(t, el, 300*time.Millisecond, "three attempts of 100 ms")
-	assert.Less(t, el, 15*time.Second, "three attempts, not more (generous: a loaded machine)")
+	assert.Less(t, el, 30*time.Second, "bounded (three attempts of 100 ms; generous for a loaded machine)")
 
 	// The context bounds it too.
 	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Millisecond)
