@@ -136,11 +136,13 @@ func (s *DecodeServer) completions(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := contextWithTimeout(r, s.cfg.PullTimeout)
 	defer cancel()
 	res, err := s.role.Pull(ctx, id, kv, local)
+	pulled := time.Now()
 	if err != nil {
 		writeError(w, pullStatus(err), err.Error())
 		return
 	}
 	verified, err := s.verify(req.KVSeed(), tokens, local)
+	verifyTook := time.Since(pulled)
 	if err != nil {
 		s.log.Error("KV verification failed", zap.String("request_id", id), zap.Error(err))
 		writeError(w, http.StatusInternalServerError, "KV verification failed: "+err.Error())
@@ -151,7 +153,9 @@ func (s *DecodeServer) completions(w http.ResponseWriter, r *http.Request) {
 		Choices: []Choice{{Index: 0, Text: fmt.Sprintf(" [decoded with %d prefilled tokens]", tokens), FinishReason: "length"}},
 		Usage:   Usage{PromptTokens: tokens, CompletionTokens: 1, TotalTokens: tokens + 1},
 		Gonixl: &Timing{HandshakeMS: ms(res.Handshake), TransferMS: ms(res.Transfer), CopyMS: ms(res.Copy),
-			Bytes: res.Bytes, Blocks: res.Blocks, VerifiedBytes: verified, Verified: true},
+			VerifyMS: ms(verifyTook), TransferEndUS: pulled.Add(-res.Copy).UnixMicro(),
+			TransferStartUS: pulled.Add(-res.Copy - res.Transfer).UnixMicro(),
+			Bytes:           res.Bytes, Blocks: res.Blocks, VerifiedBytes: verified, Verified: true},
 	})
 }
 
