@@ -32,7 +32,7 @@ export GONIXL_DYNAMO_PYTHON := $(DYNAMO_VENV)/bin/python
 export GONIXL_PYTHON := $(VENV_PY)
 export VLLM_WHEEL_DIR
 
-.PHONY: all build vet lint generate nixl pydeps vllm-wheels dynamo deps test test-pure test-go demo fuzz bench vectors vectors-real clean help
+.PHONY: all build vet lint nixl pydeps vllm-wheels dynamo deps fabric-deps test test-pure test-go demo fuzz bench vectors vectors-real clean help
 
 all: build
 
@@ -41,8 +41,8 @@ help:
 	@echo "make test   - fetch NIXL and Python test deps, run every test with the race detector"
 	@echo "make dynamo - install Dynamo $(DYNAMO_VERSION) into $(DYNAMO_VENV)"
 	@echo "make demo DYNAMO=1 - the same behind NVIDIA Dynamo's frontend (KV routing, file discovery, loopback)"
-	@echo "make dynamo - install Dynamo $(DYNAMO_VERSION) into $(DYNAMO_VENV)"
 	@echo "make nixl   - download the pinned NIXL wheel ($(NIXL_VERSION), cu$(NIXL_CUDA)) and unpack its libraries"
+	@echo "make fabric-deps - the LIBFABRIC plugin's libraries besides libfabric (LIBFABRIC_DIR=... for that one)"
 	@echo "make fuzz   - run every fuzz target for FUZZTIME (default $(FUZZTIME)) each"
 	@echo "make bench  - run the benchmarks (ratios against in-run baselines)"
 	@echo "make lint   - go vet, staticcheck, and a check that the generated enum strings are current"
@@ -60,6 +60,7 @@ lint: vet
 	$(GO) generate ./...
 	git diff --exit-code -- '*string.go' || { echo "generated enum strings were stale: commit the regenerated files" >&2; exit 1; }
 
+.PHONY: generate
 generate:
 	$(GO) generate ./...
 
@@ -92,10 +93,16 @@ $(DYNAMO_VENV)/.complete: python/dynamo-requirements.txt scripts/install-dynamo.
 
 deps: nixl pydeps vllm-wheels dynamo
 
+# The LIBFABRIC plugin's libraries besides libfabric (CUDA runtime from PyPI, hwloc from Debian, a libcuda
+# stand-in where the loader knows no libcuda.so.1) in ~/.cache/gonixl; LIBFABRIC_DIR=... adds a libfabric >= 2.7. Prints the
+# LD_LIBRARY_PATH to export. Not part of `make test`: no registry reachable here carries libfabric >= 2.7.
+fabric-deps:
+	@NIXL_CUDA=$(NIXL_CUDA) bash scripts/fabric-deps.sh $(shell /sbin/ldconfig -p 2>/dev/null | grep -q 'libcuda.so.1 ' || echo --cuda-stub)
+
 # Pure-Go packages must build and pass without cgo.
 test-pure:
-	CGO_ENABLED=0 $(GO) build ./layout/... ./connector/protocol/...
-	CGO_ENABLED=0 $(GO) test -count=1 ./layout/... ./connector/protocol/...
+	CGO_ENABLED=0 $(GO) build ./layout/... ./connector/protocol/... ./connector/sidechannel/... ./internal/elfdeps/...
+	CGO_ENABLED=0 $(GO) test -count=1 ./layout/... ./connector/protocol/... ./internal/elfdeps/...
 
 test-go:
 	$(GO) vet ./...
@@ -117,7 +124,7 @@ vectors: pydeps vllm-wheels
 	$(VENV_PY) python/gen_vectors.py
 
 # What vLLM's own NixlConnector emits on the CPU platform (needs the release venvs of the real-vLLM tier).
-VECTORS_REAL ?= 0.33.0
+VECTORS_REAL ?= 0.16.0 0.33.0
 vectors-real: pydeps
 	$(VENV_PY) python/gen_vectors_real.py $(VECTORS_REAL)
 

@@ -30,6 +30,18 @@ type HostBuffered interface {
 	CopyToDevice(ctx context.Context, blockIDs []int) error
 }
 
+// HostBufferedPipeline is a HostBuffered cache whose host → device copies can be started without waiting for
+// them. The decode role then READs a request in slices and starts each slice's copy (one batch) as soon as its
+// READ is done, while the later slices' READs run; the notification goes to the prefill side once every READ
+// is done. (The cuda package's HostBufferedKVCache issues each start as one cuMemcpyBatchAsync call.)
+type HostBufferedPipeline interface {
+	HostBuffered
+	// StartCopyToDevice starts copying blocks blockIDs (every region) to the device and returns once issued.
+	StartCopyToDevice(blockIDs []int) error
+	// WaitCopies waits, bounded by ctx, for every copy started so far.
+	WaitCopies(ctx context.Context) error
+}
+
 // PlanFor maps a profile's layout era to the layout package's region plan.
 func PlanFor(p protocol.Profile) (layout.RegionPlan, error) {
 	switch p.Layout {

@@ -288,6 +288,15 @@ func (d *Decode) pull(ctx context.Context, requestID string, kv protocol.KVTrans
 	if err != nil {
 		return fail(fmt.Errorf("%w: %v", ErrBadParams, err))
 	}
+	if hp, ok := d.cfg.Cache.(HostBufferedPipeline); ok && re.plan.BlockSizeRatio() == 1 && len(localBlocks) > 1 {
+		if readErr, copyErr := d.pullSliced(ctx, re, hp, localBlocks, ids, notif, kv.RemoteRequestID, &res); readErr != nil {
+			d.forget(re) // pullSliced closed its requests
+			return fail(fmt.Errorf("connector: READ of %d blocks from %s: %w", len(ids), kv.RemoteEngineID, readErr))
+		} else if copyErr != nil {
+			return fail(copyErr)
+		}
+		return d.pulled(log, res, len(ids)), nil
+	}
 	xfers := make([]*nixl.Xfer, 0, len(re.sources))
 	defer func() {
 		for _, x := range xfers {
@@ -297,7 +306,7 @@ func (d *Decode) pull(ctx context.Context, requestID string, kv protocol.KVTrans
 	start := time.Now()
 	err = d.do(func() error {
 		for _, src := range re.sources {
-			x, err := d.reg.agent.MakeXfer(nixl.Read, src.local, localIdx, src.remote, remoteIdx, nixl.WithNotification(notif))
+			x, err := d.reg.agent.MakeXfer(nixl.Read, src.local, localIdx, src.remote, remoteIdx, d.reg.xferOpts(notif)...)
 			if err != nil {
 				return err
 			}
@@ -348,6 +357,16 @@ func (d *Decode) pull(ctx context.Context, requestID string, kv protocol.KVTrans
 	d.metrics.Observe("transfer", res.Transfer)
 	log.Debug("pulled", zap.Int("blocks", res.Blocks), zap.Int64("bytes", res.Bytes), zap.Duration("transfer", res.Transfer), zap.Float64("gbps", res.GBps()))
 	return res, nil
+}
+
+// pulled records a pulled request of blocks blocks (sliced host-buffered path).
+func (d *Decode) pulled(log *zap.Logger, res Result, blocks int) Result {
+	res.Blocks = blocks
+	d.metrics.Requests.Add(1)
+	d.metrics.Bytes.Add(res.Bytes)
+	d.metrics.Observe("transfer", res.Transfer)
+	log.Debug("pulled", zap.Int("blocks", res.Blocks), zap.Int64("bytes", res.Bytes), zap.Duration("transfer", res.Transfer), zap.Float64("gbps", res.GBps()))
+	return res
 }
 
 // do runs fn with the cache's device context current when the cache needs one (DeviceContext).
@@ -557,6 +576,9 @@ func (d *Decode) handshake(ctx context.Context, engineID string, re *remoteEngin
 	if re.plan, err = layout.NewReadPlan(d.reg.geom, dTP, dRank, geom, re.tp, total); err != nil {
 		return fmt.Errorf("%w: decode rank %d of %d cannot read prefill engine %s (TP %d): %v", ErrBadParams, dRank, dTP, engineID, re.tp, err)
 	}
+	// Our lists are local to this agent: whole-block descriptors where vLLM has K/V halves, so NIXL merges a
+	// run of consecutive blocks into one descriptor per region (layout.ReadPlan.Merged).
+	re.plan = re.plan.Merged()
 	for _, rank := range re.plan.SourceRanks() {
 		if rank != first {
 			var g layout.Geometry

@@ -29,7 +29,8 @@
 // pinned DRAM) or a cuda.KVCache (GPU memory) from the device packages, which this package never imports.
 // Optional interfaces add what a device needs: BlockAllocator (the cache hands out the blocks), Registrar
 // (the cache registers itself), DeviceContext (NIXL calls run with the device context current) and
-// HostBuffered (a host-buffered decode cache copied to the device after each READ).
+// HostBuffered (a host-buffered decode cache copied to the device after each READ; HostBufferedPipeline
+// copies each READ slice while the next ones run).
 //
 // # Concurrency and lifetime
 //

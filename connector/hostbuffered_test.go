@@ -93,3 +93,64 @@ func TestPullHostBuffered(t *testing.T) {
 	assert.EqualValues(t, 1, m.RequestErrors.Load())
 	assert.EqualValues(t, 1, m.Requests.Load())
 }
+
+// hostBufferedPipe is hostBufferedDRAM with started (here: immediate) copies, so the role pulls in slices.
+type hostBufferedPipe struct {
+	hostBufferedDRAM
+	waits int
+}
+
+func (h *hostBufferedPipe) StartCopyToDevice(blockIDs []int) error {
+	return h.CopyToDevice(context.Background(), blockIDs)
+}
+
+func (h *hostBufferedPipe) WaitCopies(ctx context.Context) error {
+	h.mu.Lock()
+	h.waits++
+	h.mu.Unlock()
+	return ctx.Err()
+}
+
+var _ HostBufferedPipeline = (*hostBufferedPipe)(nil)
+
+// A pipelined host-buffered cache is read in slices, each slice's copy started after its READ (the "device"
+// ends up with the bytes NIXL brought, which a copy started too early would miss), every block exactly once,
+// in order; the prefill side is notified once (its blocks are released) and the copies are waited for once.
+func TestPullHostBufferedSlices(t *testing.T) {
+	p, _ := protocol.ProfileByName("0.33")
+	l := testLib(t)
+	pc := newCache(t, tinyGeom(t, p, 16))
+	pre, err := NewPrefill(PrefillConfig{Profile: p, Library: l, Cache: pc, Compat: tinyCompat(p)})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, pre.Close()) })
+	hb := &hostBufferedPipe{hostBufferedDRAM: hostBufferedDRAM{DRAMCache: newCache(t, tinyGeom(t, p, 16))}}
+	hb.device = make([]byte, len(hb.Bytes()))
+	d, err := NewDecode(DecodeConfig{Profile: p, Library: l, Cache: hb, Compat: tinyCompat(p)})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, d.Close()) })
+	ctx := ctxT(t, 10*time.Second)
+
+	kv, err := pre.Prefill(ctx, "hbs-1", 10*tinyBlock, patternFill(pc, 7))
+	require.NoError(t, err)
+	local := []int{12, 3, 4, 5, 9, 1, 2, 14, 15, 6}
+	res, err := d.Pull(ctx, "hbs-1", kv, local)
+	require.NoError(t, err)
+	assert.Equal(t, 10, res.Blocks)
+	var got []int
+	for _, c := range hb.calls {
+		got = append(got, c...)
+	}
+	require.Equal(t, local, got)
+	require.Len(t, hb.calls, 5, "10 blocks in slices of 2")
+	require.Equal(t, 1, hb.waits)
+	g := hb.Geometry()
+	for r := 0; r < g.NumRegions(); r++ {
+		for j, b := range local {
+			off := g.RegionOffset(r) + int64(b)*g.BlockLen()
+			for i, v := range hb.device[off : off+g.BlockLen()] {
+				require.Equal(t, patternByte(7, r, int(kv.RemoteBlockIDs[0][j]), i), v, "region %d block %d byte %d", r, b, i)
+			}
+		}
+	}
+	require.Eventually(t, func() bool { return pre.Held() == 0 }, 5*time.Second, 10*time.Millisecond, "the prefill side releases the request on the notification")
+}

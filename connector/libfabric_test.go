@@ -12,9 +12,11 @@ import (
 )
 
 // The roles over NIXL's LIBFABRIC backend (the field configuration "backends": ["LIBFABRIC"]) with a non-EFA
-// libfabric provider (FI_PROVIDER, default tcp). The plugin of the nixl-cu12 1.5.1 wheel needs libfabric ≥ 2.x
-// (symbol version FABRIC_1.10), libcudart.so.12 and libcuda.so.1, so on a host without them it cannot be
-// loaded: the test then skips with NIXL's error, unless GONIXL_TEST_LIBFABRIC=1 says the host must have it.
+// libfabric provider (FI_PROVIDER, default tcp; NIXL 1.5.1's plugin takes only cxi, efa, tcp or sockets). The
+// plugin of the nixl-cu12/cu13 1.5.1 wheels needs libfabric ≥ 2.7 (symbol version FABRIC_1.10), the CUDA
+// runtime of its major, libhwloc.so.15 and libcuda.so.1 (scripts/fabric-deps.sh provides all but libfabric;
+// `gonixl env` names what is missing), so on a host without them it cannot be loaded: the test then skips
+// with NIXL's error, unless GONIXL_TEST_LIBFABRIC=1 says the host must have it.
 func TestRolesOverLIBFABRIC(t *testing.T) {
 	l := testLib(t)
 	if os.Getenv("FI_PROVIDER") == "" {
@@ -26,8 +28,9 @@ func TestRolesOverLIBFABRIC(t *testing.T) {
 		if os.Getenv("GONIXL_TEST_LIBFABRIC") != "" {
 			t.Fatalf("LIBFABRIC backend required (GONIXL_TEST_LIBFABRIC set) but cannot be created: %v", err)
 		}
-		t.Skipf("NIXL's LIBFABRIC plugin cannot be created on this host (FI_PROVIDER=%s): %v; it needs libfabric >= 2 "+
-			"(FABRIC_1.10), libcudart.so.12 and libcuda.so.1 — set GONIXL_TEST_LIBFABRIC=1 where they are present",
+		t.Skipf("NIXL's LIBFABRIC plugin cannot be created on this host (FI_PROVIDER=%s): %v; it needs libfabric >= 2.7 "+
+			"(FABRIC_1.10), the CUDA runtime, libhwloc.so.15 and libcuda.so.1 (`gonixl env` names what is missing; "+
+			"scripts/fabric-deps.sh) — set GONIXL_TEST_LIBFABRIC=1 where they are present",
 			os.Getenv("FI_PROVIDER"), err)
 	}
 	require.NoError(t, probe.Close())

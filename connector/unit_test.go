@@ -91,10 +91,13 @@ func TestBlockPoolConcurrent(t *testing.T) {
 
 func TestParseBackends(t *testing.T) {
 	assert.Equal(t, []nixl.BackendSpec{{Plugin: "LIBFABRIC"}}, ParseBackends([]string{"LIBFABRIC"}))
-	assert.Equal(t, []nixl.BackendSpec{{Plugin: "UCX"}, {Plugin: "LIBFABRIC"}}, ParseBackends([]string{" ucx ", "", "libfabric"}))
+	ucx, err := nixl.DefaultUCXOptions().Spec()
+	require.NoError(t, err)
+	assert.Equal(t, []nixl.BackendSpec{ucx, {Plugin: "LIBFABRIC"}}, ParseBackends([]string{" ucx ", "", "libfabric"}))
 	assert.Empty(t, ParseBackends(nil))
 	assert.Empty(t, ParseBackends([]string{" ", ""}))
-	assert.Equal(t, []nixl.BackendSpec{{Plugin: "UCX"}}, DefaultBackends)
+	assert.Equal(t, []nixl.BackendSpec{ucx}, DefaultBackends)
+	assert.Contains(t, ucx.Params["engine_config"], "RMA_PPLN_ENABLE=y", "RMA pipeline on by default")
 }
 
 func TestPlanFor(t *testing.T) {

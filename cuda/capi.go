@@ -183,7 +183,7 @@ func cCopyDtoHSlice(ctx ctxHandle, dst []byte, src uint64) Result {
 }
 
 // cCopyBatch issues every copy in one cgo call; ops is Go memory without pointers, read only during the call.
-func cCopyBatch(ctx ctxHandle, kind Direction, ops []Copy, stream uintptr, sync bool) (int, Result) {
+func cCopyBatch(ctx ctxHandle, dev int, kind Direction, ops []Copy, stream uintptr, sync bool) (int, Result) {
 	if len(ops) == 0 {
 		if sync {
 			return 0, Result(C.gcu_stream_sync(ctx.c(), C.gcu_stream(stream)))
@@ -196,7 +196,7 @@ func cCopyBatch(ctx ctxHandle, kind Direction, ops []Copy, stream uintptr, sync 
 		s = 1
 	}
 	r := C.gcu_copy_batch(ctx.c(), C.int(kind), (*C.gcu_copy)(unsafe.Pointer(&ops[0])), C.size_t(len(ops)),
-		C.gcu_stream(stream), C.int(s), &failed)
+		C.gcu_stream(stream), C.int(s), &failed, C.int(dev))
 	return int(failed), Result(r)
 }
 
@@ -256,3 +256,6 @@ func cPointerInfo(ctx ctxHandle, p uint64) (PointerInfo, Result) {
 		HostPtr:    uint64(pi.host_ptr),
 	}, r
 }
+
+// cBatchABI is the cuMemcpyBatchAsync ABI the batch copies use (13 or 12), or 0 when they loop per copy.
+func cBatchABI() int { return int(C.gcu_batch_abi()) }

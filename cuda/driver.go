@@ -135,3 +135,8 @@ func (d *Driver) DeviceCount() (int, error) {
 	n, r := cDeviceCount()
 	return n, check(r, "cuDeviceGetCount", "")
 }
+
+// BatchCopyABI reports how batches of copies (Stream.Enqueue, Device.CopyBatch, KVCache copies) are issued:
+// 13 or 12 when by one cuMemcpyBatchAsync call (that CUDA ABI, resolved with cuGetProcAddress), 0 when by one
+// driver call per copy (a driver older than CUDA 12.8, or GONIXL_CUDA_NO_BATCH set).
+func (d *Driver) BatchCopyABI() int { return cBatchABI() }

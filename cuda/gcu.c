@@ -4,6 +4,7 @@
 #include "gcu.h"
 
 #include <dlfcn.h>
+#include <stdlib.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
@@ -298,9 +299,92 @@ gcu_result gcu_copy_dtoh_ptr(gcu_ctx ctx, void *dst, gcu_dptr src, size_t n) {
 	BIND(ctx);
 	return api.dtoh(dst, src, n);
 }
-gcu_result gcu_copy_batch(gcu_ctx ctx, int kind, const gcu_copy *ops, size_t n, gcu_stream s, int sync, size_t *failed) {
+// cuMemcpyBatchAsync (CUDA 12.8+): the whole batch in one driver call. Resolved once, at first use, through
+// cuGetProcAddress_v2 for the ABI of the driver's major version (CUDA 13 dropped the failIdx argument); NULL
+// on older drivers, which keep the per-copy loop.
+typedef struct {
+	int type; // CUmemLocationType: 1 device, 2 host
+	int id;
+} gcu_mem_location;
+typedef struct {
+	int src_access_order; // CUmemcpySrcAccessOrder: 1 = stream order
+	gcu_mem_location src_hint, dst_hint;
+	unsigned int flags;
+} gcu_memcpy_attrs;
+typedef gcu_result (*fn_batch13)(gcu_dptr *, gcu_dptr *, size_t *, size_t, gcu_memcpy_attrs *, size_t *, size_t, void *);
+typedef gcu_result (*fn_batch12)(gcu_dptr *, gcu_dptr *, size_t *, size_t, gcu_memcpy_attrs *, size_t *, size_t, size_t *, void *);
+typedef gcu_result (*fn_get_proc)(const char *, void **, int, uint64_t, int *);
+static pthread_once_t batch_once = PTHREAD_ONCE_INIT;
+static void *batch_fn;
+static int batch_abi; // 13, 12 or 0 (none)
+static int batch_off;  // set when the driver refused a batch: the loop serves from then on
+
+static void batch_resolve(void) {
+	void *h = __atomic_load_n(&handle, __ATOMIC_ACQUIRE);
+	if (h == NULL || getenv("GONIXL_CUDA_NO_BATCH") != NULL) return;
+	fn_get_proc gp = (fn_get_proc)dlsym(h, "cuGetProcAddress_v2");
+	int ver = 0;
+	if (gp == NULL || api.driver_version(&ver) != 0) return;
+	void *f = NULL;
+	int st = 0;
+	if (ver >= 13000 && gp("cuMemcpyBatchAsync", &f, 13000, 0, &st) == 0 && f != NULL) {
+		batch_fn = f;
+		batch_abi = 13;
+	} else if (ver >= 12080 && gp("cuMemcpyBatchAsync", &f, 12080, 0, &st) == 0 && f != NULL) {
+		batch_fn = f;
+		batch_abi = 12;
+	}
+}
+
+int gcu_batch_abi(void) {
+	pthread_once(&batch_once, batch_resolve);
+	return __atomic_load_n(&batch_off, __ATOMIC_RELAXED) ? 0 : batch_abi;
+}
+
+// batch_copy issues ops[0..n) in one cuMemcpyBatchAsync call; returns -1 when that is not possible here.
+static gcu_result batch_copy(int kind, const gcu_copy *ops, size_t n, gcu_stream s, int dev) {
+	if (gcu_batch_abi() == 0 || n < 2) return -1;
+	// CU_STREAM_PER_THREAD for the legacy default stream, which the batch call refuses; the per-thread
+	// stream synchronizes with the legacy one, so ordering is kept.
+	void *stream = s ? H(s) : (void *)(uintptr_t)0x2;
+	gcu_dptr *arr = malloc(n * (2 * sizeof(gcu_dptr) + sizeof(size_t)));
+	if (arr == NULL) return -1;
+	gcu_dptr *dsts = arr, *srcs = arr + n;
+	size_t *sizes = (size_t *)(arr + 2 * n);
+	for (size_t i = 0; i < n; i++) {
+		dsts[i] = ops[i].dst;
+		srcs[i] = ops[i].src;
+		sizes[i] = ops[i].len;
+	}
+	gcu_mem_location host = {2, 0}, gpu = {1, dev};
+	gcu_memcpy_attrs attr = {1, kind == GCU_HTOD ? host : gpu, kind == GCU_DTOH ? host : gpu, 0};
+	size_t idx = 0, fail = 0;
+	gcu_result r;
+	if (batch_abi == 13) {
+		r = ((fn_batch13)batch_fn)(dsts, srcs, sizes, n, &attr, &idx, 1, stream);
+	} else {
+		r = ((fn_batch12)batch_fn)(dsts, srcs, sizes, n, &attr, &idx, 1, &fail, stream);
+	}
+	free(arr);
+	if (r == 1 /* CUDA_ERROR_INVALID_VALUE */ || r == 801 /* CUDA_ERROR_NOT_SUPPORTED */) {
+		__atomic_store_n(&batch_off, 1, __ATOMIC_RELAXED); // this driver will not batch these: loop from now on
+		return -1;
+	}
+	if (r == 0 && s == 0) r = api.stream_sync((void *)(uintptr_t)0x2);
+	return r;
+}
+
+gcu_result gcu_copy_batch(gcu_ctx ctx, int kind, const gcu_copy *ops, size_t n, gcu_stream s, int sync, size_t *failed, int dev) {
 	*failed = 0;
 	BIND(ctx);
+	if (kind >= GCU_HTOD && kind <= GCU_DTOD) {
+		gcu_result r = batch_copy(kind, ops, n, s, dev);
+		if (r > 0) {
+			*failed = 0; // the batch failed as a whole
+			return r;
+		}
+		if (r == 0) goto done;
+	}
 	for (size_t i = 0; i < n; i++) {
 		gcu_result r;
 		switch (kind) {
@@ -321,6 +405,7 @@ gcu_result gcu_copy_batch(gcu_ctx ctx, int kind, const gcu_copy *ops, size_t n, 
 			return r;
 		}
 	}
+done:
 	if (sync) {
 		gcu_result r = api.stream_sync(H(s));
 		if (r != 0) {

@@ -61,7 +61,9 @@ gcu_result gcu_copy_htod_ptr(gcu_ctx ctx, gcu_dptr dst, const void *src, size_t 
 gcu_result gcu_copy_dtoh_ptr(gcu_ctx ctx, void *dst, gcu_dptr src, size_t n);
 // gcu_copy_batch issues n async copies of one kind on stream (NULL = the legacy default stream) and, if sync,
 // waits for the stream. On failure *failed is the index of the copy that failed (n if the wait failed).
-gcu_result gcu_copy_batch(gcu_ctx ctx, int kind, const gcu_copy *ops, size_t n, gcu_stream s, int sync, size_t *failed);
+gcu_result gcu_copy_batch(gcu_ctx ctx, int kind, const gcu_copy *ops, size_t n, gcu_stream s, int sync, size_t *failed, int dev);
+// gcu_batch_abi: 13 or 12 when gcu_copy_batch issues one cuMemcpyBatchAsync call (that ABI), 0 when it loops.
+int gcu_batch_abi(void);
 gcu_result gcu_stream_create(gcu_ctx ctx, gcu_stream *s, unsigned flags);
 gcu_result gcu_stream_destroy(gcu_ctx ctx, gcu_stream s);
 gcu_result gcu_stream_sync(gcu_ctx ctx, gcu_stream s);

@@ -310,7 +310,7 @@ func (c *KVCache) run(dir Direction, ops []Copy, s *Stream, host Regions) error 
 	if s != nil {
 		return s.Enqueue(dir, ops)
 	}
-	i, r := cCopyBatch(c.m.r.st.ctx, dir, ops, 0, true)
+	i, r := cCopyBatch(c.m.r.st.ctx, c.m.r.st.ordinal, dir, ops, 0, true)
 	return batchErr(dir, ops, i, r)
 }
 
@@ -353,6 +353,16 @@ func (c *HostBufferedKVCache) CopyToDevice(ctx context.Context, blockIDs []int) 
 	}
 	return c.s.Wait(ctx)
 }
+
+// StartCopyToDevice starts copying blocks blockIDs (same ids on both sides, every region) from the host cache
+// to the VRAM cache, one batch on the cache's stream, and returns once it is issued (the connector's
+// HostBufferedPipeline: the decode role overlaps it with the READ of the next slice of a request).
+func (c *HostBufferedKVCache) StartCopyToDevice(blockIDs []int) error {
+	return c.vram.CopyFromHost(c.HostKVCache, blockIDs, blockIDs, c.s)
+}
+
+// WaitCopies waits (bounded by ctx) for every copy started on the cache's stream.
+func (c *HostBufferedKVCache) WaitCopies(ctx context.Context) error { return c.s.Wait(ctx) }
 
 // CopyFromDevice copies blocks blockIDs from the VRAM cache to the host cache (for a prefill rank that
 // stages its GPU cache in host memory) and waits for them.

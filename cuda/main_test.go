@@ -11,6 +11,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/gonixl/gonixl/cuda"
+	"github.com/gonixl/gonixl/internal/benchpeer"
 	"github.com/gonixl/gonixl/internal/testenv"
 	"github.com/gonixl/gonixl/nixl"
 )
@@ -33,6 +34,7 @@ func (r runner) Run() int {
 const childEnv = "GONIXL_CUDA_CHILD"
 
 func TestMain(m *testing.M) {
+	benchpeer.MaybeServe(peerDevice) // BenchmarkDRAMToVRAM's DRAM peer process
 	if os.Getenv(childEnv) == "badptr" {
 		os.Exit(badPointerChild())
 	}
@@ -101,4 +103,18 @@ func loadNIXL(tb testing.TB) *nixl.Library {
 	nixlLib.once.Do(func() { nixlLib.lib, nixlLib.err = nixl.Load(nixl.LoadOptions{LibDir: dir}) })
 	require.NoError(tb, nixlLib.err)
 	return nixlLib.lib
+}
+
+// peerDevice runs a benchmark peer with GPU 0's primary context bound to its OS thread.
+func peerDevice(run func() error) error {
+	drv, err := cuda.Load(cuda.LoadOptions{})
+	if err != nil {
+		return err
+	}
+	dev, err := drv.Open(0)
+	if err != nil {
+		return err
+	}
+	defer dev.Close()
+	return dev.Do(run)
 }

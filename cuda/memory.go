@@ -303,7 +303,7 @@ func (dev *Device) CopyBatch(dir Direction, ops []Copy, s *Stream) error {
 		return err
 	}
 	defer st.mu.RUnlock()
-	i, r := cCopyBatch(st.ctx, dir, ops, 0, true)
+	i, r := cCopyBatch(st.ctx, st.ordinal, dir, ops, 0, true)
 	return batchErr(dir, ops, i, r)
 }
 

@@ -48,7 +48,7 @@ func (s *Stream) Enqueue(dir Direction, ops []Copy) error {
 		return err
 	}
 	defer s.r.done()
-	i, r := cCopyBatch(s.r.st.ctx, dir, ops, s.h, false)
+	i, r := cCopyBatch(s.r.st.ctx, s.r.st.ordinal, dir, ops, s.h, false)
 	return batchErr(dir, ops, i, r)
 }
 

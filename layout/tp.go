@@ -77,6 +77,7 @@ type ReadPlan struct {
 	ratio        int   // D_bs / P_bs
 	sources      []int // P ranks read, in slot order
 	offsetFactor int   // head-slice offset inside a P block, in units of D's per-rank kv block
+	whole        bool  // one descriptor per whole block (Merged), not one per K/V half
 }
 
 // NewReadPlan checks that local (D's rank localRank of localTP) can read remote (a P engine of remoteTP
@@ -169,6 +170,49 @@ func headOffset(rank, tp, remoteTP, heads int) int {
 	return rank % (tp / remoteTP)
 }
 
+// Merged returns the plan to use when the descriptor lists need not be vLLM's own, only wire-compatible
+// (the prepared lists are local to the decode agent): in PlanKVHalves, where vLLM prepares two descriptors
+// per block (the K half, then in a second pass the V half at +BlockLen/2), and D reads whole blocks (one
+// source rank, no head offset, equal block sizes and lengths), its lists hold one descriptor per whole
+// block instead, so that the descriptors of consecutive blocks are adjacent on both sides and NIXL's merge
+// of adjacent descriptors (on unless nixl.WithoutDescMerge) posts one descriptor per region and run of
+// consecutive block ids, half as many regions as vLLM's. Every other plan already has one descriptor per
+// block (PlanSplitKV, PlanPackedKV) or descriptors that can never be adjacent (a head slice, chunks of
+// several P ranks); for them Merged returns p. The bytes moved are the same either way.
+func (p *ReadPlan) Merged() *ReadPlan {
+	if p.whole || p.Local.Plan != PlanKVHalves || len(p.sources) != 1 || p.offsetFactor != 0 || p.ratio != 1 ||
+		p.Local.BlockLen() != p.Remote.BlockLen() || p.xferLen() != uint64(p.Local.DescLen()) {
+		return p
+	}
+	q := *p
+	q.sources = slices.Clone(p.sources)
+	q.whole = true
+	return &q
+}
+
+// WholeBlocks reports whether the plan's lists hold one descriptor per whole block (see Merged).
+func (p *ReadPlan) WholeBlocks() bool { return p.whole }
+
+// descRegions is the number of descriptor regions of the plan's lists: the local geometry's, or its
+// registered regions when the lists hold whole blocks.
+func (p *ReadPlan) descRegions() int {
+	if p.whole {
+		return p.Local.NumRegions()
+	}
+	return p.Local.NumDescRegions()
+}
+
+// appendWholeBlocks appends one descriptor per block of every region: (base + b·BlockLen, BlockLen).
+func appendWholeBlocks(dst []Desc, g Geometry, bases []uint64, devID uint64) []Desc {
+	bl := uint64(g.BlockLen())
+	for _, base := range bases {
+		for b := range g.NumBlocks {
+			dst = append(dst, Desc{Addr: base + uint64(b)*bl, Len: bl, DevID: devID})
+		}
+	}
+	return dst
+}
+
 // BlockSizeRatio is D_bs / P_bs (1 when the block sizes match).
 func (p *ReadPlan) BlockSizeRatio() int { return p.ratio }
 
@@ -195,6 +239,9 @@ func (p *ReadPlan) RemoteDescs(remoteBases []uint64, devID uint64) ([]Desc, erro
 	if err := p.Remote.checkBases(remoteBases); err != nil {
 		return nil, fmt.Errorf("remote: %w", err)
 	}
+	if p.whole {
+		return appendWholeBlocks(make([]Desc, 0, p.Remote.NumRegions()*p.Remote.NumBlocks), p.Remote, remoteBases, devID), nil
+	}
 	out := make([]Desc, 0, p.Remote.NumDescs())
 	return appendBlockDescs(out, p.Remote, remoteBases, 1, p.HeadOffset(), p.xferLen(), 1, 0, devID), nil
 }
@@ -210,6 +257,9 @@ func (p *ReadPlan) LocalDescs(localBases []uint64, devID uint64, sourceRank int)
 	}
 	if err := p.Local.checkBases(localBases); err != nil {
 		return nil, fmt.Errorf("local: %w", err)
+	}
+	if p.whole {
+		return appendWholeBlocks(make([]Desc, 0, p.Local.NumRegions()*p.Local.NumBlocks), p.Local, localBases, devID), nil
 	}
 	out := make([]Desc, 0, p.Local.NumDescs()*p.ratio)
 	dlen := uint64(p.Local.DescLen()) / uint64(p.ratio)
@@ -234,7 +284,7 @@ func (p *ReadPlan) Indices(localIDs, remoteIDs []int, localDst, remoteDst []int)
 	if nLocal < len(remoteIDs) {
 		remoteIDs = remoteIDs[len(remoteIDs)-nLocal:]
 	}
-	regions := p.Local.NumDescRegions()
+	regions := p.descRegions()
 	lstride := p.Local.NumBlocks * p.ratio
 	for r := range regions {
 		for i := range nLocal {

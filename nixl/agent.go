@@ -451,6 +451,7 @@ type callOpts struct {
 	notif    []byte
 	hasNotif bool
 	custom   []byte
+	noMerge  bool
 }
 
 // WithBackends restricts the call to these backends (default: every backend that can serve it).
@@ -468,6 +469,14 @@ func WithNotification(msg []byte) Option {
 // Library.HasCustomParams).
 func WithCustomParam(p []byte) Option {
 	return func(o *callOpts) { o.custom = p }
+}
+
+// WithoutDescMerge asks MakeXfer not to merge descriptors (NIXL merges a run of consecutive indices whose
+// descriptors are adjacent in memory on both sides into one; this turns that off, e.g. to count the
+// descriptors a request would post without the merge). Only with NIXL versions whose C API has it (see
+// Library.HasSkipDescMerge); others refuse the call with ErrInvalidParam.
+func WithoutDescMerge() Option {
+	return func(o *callOpts) { o.noMerge = true }
 }
 
 // buildOpts makes the C optional-args object (nil when no option is set); free it with freeOpts.
@@ -501,8 +510,12 @@ func buildOpts(op string, opts []Option) (C.gx_h, error) {
 	if o.hasNotif {
 		hn = 1
 	}
+	nm := C.int(0)
+	if o.noMerge {
+		nm = 1
+	}
 	var h C.gx_h
-	if err := check(op, C.gx_build_opt(&h, bp, C.size_t(len(bs)), np, C.size_t(len(o.notif)), hn, cp, C.size_t(len(o.custom))), "building call options"); err != nil {
+	if err := check(op, C.gx_build_opt(&h, bp, C.size_t(len(bs)), np, C.size_t(len(o.notif)), hn, cp, C.size_t(len(o.custom)), nm), "building call options (WithCustomParam / WithoutDescMerge need a NIXL whose C API has them)"); err != nil {
 		return nil, err
 	}
 	runtime.KeepAlive(o)

@@ -28,6 +28,13 @@
 // MakeXfer never make one cgo call per descriptor. Indices are validated against the prepared lists before
 // NIXL sees them (ErrIndexOutOfRange).
 //
+// # Backend options
+//
+// UCXOptions are the UCX backend's init parameters as typed fields (devices, workers, NIXL's thread pool and
+// its batch size, the error-handling mode, engine_config for UCX settings); DefaultUCXOptions are gonixl's
+// measured defaults. UCX_* environment variables override engine_config keys. WithoutDescMerge turns off
+// NIXL's merge of adjacent descriptors for one request (a thread pool splits a request by descriptors).
+//
 // # Errors
 //
 // Errors from NIXL are *Error values carrying the C API's Status; errors.Is matches the sentinels

@@ -77,6 +77,7 @@ static gx_sym gx_syms[] = {
 	GX_REQ(query_mem, "nixl_capi_query_mem"),
 	GX_OPT(is_stub, "nixl_capi_is_stub"),
 	GX_OPT(opt_args_set_custom_param, "nixl_capi_opt_args_set_custom_param"),
+	GX_OPT(opt_args_set_skip_desc_merge, "nixl_capi_opt_args_set_skip_desc_merge"),
 };
 
 // gx_open dlopens path and resolves every symbol. It returns 0 on success; on failure it writes the reason
@@ -110,6 +111,7 @@ int gx_open(const char* path, char* err, size_t errlen) {
 }
 
 int gx_has_custom_param(void) { return gx_api.opt_args_set_custom_param != NULL; }
+int gx_has_skip_desc_merge(void) { return gx_api.opt_args_set_skip_desc_merge != NULL; }
 
 // Thin trampolines: cgo cannot call C function pointers directly.
 gx_status gx_create_agent(const char* name, const gx_agent_config* cfg, gx_h* out) { return gx_api.create_configured_agent(name, cfg, out); }
@@ -376,9 +378,9 @@ gx_status gx_query_mem(gx_h a, gx_h l, gx_h o, size_t n, char* has, uint64_t* en
 
 // gx_build_opt creates optional args carrying backends and/or a notification in one call; *out stays NULL
 // when nothing is set.
-gx_status gx_build_opt(gx_h* out, const gx_h* backends, size_t nb, const void* notif, size_t nn, int has_notif, const void* custom, size_t nc) {
+gx_status gx_build_opt(gx_h* out, const gx_h* backends, size_t nb, const void* notif, size_t nn, int has_notif, const void* custom, size_t nc, int skip_merge) {
 	*out = NULL;
-	if (nb == 0 && !has_notif && nc == 0) return 0;
+	if (nb == 0 && !has_notif && nc == 0 && !skip_merge) return 0;
 	gx_h o = NULL;
 	gx_status s = gx_api.create_opt_args(&o);
 	if (s != 0) return s;
@@ -394,6 +396,10 @@ gx_status gx_build_opt(gx_h* out, const gx_h* backends, size_t nb, const void* n
 	if (nc > 0) {
 		if (!gx_api.opt_args_set_custom_param) { gx_api.destroy_opt_args(o); return -1; }
 		if ((s = gx_api.opt_args_set_custom_param(o, custom, nc)) != 0) { gx_api.destroy_opt_args(o); return s; }
+	}
+	if (skip_merge) {
+		if (!gx_api.opt_args_set_skip_desc_merge) { gx_api.destroy_opt_args(o); return -1; }
+		if ((s = gx_api.opt_args_set_skip_desc_merge(o, true)) != 0) { gx_api.destroy_opt_args(o); return s; }
 	}
 	*out = o;
 	return 0;

@@ -105,12 +105,14 @@ typedef struct {
 	bool (*is_stub)(void);
 	// Optional (newer NIXL): probed at load time, NULL when absent.
 	gx_status (*opt_args_set_custom_param)(gx_h, const void*, size_t);
+	gx_status (*opt_args_set_skip_desc_merge)(gx_h, bool);
 } gx_api_t;
 
 
 extern gx_api_t gx_api;
 int gx_open(const char* path, char* err, size_t errlen);
 int gx_has_custom_param(void);
+int gx_has_skip_desc_merge(void);
 gx_status gx_create_agent(const char* name, const gx_agent_config* cfg, gx_h* out);
 gx_status gx_destroy_agent(gx_h a);
 gx_status gx_get_local_md(gx_h a, void** d, size_t* n);
@@ -157,5 +159,5 @@ gx_status gx_get_notifs(gx_h a, gx_h map, gx_h o, char** out, size_t* outLen, si
 gx_status gx_create_notif_map(gx_h* m);
 gx_status gx_destroy_notif_map(gx_h m);
 gx_status gx_query_mem(gx_h a, gx_h l, gx_h o, size_t n, char* has, uint64_t* ends, char** out, size_t* outLen);
-gx_status gx_build_opt(gx_h* out, const gx_h* backends, size_t nb, const void* notif, size_t nn, int has_notif, const void* custom, size_t nc);
+gx_status gx_build_opt(gx_h* out, const gx_h* backends, size_t nb, const void* notif, size_t nn, int has_notif, const void* custom, size_t nc, int skip_merge);
 #endif

@@ -47,6 +47,7 @@ type Library struct {
 	path      string
 	pluginDir string
 	custom    bool
+	skipMerge bool
 	log       *zap.Logger
 }
 
@@ -61,6 +62,9 @@ func (l *Library) PluginDir() string { return l.pluginDir }
 
 // HasCustomParams reports whether this NIXL's C API has the optional custom-parameter call.
 func (l *Library) HasCustomParams() bool { return l.custom }
+
+// HasSkipDescMerge reports whether this NIXL's C API has the skip-descriptor-merge option (WithoutDescMerge).
+func (l *Library) HasSkipDescMerge() bool { return l.skipMerge }
 
 // Version returns NIXL's version when it can be read from the library's folder layout (the wheel's
 // dist-info or the folder name given by the Makefile), else "".
@@ -169,7 +173,8 @@ func Load(opts LoadOptions) (*Library, error) {
 		} else if p := resolvedPath(); p != "" {
 			abs = p
 		}
-		loaded = &Library{path: abs, pluginDir: os.Getenv("NIXL_PLUGIN_DIR"), custom: C.gx_has_custom_param() != 0, log: log}
+		loaded = &Library{path: abs, pluginDir: os.Getenv("NIXL_PLUGIN_DIR"), custom: C.gx_has_custom_param() != 0,
+			skipMerge: C.gx_has_skip_desc_merge() != 0, log: log}
 		log.Info("NIXL loaded", zap.String("path", abs), zap.String("source", cand.source), zap.String("plugin_dir", loaded.pluginDir))
 		loadErr = nil
 		return loaded, nil

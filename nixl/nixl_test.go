@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/gonixl/gonixl/internal/benchpeer"
 	"github.com/gonixl/gonixl/internal/testenv"
 	"github.com/gonixl/gonixl/nixl"
 )
@@ -25,6 +26,7 @@ import (
 var leaks atomic.Int64
 
 func TestMain(m *testing.M) {
+	benchpeer.MaybeServe(nil) // BenchmarkDRAMToDRAM's peer process
 	// The two-process tests re-run this binary as the peer process.
 	if os.Getenv("GONIXL_NIXL_PEER") != "" {
 		os.Exit(peerMain())

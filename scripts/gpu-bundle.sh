@@ -1,22 +1,31 @@
 #!/usr/bin/env bash
-# Builds what the GPU machine needs to run the cuda package's tests and benchmark, where there is no Go and
-# no network: the test binaries (cgo; they dlopen libcuda.so.1 and libnixl_capi.so at run time) and the part
-# of the nixl-cu13 wheel they load (libnixl_capi.so and its dependency closure, the UCX plugin, UCX's
-# transport modules incl. CUDA), in the wheel's relative layout (the RPATHs are $ORIGIN-relative).
-# Output: .gpu/bundle.tgz and .gpu/run.sh (the folder is ignored through .git/info/exclude).
-# Usage: scripts/gpu-bundle.sh   (needs .nixl/cu13-<version>, e.g. from `make nixl NIXL_CUDA=13`)
+# Builds what the GPU machine needs to run the cuda and nixl packages' tests and benchmarks and the disagg
+# demo, where there is no Go and no network: the test binaries and the demo (cgo; they dlopen libcuda.so.1
+# and libnixl_capi.so at run time) and the part of the nixl-cu13 wheel they load (libnixl_capi.so and its
+# dependency closure, the UCX plugin, UCX's transport modules incl. CUDA), in the wheel's relative layout
+# (the RPATHs are $ORIGIN-relative).
+# Output: $GPU_BUNDLE_DIR/bundle.tgz and $GPU_BUNDLE_DIR/run.sh (default folder .gpu, ignored through
+# .git/info/exclude of the repository it lies in).
+# Usage: [GPU_BUNDLE_DIR=/path] scripts/gpu-bundle.sh   (needs .nixl/cu13-<version>: `make nixl NIXL_CUDA=13`,
+# then `make nixl` to point .nixl/current back at cu12)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 version=${NIXL_VERSION:-1.5.1}
-src="$root/.nixl/cu13-$version"
-out="$root/.gpu"
-[ -f "$src/.complete" ] || { echo "missing $src: run 'make nixl NIXL_CUDA=13' (then 'make nixl' to point .nixl/current back at cu12)" >&2; exit 1; }
-grep -qx '/.gpu/' "$root/.git/info/exclude" 2>/dev/null || echo '/.gpu/' >>"$root/.git/info/exclude"
+src=$(cd "$root/.nixl/cu13-$version" 2>/dev/null && pwd -P || true)
+out=${GPU_BUNDLE_DIR:-$root/.gpu}
+[ -n "$src" ] && [ -f "$src/.complete" ] || { echo "missing $root/.nixl/cu13-$version: run 'make nixl NIXL_CUDA=13' (then 'make nixl' to point .nixl/current back at cu12)" >&2; exit 1; }
+if [ -z "${GPU_BUNDLE_DIR:-}" ]; then
+  grep -qx '/.gpu/' "$root/.git/info/exclude" 2>/dev/null || echo '/.gpu/' >>"$root/.git/info/exclude"
+fi
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
 rm -rf "$out/stage" && mkdir -p "$out/stage/bin" "$out/stage/nixl"
 
 cd "$root"
 go test -c -race=false -o "$out/stage/bin/cuda.test" ./cuda
 go test -c -race -o "$out/stage/bin/cuda-race.test" ./cuda
+go test -c -race=false -o "$out/stage/bin/nixl.test" ./nixl
+go build -o "$out/stage/bin/disagg" ./examples/disagg
 
 # The wheel's files to carry: roots plus their dependency closure inside the wheel (system libraries and
 # the driver's libcuda / libnvidia-ml stay on the GPU machine).

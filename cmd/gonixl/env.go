@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 
 	"github.com/gonixl/gonixl/connector/sidechannel"
 	"github.com/gonixl/gonixl/cuda"
+	"github.com/gonixl/gonixl/internal/elfdeps"
 	"github.com/gonixl/gonixl/neuron"
 	"github.com/gonixl/gonixl/nixl"
 )
@@ -35,10 +37,16 @@ type nixlReport struct {
 }
 
 type pluginReport struct {
-	Name     string            `json:"name"`
+	Name  string `json:"name"`
+	Loads bool   `json:"loads"`
+	// File is the plugin's shared object (libplugin_<name>.so in the plugin folder).
+	File     string            `json:"file,omitempty"`
 	MemTypes []string          `json:"mem_types,omitempty"`
 	Params   map[string]string `json:"params,omitempty"`
-	Error    string            `json:"error,omitempty"`
+	// Missing lists, when the plugin does not load, every library, symbol version or symbol the dynamic
+	// loader would not find for it (from its ELF dependency closure; internal/elfdeps).
+	Missing []string `json:"missing,omitempty"`
+	Error   string   `json:"error,omitempty"`
 }
 
 type zmqReport struct {
@@ -81,7 +89,12 @@ var envVars = []string{
 	"NIXL_LIB_DIR", "NIXL_PLUGIN_DIR", "LD_LIBRARY_PATH", "UCX_TLS", "UCX_NET_DEVICES",
 	"GONIXL_CUDA_LIB", "CUDA_VISIBLE_DEVICES", "GONIXL_NRT_LIB", "NEURON_RT_VISIBLE_CORES",
 	"VLLM_NIXL_SIDE_CHANNEL_HOST", "VLLM_NIXL_SIDE_CHANNEL_PORT",
+	// libfabric (NIXL's LIBFABRIC backend); NIXL_LIBFABRIC_* (its parameter overrides) are listed too.
+	"FI_PROVIDER", "FI_TCP_IFACE", "FI_EFA_USE_DEVICE_RDMA", "FI_HMEM_CUDA_USE_GDRCOPY", "FI_LOG_LEVEL", "FI_LOG_PROV",
 }
+
+// envPrefixes are prefixes of further variables to report.
+var envPrefixes = []string{"NIXL_LIBFABRIC_"}
 
 const envHelp = `Reports, for each native dependency, where it was loaded from or every place that was tried:
   nixl    libnixl_capi.so: path, version, plugin folder, and per plugin its memory types and default
@@ -128,6 +141,14 @@ func runEnv(ctx context.Context, env *cmdEnv, args []string) error {
 	for _, k := range envVars {
 		if v, ok := os.LookupEnv(k); ok {
 			vars[k] = v
+		}
+	}
+	for _, kv := range os.Environ() {
+		k, v, _ := strings.Cut(kv, "=")
+		for _, p := range envPrefixes {
+			if strings.HasPrefix(k, p) {
+				vars[k] = v
+			}
 		}
 	}
 	nixlRep := nixlReport{Error: "skipped (--no-nixl)"}
@@ -187,11 +208,12 @@ func nixlEnv(nf nixlFlags) nixlReport {
 	}
 	sort.Strings(plugins)
 	for _, p := range plugins {
-		pr := pluginReport{Name: p}
+		pr := pluginReport{Name: p, File: filepath.Join(r.PluginDir, "libplugin_"+p+".so")}
 		mems, params, err := a.PluginParams(p)
 		if err != nil {
-			pr.Error = "cannot be loaded here (a library it needs is missing?): " + oneLine(err.Error())
+			pr.Missing, pr.Error = pluginProblems(pr.File, err)
 		} else {
+			pr.Loads = true
 			for _, m := range mems {
 				pr.MemTypes = append(pr.MemTypes, m.String())
 			}
@@ -200,6 +222,21 @@ func nixlEnv(nf nixlFlags) nixlReport {
 		r.Plugins = append(r.Plugins, pr)
 	}
 	return r
+}
+
+// pluginProblems explains why NIXL could not load a plugin: NIXL's own error names at most the first
+// library the loader missed, so the plugin's dependency closure is read from its ELF files instead
+// (DT_NEEDED, RPATH/RUNPATH, LD_LIBRARY_PATH, version needs). It returns every problem and a one-line error.
+func pluginProblems(file string, nixlErr error) ([]string, string) {
+	rep, err := elfdeps.Check(file, elfdeps.Options{})
+	switch {
+	case err != nil:
+		return nil, "cannot be loaded here: " + oneLine(nixlErr.Error()) + " (reading " + file + ": " + oneLine(err.Error()) + ")"
+	case rep.OK():
+		return nil, "its libraries are all found, but NIXL cannot load it: " + oneLine(nixlErr.Error())
+	}
+	probs := rep.Problems()
+	return probs, "cannot be loaded here: " + strings.Join(probs, "; ")
 }
 
 // zmqEnv reports the side channel's ZMQ transport: built in (pure-Go ZMTP), so always found.
@@ -292,6 +329,13 @@ func printEnv(env *cmdEnv, r envReport) {
 		fmt.Fprintf(w, "  plugin dir   %s\n", r.NIXL.PluginDir)
 		fmt.Fprintf(w, "  plugins      %d\n", len(r.NIXL.Plugins))
 		for _, p := range r.NIXL.Plugins {
+			if p.Error != "" && len(p.Missing) > 0 {
+				fmt.Fprintf(w, "    %-12s cannot be loaded here; missing:\n", p.Name)
+				for _, m := range p.Missing {
+					fmt.Fprintf(w, "    %-12s   %s\n", "", m)
+				}
+				continue
+			}
 			if p.Error != "" {
 				fmt.Fprintf(w, "    %-12s %s\n", p.Name, p.Error)
 				continue

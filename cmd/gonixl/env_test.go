@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -145,4 +146,101 @@ func TestEnvNeuron(t *testing.T) {
 	r = runCLI(t, "env", "--no-nixl", "--no-neuron-init")
 	require.Equal(t, 0, r.code, r.stderr)
 	require.Contains(t, r.stdout, "libnrt loads (runtime not initialised")
+}
+
+// TestEnvPluginMissing runs env where the LIBFABRIC plugin's libfabric.so.1 is too old: a stand-in built here
+// that defines only the symbol versions FABRIC_1.0 and FABRIC_1.1 (as Debian 12's 1.17 stops at FABRIC_1.6),
+// first on LD_LIBRARY_PATH. The report names that version need, not only the first missing library, and every
+// other library of the plugin that cannot be found.
+func TestEnvPluginMissing(t *testing.T) {
+	dir := nixlDir(t)
+	gcc, err := exec.LookPath("gcc")
+	if err != nil {
+		testenv.Missing(t, "gcc (builds a stand-in libfabric.so.1)", err.Error())
+	}
+	fake := t.TempDir()
+	src := filepath.Join(fake, "fab.c")
+	vmap := filepath.Join(fake, "fab.map")
+	require.NoError(t, os.WriteFile(src, []byte("int fi_getinfo(void){return -1;}\nint fi_freeinfo(void){return 0;}\n"+
+		"int fi_dupinfo(void){return 0;}\nint fi_fabric(void){return -1;}\nconst char *fi_strerror(int e){return \"x\";}\n"), 0o644))
+	require.NoError(t, os.WriteFile(vmap, []byte("FABRIC_1.0 { global: fi_getinfo; fi_freeinfo; fi_dupinfo; fi_fabric; fi_strerror; local: *; };\n"+
+		"FABRIC_1.1 { global: fi_getinfo; fi_freeinfo; fi_dupinfo; fi_fabric; } FABRIC_1.0;\n"), 0o644))
+	out, err := exec.Command(gcc, "-shared", "-fPIC", "-o", filepath.Join(fake, "libfabric.so.1"), src,
+		"-Wl,-soname,libfabric.so.1", "-Wl,--version-script="+vmap).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+
+	bin := buildCLI(t)
+	cmd := exec.Command(bin, "env", "--json", "--no-neuron-init", "--nixl-lib-dir", dir)
+	cmd.Env = append(os.Environ(), "LD_LIBRARY_PATH="+fake+string(os.PathListSeparator)+os.Getenv("LD_LIBRARY_PATH"),
+		"FI_PROVIDER=tcp", "NIXL_LIBFABRIC_NUM_THREADS=2")
+	stdout, err := cmd.Output()
+	require.NoError(t, err)
+	rep := decodeJSON[envReport](t, string(stdout))
+	require.Equal(t, "tcp", rep.Env["FI_PROVIDER"])
+	require.Equal(t, "2", rep.Env["NIXL_LIBFABRIC_NUM_THREADS"], "NIXL_LIBFABRIC_* parameter overrides are reported")
+	var lf *pluginReport
+	for i, p := range rep.NIXL.Plugins {
+		if p.Name == "LIBFABRIC" {
+			lf = &rep.NIXL.Plugins[i]
+		}
+		if p.Name == "UCX" {
+			require.True(t, p.Loads, p.Error)
+			require.Empty(t, p.Missing)
+		}
+	}
+	require.NotNil(t, lf, "plugins: %+v", rep.NIXL.Plugins)
+	require.False(t, lf.Loads)
+	require.Equal(t, filepath.Join(rep.NIXL.PluginDir, "libplugin_LIBFABRIC.so"), lf.File)
+	require.Contains(t, lf.Missing, "libfabric.so.1: version FABRIC_1.10 not found in "+filepath.Join(fake, "libfabric.so.1")+
+		" (it defines up to FABRIC_1.1; needed by libplugin_LIBFABRIC.so)")
+	require.Contains(t, lf.Error, "FABRIC_1.10")
+	// The plugin's other libraries: each one the loader cannot find here is named too.
+	for _, lib := range []string{"libhwloc.so.15", "libcuda.so.1"} {
+		if !loaderFinds(lib) {
+			require.Contains(t, lf.Missing, lib+": not found (needed by libplugin_LIBFABRIC.so)")
+		}
+	}
+
+	// Text: the plugin's name, then one line per problem.
+	cmd = exec.Command(bin, "env", "--no-neuron-init", "--nixl-lib-dir", dir)
+	cmd.Env = append(os.Environ(), "LD_LIBRARY_PATH="+fake+string(os.PathListSeparator)+os.Getenv("LD_LIBRARY_PATH"))
+	stdout, err = cmd.Output()
+	require.NoError(t, err)
+	require.Regexp(t, `LIBFABRIC\s+cannot be loaded here; missing:\n(\s+.*\n)*?\s+libfabric.so.1: version FABRIC_1.10 not found`, string(stdout))
+}
+
+// loaderFinds reports whether the dynamic loader's cache or LD_LIBRARY_PATH has lib.
+func loaderFinds(lib string) bool {
+	for _, d := range filepath.SplitList(os.Getenv("LD_LIBRARY_PATH")) {
+		if _, err := os.Stat(filepath.Join(d, lib)); err == nil {
+			return true
+		}
+	}
+	out, err := exec.Command("/sbin/ldconfig", "-p").Output()
+	return err == nil && strings.Contains(string(out), lib+" ")
+}
+
+// pluginProblems: a plugin whose libraries all resolve keeps NIXL's own error; an unreadable file says so.
+func TestPluginProblems(t *testing.T) {
+	gcc, err := exec.LookPath("gcc")
+	if err != nil {
+		testenv.Missing(t, "gcc (builds a stand-in plugin)", err.Error())
+	}
+	dir := t.TempDir()
+	src := filepath.Join(dir, "p.c")
+	require.NoError(t, os.WriteFile(src, []byte("int nixl_plugin_init(void){return 0;}\n"), 0o644))
+	plugin := filepath.Join(dir, "libplugin_FAKE.so")
+	out, err := exec.Command(gcc, "-shared", "-fPIC", "-o", plugin, src).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	nixlErr := errors.New("nixl: plugin params FAKE: ERR_BACKEND")
+
+	missing, msg := pluginProblems(plugin, nixlErr)
+	require.Empty(t, missing)
+	require.Equal(t, "its libraries are all found, but NIXL cannot load it: nixl: plugin params FAKE: ERR_BACKEND", msg)
+
+	notELF := filepath.Join(dir, "libplugin_TEXT.so")
+	require.NoError(t, os.WriteFile(notELF, []byte("text"), 0o644))
+	missing, msg = pluginProblems(notELF, nixlErr)
+	require.Empty(t, missing)
+	require.Contains(t, msg, "cannot be loaded here: nixl: plugin params FAKE: ERR_BACKEND (reading "+notELF+": elfdeps: not an ELF file")
 }

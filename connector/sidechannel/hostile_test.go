@@ -8,7 +8,9 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"runtime"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -195,7 +197,7 @@ func TestSlowloris(t *testing.T) {
 // left, and serves again. (The handshake deadline that frees slots held by silent peers is TestSlowloris's.)
 func TestConnectionCap(t *testing.T) {
 	const limit, total = 50, 1000
-	srv, p := testServer(t, ServerConfig{MaxConnections: limit, HandshakeTimeout: patience})
+	srv, p := testServer(t, ServerConfig{MaxConnections: limit, MaxConnectionsPerHost: limit, HandshakeTimeout: patience})
 	var conns []net.Conn
 	defer func() {
 		for _, c := range conns {
@@ -238,6 +240,7 @@ func TestPipeliningNonReaders(t *testing.T) {
 	srv, _ := testServer(t, ServerConfig{
 		Payloads:         map[protocol.Rank][]byte{{}: payload},
 		MaxQueuedReplies: queue, WriteTimeout: 500 * time.Millisecond, RequestRate: -1, MaxConnections: 1000,
+		SendBufferSize: 64 << 10,
 	})
 	req, err := p.EncodeRequest(protocol.Rank{})
 	require.NoError(t, err)
@@ -250,6 +253,7 @@ func TestPipeliningNonReaders(t *testing.T) {
 	runtime.GC()
 	var base runtime.MemStats
 	runtime.ReadMemStats(&base)
+	rssBefore := vmRSS()
 
 	// Small receive buffers (set before connecting) so that a few replies fill them.
 	d := net.Dialer{Timeout: 10 * time.Second, Control: func(_, _ string, c syscall.RawConn) error {
@@ -273,11 +277,12 @@ func TestPipeliningNonReaders(t *testing.T) {
 		_, err = nc.Write(burst) // the kernel takes it: the server stops reading when the queue is full
 		require.NoError(t, err)
 	}
-	var peak uint64
+	var peak, rssPeak uint64
 	waitFor(t, "every non-reading peer disconnected", func() bool {
 		var m runtime.MemStats
 		runtime.ReadMemStats(&m)
 		peak = max(peak, m.HeapInuse)
+		rssPeak = max(rssPeak, vmRSS())
 		st := srv.Stats()
 		assert.LessOrEqual(t, st.Queued, clients*queue)
 		return st.Disconnects == clients
@@ -287,8 +292,9 @@ func TestPipeliningNonReaders(t *testing.T) {
 	assert.Positive(t, st.QueueHighWater)
 	assert.Less(t, st.Served, uint64(clients*requests), "non-readers were not served everything they asked")
 	grew := int64(peak) - int64(base.HeapInuse)
-	t.Logf("heap in use: %d MB before, peak %d MB while %d peers pipelined %d requests each (%d replies served)",
-		base.HeapInuse>>20, peak>>20, clients, requests, st.Served)
+	t.Logf("heap in use: %d MB before, peak %d MB while %d peers pipelined %d requests each (%d replies served); "+
+		"RSS of the test process (both ends) %d MB before, peak %d MB", base.HeapInuse>>20, peak>>20, clients, requests,
+		st.Served, rssBefore>>20, rssPeak>>20)
 	assert.Less(t, grew, int64(100<<20), "heap grew by %d MB", grew>>20)
 	for _, c := range conns {
 		_ = c.Close()
@@ -463,4 +469,77 @@ func TestClientHostileServers(t *testing.T) {
 	runtime.ReadMemStats(&after)
 	require.ErrorIs(t, err, zmtp.ErrTooLarge)
 	assert.Less(t, after.TotalAlloc-before.TotalAlloc, uint64(16<<20))
+}
+
+// One host cannot take every slot: MaxConnectionsPerHost refuses its connections beyond the cap.
+func TestConnectionCapPerHost(t *testing.T) {
+	srv, p := testServer(t, ServerConfig{MaxConnections: 100, MaxConnectionsPerHost: 5, HandshakeTimeout: patience})
+	var conns []net.Conn
+	defer func() {
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	}()
+	for i := 0; i < 20; i++ {
+		nc, err := net.DialTimeout("tcp", srv.Addr(), 10*time.Second)
+		require.NoError(t, err)
+		conns = append(conns, nc)
+	}
+	waitFor(t, "every connection accepted or refused", func() bool {
+		st := srv.Stats()
+		return st.Accepted+st.Refused == 20
+	})
+	st := srv.Stats()
+	assert.Equal(t, uint64(5), st.Accepted)
+	assert.Equal(t, 1, st.Hosts)
+	for _, c := range conns {
+		_ = c.Close()
+	}
+	conns = nil
+	requireEmpty(t, srv)
+	requireServes(t, srv, p)
+}
+
+// vmRSS returns this process's resident set size (0 where /proc is missing); for logging only.
+func vmRSS() uint64 {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			var kb uint64
+			_, _ = fmt.Sscanf(strings.TrimSpace(rest), "%d", &kb)
+			return kb << 10
+		}
+	}
+	return 0
+}
+
+// A client refused at the connection cap dials again within its attempt (libzmq's REQ reconnects too) and is
+// served once a slot frees.
+func TestClientRetriesAtConnectionCap(t *testing.T) {
+	srv, p := testServer(t, ServerConfig{MaxConnections: 2, HandshakeTimeout: patience})
+	var hogs []net.Conn
+	for i := 0; i < 2; i++ {
+		nc, err := net.DialTimeout("tcp", srv.Addr(), 10*time.Second)
+		require.NoError(t, err)
+		defer nc.Close()
+		hogs = append(hogs, nc)
+	}
+	waitFor(t, "slots taken", func() bool { return srv.Stats().Open == 2 })
+	type result struct {
+		res Result
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		r, err := Fetch(context.Background(), p, srv.Addr(), protocol.Rank{}, FetchOptions{Timeout: patience, Attempts: 1})
+		done <- result{r, err}
+	}()
+	waitFor(t, "the client was refused at least once", func() bool { return srv.Stats().Refused > 0 })
+	require.NoError(t, hogs[0].Close())
+	r := <-done
+	require.NoError(t, r.err)
+	assert.NotEmpty(t, r.res.Payload)
 }

@@ -49,6 +49,7 @@ func TestDemoEndToEnd(t *testing.T) {
 				"-lengths", "333,17,160,16", "-concurrency", "2", "-timeout", "2m")
 			require.NoError(t, err, out)
 			require.Contains(t, out, "OK: every byte of every request arrived intact")
+			require.Regexp(t, `transfer only: [0-9.]+ GB/s aggregate`, out)
 			require.Contains(t, out, "vLLM "+tc.version+" wire profile")
 			for _, id := range []string{"req-1", "req-2", "req-3", "req-4"} {
 				require.Contains(t, out, id)
@@ -69,4 +70,10 @@ func TestDemoFailsLoudly(t *testing.T) {
 	require.Error(t, err, out)
 	require.Contains(t, out, "FAILED")
 	require.True(t, strings.Contains(out, "not enough free KV blocks"), out)
+}
+
+func TestBusyMS(t *testing.T) {
+	require.Zero(t, busyMS(nil))
+	require.Equal(t, 2.5, busyMS([][2]int64{{1000, 2000}, {1500, 3000}, {3500, 4000}}), "overlaps count once, gaps not at all")
+	require.Equal(t, 2.0, busyMS([][2]int64{{5000, 6000}, {1000, 2000}, {1200, 1800}}))
 }

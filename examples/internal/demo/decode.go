@@ -34,6 +34,15 @@ type DecodeConfig struct {
 	DataDevice string
 }
 
+// model is the configured model in the configured block order (Order, when set, wins over Model.Order).
+func (c DecodeConfig) model() connector.Model {
+	m := c.Model
+	if c.Order != 0 {
+		m.Order = c.Order
+	}
+	return m
+}
+
 // Reader reads a region of a cache back to host memory (for verification).
 type Reader interface {
 	ReadRegion(r int, dst []byte) error
@@ -65,7 +74,7 @@ func NewDecodeServer(cfg DecodeConfig) (*DecodeServer, error) {
 	if cfg.PullTimeout == 0 {
 		cfg.PullTimeout = 60 * time.Second
 	}
-	cfg.Model.Order = cfg.Order
+	cfg.Model = cfg.model()
 	s := &DecodeServer{cfg: cfg, log: log, profile: p, cache: cfg.Cache}
 	if s.cache == nil {
 		g, err := cfg.Model.Geometry(p, cfg.NumBlocks, 1)
@@ -137,11 +146,13 @@ func (s *DecodeServer) completions(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := contextWithTimeout(r, s.cfg.PullTimeout)
 	defer cancel()
 	res, err := s.role.Pull(ctx, id, kv, local)
+	pulled := time.Now()
 	if err != nil {
 		writeError(w, pullStatus(err), err.Error())
 		return
 	}
 	verified, err := s.verify(req.KVSeed(), tokens, local)
+	verifyTook := time.Since(pulled)
 	if err != nil {
 		s.log.Error("KV verification failed", zap.String("request_id", id), zap.Error(err))
 		writeError(w, http.StatusInternalServerError, "KV verification failed: "+err.Error())
@@ -152,7 +163,9 @@ func (s *DecodeServer) completions(w http.ResponseWriter, r *http.Request) {
 		Choices: []Choice{{Index: 0, Text: fmt.Sprintf(" [decoded with %d prefilled tokens]", tokens), FinishReason: "length"}},
 		Usage:   Usage{PromptTokens: tokens, CompletionTokens: 1, TotalTokens: tokens + 1},
 		Gonixl: &Timing{HandshakeMS: ms(res.Handshake), TransferMS: ms(res.Transfer), CopyMS: ms(res.Copy),
-			Bytes: res.Bytes, Blocks: res.Blocks, VerifiedBytes: verified, Verified: true},
+			VerifyMS: ms(verifyTook), TransferEndUS: pulled.Add(-res.Copy).UnixMicro(),
+			TransferStartUS: pulled.Add(-res.Copy - res.Transfer).UnixMicro(),
+			Bytes:           res.Bytes, Blocks: res.Blocks, VerifiedBytes: verified, Verified: true},
 	})
 }
 

@@ -42,7 +42,7 @@ func newGPUCache(cfg DecodeConfig) (gpuCache, func(), error) {
 		dev.Close()
 		return gpuCache{}, nil, err
 	}
-	g, err := cfg.Model.Geometry(p, cfg.NumBlocks, 1)
+	g, err := cfg.model().Geometry(p, cfg.NumBlocks, 1)
 	if err != nil {
 		dev.Close()
 		return gpuCache{}, nil, err
@@ -56,3 +56,44 @@ func newGPUCache(cfg DecodeConfig) (gpuCache, func(), error) {
 }
 
 func profileFor(v string) (protocol.Profile, error) { return protocol.ProfileFor(v) }
+
+// hostBufCache is vLLM's host-buffered decode mode (kv_buffer_device="cpu") on a GPU: NIXL READs into a
+// pinned host cache (registered as DRAM, so any backend serves it, LIBFABRIC's tcp provider too), then the
+// decode role copies each request's blocks to the VRAM cache (connector.HostBuffered). The demo verifies
+// what reached GPU memory.
+type hostBufCache struct {
+	*cuda.HostBufferedKVCache
+}
+
+// ReadRegion copies region r of the VRAM cache back to host memory.
+func (c hostBufCache) ReadRegion(r int, dst []byte) error {
+	g := c.Geometry()
+	return c.VRAM().Mem().Read(uint64(g.RegionOffset(r)), dst[:g.RegionLen()])
+}
+
+func newHostBufCache(cfg DecodeConfig) (hostBufCache, func(), error) {
+	drv, err := cuda.Load(cuda.LoadOptions{})
+	if err != nil {
+		return hostBufCache{}, nil, fmt.Errorf("-cache hostbuf: %w", err)
+	}
+	dev, err := drv.Open(0)
+	if err != nil {
+		return hostBufCache{}, nil, fmt.Errorf("-cache hostbuf: %w", err)
+	}
+	p, err := profileFor(cfg.VLLMVersion)
+	if err != nil {
+		dev.Close()
+		return hostBufCache{}, nil, err
+	}
+	g, err := cfg.model().Geometry(p, cfg.NumBlocks, 1)
+	if err != nil {
+		dev.Close()
+		return hostBufCache{}, nil, err
+	}
+	c, err := cuda.NewHostBufferedKVCache(dev, g)
+	if err != nil {
+		dev.Close()
+		return hostBufCache{}, nil, err
+	}
+	return hostBufCache{c}, func() { c.Close(); dev.Close() }, nil
+}

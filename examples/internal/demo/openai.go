@@ -99,15 +99,20 @@ type Usage struct {
 
 // Timing is what each side measured (milliseconds), carried in the responses for the demo's summary.
 type Timing struct {
-	ComputeMS     float64 `json:"compute_ms,omitempty"` // the demo's stand-in for the model writing the device KV
-	StageMS       float64 `json:"stage_ms,omitempty"`
-	HandshakeMS   float64 `json:"handshake_ms,omitempty"`
-	TransferMS    float64 `json:"transfer_ms,omitempty"`
-	CopyMS        float64 `json:"copy_ms,omitempty"`
-	Bytes         int64   `json:"bytes,omitempty"`
-	Blocks        int     `json:"blocks,omitempty"`
-	VerifiedBytes int64   `json:"verified_bytes,omitempty"`
-	Verified      bool    `json:"verified"`
+	ComputeMS   float64 `json:"compute_ms,omitempty"` // the demo's stand-in for the model writing the device KV
+	StageMS     float64 `json:"stage_ms,omitempty"`
+	HandshakeMS float64 `json:"handshake_ms,omitempty"`
+	TransferMS  float64 `json:"transfer_ms,omitempty"`
+	CopyMS      float64 `json:"copy_ms,omitempty"`   // host → device copy (host-buffered caches)
+	VerifyMS    float64 `json:"verify_ms,omitempty"` // the demo's check of every byte
+	// TransferStartUS and TransferEndUS bound the READ in Unix microseconds (the demo's aggregate counts
+	// the time during which any transfer ran).
+	TransferStartUS int64 `json:"transfer_start_us,omitempty"`
+	TransferEndUS   int64 `json:"transfer_end_us,omitempty"`
+	Bytes           int64 `json:"bytes,omitempty"`
+	Blocks          int   `json:"blocks,omitempty"`
+	VerifiedBytes   int64 `json:"verified_bytes,omitempty"`
+	Verified        bool  `json:"verified"`
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

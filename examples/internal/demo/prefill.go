@@ -99,7 +99,9 @@ func NewPrefillServer(ctx context.Context, cfg PrefillConfig) (s *PrefillServer,
 	if err != nil {
 		return nil, err
 	}
-	cfg.Model.Order = cfg.Order
+	if cfg.Order != 0 {
+		cfg.Model.Order = cfg.Order
+	}
 	srv := &PrefillServer{cfg: cfg, log: log, profile: p}
 	s = srv
 	defer func() {

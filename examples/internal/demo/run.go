@@ -53,7 +53,7 @@ func RunDecode(ctx context.Context, args []string) error {
 	var c Common
 	c.Register(fs)
 	addr := fs.String("http", "127.0.0.1:8200", "HTTP listen address (OpenAI-compatible API)")
-	where := fs.String("cache", "auto", "where the KV cache lives: auto (GPU memory when a CUDA GPU is present, else DRAM), gpu or dram")
+	where := fs.String("cache", "auto", "where the KV cache lives: auto (GPU memory when a CUDA GPU is present, else DRAM), gpu, dram, or hostbuf (NIXL into pinned DRAM, then copied to GPU memory)")
 	gpu := fs.Bool("gpu", false, "same as -cache gpu")
 	log, lib, order, err := c.parse(fs, args)
 	if err != nil {
@@ -84,9 +84,17 @@ func RunDecode(ctx context.Context, args []string) error {
 		defer closeCache()
 		cfg.Cache = cache
 		kind = "VRAM"
+	case "hostbuf":
+		cache, closeCache, err := newHostBufCache(cfg)
+		if err != nil {
+			return err
+		}
+		defer closeCache()
+		cfg.Cache = cache
+		kind = "DRAM→VRAM"
 	case "dram":
 	default:
-		return fmt.Errorf("-cache %q: want auto, gpu or dram", *where)
+		return fmt.Errorf("-cache %q: want auto, gpu, dram or hostbuf", *where)
 	}
 	s, err := NewDecodeServer(cfg)
 	if err != nil {

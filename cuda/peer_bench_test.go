@@ -1,0 +1,231 @@
+package cuda_test
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/gonixl/gonixl/cuda"
+	"github.com/gonixl/gonixl/internal/benchpeer"
+	"github.com/gonixl/gonixl/nixl"
+)
+
+// BenchmarkDRAMToVRAM READs 128 MiB per transfer from a DRAM agent in another process (a prefill worker
+// staging its KV cache in host memory; internal/benchpeer) into this process's GPU memory, in 32 KiB blocks
+// (Qwen3-0.6B's K or V block) and 2 MiB blocks, scattered and contiguous, with gonixl's UCX defaults
+// (nixl.DefaultUCXOptions: RMA pipeline, thread pool). Baselines in the same run, from pinned host memory of
+// this process: one batch-copy call of the same block copies (x_batchcopy) and one big copy of the same
+// bytes (x_bigcopy). The host-buffered path (hostbuf_*) READs into pinned DRAM of this process in 8 slices
+// and copies each slice to the GPU with one batch-copy call while the next slice's READ runs.
+func BenchmarkDRAMToVRAM(b *testing.B) {
+	dev := gpu(b)
+	lib := loadNIXL(b)
+	rma := map[string]string{nixl.UCXRMAPipeline: "y"}
+	variants := []struct {
+		name     string
+		opts     nixl.UCXOptions
+		peerCUDA bool // the DRAM peer holds a CUDA context, as a prefill worker on a GPU host does
+	}{
+		{"gonixl-defaults", nixl.DefaultUCXOptions(), true},
+		{"gonixl-defaults/peer-without-cuda", nixl.DefaultUCXOptions(), false},
+		{"rma-pipeline", nixl.UCXOptions{Engine: rma}, true},
+		{"nixl-defaults", nixl.UCXOptions{}, true},
+	}
+	if os.Getenv("GONIXL_BENCH_SWEEP") == "" {
+		variants = variants[:1]
+	}
+	for _, v := range variants {
+		b.Run("ucx="+v.name, func(b *testing.B) {
+			params, err := v.opts.Params()
+			require.NoError(b, err)
+			benchDRAMToVRAM(b, dev, lib, params, v.peerCUDA)
+		})
+	}
+}
+
+func benchDRAMToVRAM(b *testing.B, dev *cuda.Device, lib *nixl.Library, params map[string]string, peerCUDA bool) {
+	const total = 128 << 20
+	b.Logf("UCX params %v; batch copies: cuMemcpyBatchAsync ABI %d (0 = per-copy loop)", params, shared.drv.BatchCopyABI())
+	peer := benchpeer.Start(b, lib, 2*total, params, peerCUDA)
+	a, err := lib.NewAgent(fmt.Sprintf("vram-bench-%d", time.Now().UnixNano()), nixl.AgentConfig{
+		Backends: []nixl.BackendSpec{{Plugin: "UCX", Params: params}}})
+	require.NoError(b, err)
+	defer a.Close()
+	vram, err := dev.Alloc(2 * total)
+	require.NoError(b, err)
+	defer vram.Close()
+	src, err := dev.AllocHost(2 * total) // the baselines' source: the same bytes, pinned, in this process
+	require.NoError(b, err)
+	defer src.Close()
+	for i, p := 0, src.Bytes(); i < len(p); i++ {
+		p[i] = benchpeer.Pattern(uint64(i))
+	}
+	stage, err := dev.AllocHost(2 * total) // the host-buffered path's landing zone
+	require.NoError(b, err)
+	defer stage.Close()
+	ordinal := uint64(dev.Ordinal())
+	var vreg *nixl.Registration
+	require.NoError(b, dev.Do(func() (err error) {
+		vreg, err = a.RegisterMem(nixl.VRAM, []nixl.Desc{{Addr: vram.Ptr(), Len: vram.Len(), DevID: ordinal}})
+		return err
+	}))
+	defer vreg.Close()
+	sreg, err := a.RegisterMem(nixl.DRAM, []nixl.Desc{{Addr: uint64(stage.Addr()), Len: stage.Len()}})
+	require.NoError(b, err)
+	defer sreg.Close()
+	_, err = a.LoadRemoteMetadata(peer.Metadata)
+	require.NoError(b, err)
+	defer a.InvalidateRemoteMetadata(peer.Agent)
+	s, err := dev.NewStream()
+	require.NoError(b, err)
+	defer s.Close()
+
+	for _, blk := range []int{32 << 10, 2 << 20} {
+		nb := 2 * total / blk
+		list := func(base, dv uint64) []nixl.Desc {
+			out := make([]nixl.Desc, nb)
+			for i := range out {
+				out[i] = nixl.Desc{Addr: base + uint64(i*blk), Len: uint64(blk), DevID: dv}
+			}
+			return out
+		}
+		var vp *nixl.Prepped
+		require.NoError(b, dev.Do(func() (err error) { vp, err = a.Prep("", nixl.VRAM, list(vram.Ptr(), ordinal)); return err }))
+		hp, err := a.Prep("", nixl.DRAM, list(uint64(stage.Addr()), 0))
+		require.NoError(b, err)
+		rp, err := a.Prep(peer.Agent, nixl.DRAM, list(peer.Addr, 0))
+		require.NoError(b, err)
+		for _, pat := range []string{"scattered", "contiguous"} {
+			b.Run(fmt.Sprintf("block=%dKiB/%s", blk>>10, pat), func(b *testing.B) {
+				n := total / blk
+				li, ri := make([]int, n), make([]int, n)
+				if pat == "contiguous" {
+					for i := range n {
+						li[i], ri[i] = 1+i, 2+i
+					}
+				} else {
+					r := rand.New(rand.NewPCG(uint64(blk), 2))
+					copy(li, r.Perm(nb)[:n])
+					copy(ri, r.Perm(nb)[:n])
+				}
+				ops := make([]cuda.Copy, n)
+				for i := range n {
+					ops[i] = cuda.Copy{Dst: vram.Ptr() + uint64(li[i]*blk), Src: uint64(src.Addr()) + uint64(ri[i]*blk), Len: uint64(blk)}
+				}
+				big := []cuda.Copy{{Dst: vram.Ptr(), Src: uint64(src.Addr()), Len: total}}
+				var xf *nixl.Xfer
+				require.NoError(b, dev.Do(func() (err error) { xf, err = a.MakeXfer(nixl.Read, vp, li, rp, ri); return err }))
+				defer xf.Close()
+				const slices = 8
+				per := (n + slices - 1) / slices
+				var sx []*nixl.Xfer
+				var sops [][]cuda.Copy
+				for k := 0; k < n; k += per {
+					e := min(k+per, n)
+					// Unmerged, as the decode role reads into DRAM caches: the thread pool splits by descriptors.
+					x, err := a.MakeXfer(nixl.Read, hp, li[k:e], rp, ri[k:e], nixl.WithoutDescMerge())
+					require.NoError(b, err)
+					defer x.Close()
+					sx = append(sx, x)
+					so := make([]cuda.Copy, 0, e-k)
+					for i := k; i < e; i++ {
+						so = append(so, cuda.Copy{Dst: vram.Ptr() + uint64(li[i]*blk), Src: uint64(stage.Addr()) + uint64(li[i]*blk), Len: uint64(blk)})
+					}
+					sops = append(sops, so)
+				}
+				post := func(x *nixl.Xfer) {
+					if err := dev.Do(func() error { _, err := x.Post(); return err }); err != nil {
+						b.Fatal(err)
+					}
+				}
+				wait := func(x *nixl.Xfer) {
+					if err := x.Wait(ctxT(b)); err != nil {
+						b.Fatal(err)
+					}
+				}
+				enqueue := func(o []cuda.Copy) {
+					if err := s.Enqueue(cuda.HostToDevice, o); err != nil {
+						b.Fatal(err)
+					}
+				}
+				syncS := func() {
+					if err := s.Synchronize(); err != nil {
+						b.Fatal(err)
+					}
+				}
+				hostbuf := func() {
+					post(sx[0])
+					for k := range sx {
+						wait(sx[k])
+						if k+1 < len(sx) {
+							post(sx[k+1])
+						}
+						enqueue(sops[k])
+					}
+					syncS()
+				}
+				check := func(what string) {
+					got := make([]byte, blk)
+					for _, k := range []int{0, n / 2, n - 1} {
+						require.NoError(b, vram.Read(uint64(li[k]*blk), got))
+						for o := 0; o < blk; o += 4093 {
+							require.Equal(b, benchpeer.Pattern(uint64(ri[k]*blk+o)), got[o], "%s: block %d offset %d", what, k, o)
+						}
+					}
+				}
+				// Warm up each path and check its bytes (the GPU is cleared before each).
+				require.NoError(b, vram.Memset(0, vram.Len(), 0xee))
+				post(xf)
+				wait(xf)
+				check("nixl")
+				require.NoError(b, vram.Memset(0, vram.Len(), 0xee))
+				hostbuf()
+				check("hostbuf")
+				require.NoError(b, vram.Memset(0, vram.Len(), 0xee))
+				enqueue(ops)
+				syncS()
+				check("batchcopy")
+				enqueue(big)
+				syncS()
+
+				var tN, tH, tB, tG time.Duration
+				b.SetBytes(total)
+				b.ResetTimer()
+				for range b.N {
+					t0 := time.Now()
+					post(xf)
+					wait(xf)
+					t1 := time.Now()
+					hostbuf()
+					t2 := time.Now()
+					enqueue(ops)
+					syncS()
+					t3 := time.Now()
+					enqueue(big)
+					syncS()
+					t4 := time.Now()
+					tN += t1.Sub(t0)
+					tH += t2.Sub(t1)
+					tB += t3.Sub(t2)
+					tG += t4.Sub(t3)
+				}
+				b.StopTimer()
+				gb := func(d time.Duration) float64 { return float64(total) * float64(b.N) / d.Seconds() / 1e9 }
+				b.ReportMetric(gb(tN), "nixl_GB/s")
+				b.ReportMetric(gb(tH), "hostbuf_GB/s")
+				b.ReportMetric(gb(tB), "batchcopy_GB/s")
+				b.ReportMetric(gb(tG), "bigcopy_GB/s")
+				b.ReportMetric(tB.Seconds()/tN.Seconds(), "x_batchcopy")
+				b.ReportMetric(tG.Seconds()/tN.Seconds(), "x_bigcopy")
+				b.ReportMetric(tB.Seconds()/tH.Seconds(), "hostbuf_x_batchcopy")
+			})
+		}
+		require.NoError(b, vp.Close())
+		require.NoError(b, hp.Close())
+		require.NoError(b, rp.Close())
+	}
+}

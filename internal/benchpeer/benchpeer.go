@@ -1,0 +1,214 @@
+// Package benchpeer runs the DRAM side of a NIXL benchmark in its own process, as a prefill worker's agent
+// is in production (two agents of one process talk through shared memory and hide what the network path
+// costs). The test binary re-executes itself: TestMain calls MaybeServe first, and Start launches the peer.
+package benchpeer
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/gonixl/gonixl/nixl"
+)
+
+// helloPrefix starts the peer's hello line (UCX may print to stdout too, e.g. with UCX_PROTO_INFO=y).
+const helloPrefix = "GONIXL_BENCH_PEER "
+
+const (
+	envDevice = "GONIXL_BENCH_PEER_DEVICE"
+	envSize   = "GONIXL_BENCH_PEER_BYTES"
+	envParams = "GONIXL_BENCH_PEER_UCX"
+)
+
+// Hello is the peer's one line on stdout: its agent, NIXL metadata and registered DRAM buffer.
+type Hello struct {
+	Agent    string `json:"agent"`
+	Metadata []byte `json:"metadata"`
+	Addr     uint64 `json:"addr"`
+	Len      uint64 `json:"len"`
+	Error    string `json:"error,omitempty"`
+}
+
+// Pattern is the byte the peer writes at offset i of its buffer.
+func Pattern(i uint64) byte { return byte(i*131 + i>>12 + 7) }
+
+// MaybeServe runs the peer and exits when this process was started by Start; otherwise it returns at once.
+// device, when not nil, runs the peer's whole life (agent, registration, progress loop) inside it when Start
+// asked for a device context (WithDevice): a package with a GPU passes a function that binds the GPU's context
+// to the calling OS thread, as a prefill worker holding a CUDA context would have it.
+func MaybeServe(device func(run func() error) error) {
+	size := os.Getenv(envSize)
+	if size == "" {
+		return
+	}
+	run := func() error { return serve(size, os.Getenv(envParams)) }
+	var err error
+	if device != nil && os.Getenv(envDevice) != "" {
+		err = device(run)
+	} else {
+		err = run()
+	}
+	if err != nil {
+		writeHello(Hello{Error: err.Error()})
+		os.Exit(1)
+	}
+	os.Exit(0)
+}
+
+func serve(sizeS, paramsS string) error {
+	n, err := strconv.ParseInt(sizeS, 10, 64)
+	if err != nil || n <= 0 {
+		return fmt.Errorf("bad %s %q", envSize, sizeS)
+	}
+	var params map[string]string
+	if paramsS != "" {
+		if err := json.Unmarshal([]byte(paramsS), &params); err != nil {
+			return err
+		}
+	}
+	lib, err := nixl.Load(nixl.LoadOptions{})
+	if err != nil {
+		return err
+	}
+	// The target polls for notifications every 50 µs, like the prefill role: it must keep progressing for
+	// UCX's rendezvous protocols (RMA pipeline), and a poll serves TCP reads faster than a sleeping thread.
+	a, err := lib.NewAgent(fmt.Sprintf("benchpeer-%d", os.Getpid()), nixl.AgentConfig{NoProgressThread: true,
+		Backends: []nixl.BackendSpec{{Plugin: "UCX", Params: params}}})
+	if err != nil {
+		return err
+	}
+	defer a.Close()
+	m, err := nixl.AllocHost(n, nixl.HostOptions{})
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	b := m.Bytes()
+	for i := range b {
+		b[i] = Pattern(uint64(i))
+	}
+	reg, err := a.RegisterMem(nixl.DRAM, []nixl.Desc{m.Desc()})
+	if err != nil {
+		return err
+	}
+	defer reg.Close()
+	md, err := a.LocalMetadata()
+	if err != nil {
+		return err
+	}
+	if err := writeHello(Hello{Agent: a.Name(), Metadata: md, Addr: m.Addr(), Len: uint64(n)}); err != nil {
+		return err
+	}
+	done := make(chan struct{})
+	go func() { _, _ = io.Copy(io.Discard, os.Stdin); close(done) }()
+	for {
+		select {
+		case <-done:
+			return nil
+		default:
+		}
+		if _, err := a.GetNotifications(); err != nil {
+			return err
+		}
+		time.Sleep(50 * time.Microsecond)
+	}
+}
+
+func writeHello(h Hello) error {
+	j, err := json.Marshal(h)
+	if err != nil {
+		return err
+	}
+	_, err = os.Stdout.Write(append(append([]byte("\n"+helloPrefix), j...), '\n'))
+	return err
+}
+
+// Peer is a running peer process.
+type Peer struct {
+	Hello
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+}
+
+// Start launches the peer (this test binary, re-executed) with a DRAM buffer of size bytes and the UCX
+// backend params, loading NIXL from lib's folder; it is stopped by tb's cleanup. withDevice makes the peer
+// run inside MaybeServe's device function.
+func Start(tb testing.TB, lib *nixl.Library, size int64, ucxParams map[string]string, withDevice bool) *Peer {
+	tb.Helper()
+	pj, err := json.Marshal(ucxParams)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.Command(os.Args[0], "-test.run=^$", "-test.bench=^$")
+	cmd.Env = append(os.Environ(), envSize+"="+strconv.FormatInt(size, 10), envParams+"="+string(pj),
+		"NIXL_LIB_DIR="+lib.Dir(), "NIXL_PLUGIN_DIR="+lib.PluginDir())
+	if withDevice {
+		cmd.Env = append(cmd.Env, envDevice+"=1")
+	}
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		tb.Fatal(err)
+	}
+	p := &Peer{cmd: cmd, stdin: stdin}
+	tb.Cleanup(p.stop)
+	line := make(chan error, 1)
+	go func() {
+		r := bufio.NewReaderSize(stdout, 1<<20)
+		for {
+			l, err := r.ReadBytes('\n')
+			if err != nil {
+				line <- fmt.Errorf("the benchmark peer exited without its hello: %w", err)
+				break
+			}
+			// UCX's own output (stdio, buffered) may share the line: find the prefix anywhere in it.
+			if i := bytes.Index(l, []byte(helloPrefix)); i >= 0 {
+				line <- json.Unmarshal(l[i+len(helloPrefix):], &p.Hello)
+				break
+			}
+		}
+		_, _ = io.Copy(io.Discard, r) // keep draining: a peer blocked on a full pipe would stall the transfers
+		_, _ = io.Copy(io.Discard, r)
+	}()
+	select {
+	case err = <-line:
+	case <-ctx.Done():
+		err = fmt.Errorf("the benchmark peer did not start in time")
+	}
+	if err == nil && p.Error != "" {
+		err = fmt.Errorf("benchmark peer: %s", p.Error)
+	}
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return p
+}
+
+func (p *Peer) stop() {
+	_ = p.stdin.Close()
+	done := make(chan error, 1)
+	go func() { done <- p.cmd.Wait() }()
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-done
+	}
+}
