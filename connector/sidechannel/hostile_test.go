@@ -240,6 +240,7 @@ func TestPipeliningNonReaders(t *testing.T) {
 	srv, _ := testServer(t, ServerConfig{
 		Payloads:         map[protocol.Rank][]byte{{}: payload},
 		MaxQueuedReplies: queue, WriteTimeout: 500 * time.Millisecond, RequestRate: -1, MaxConnections: 1000,
+		SendBufferSize: 64 << 10,
 	})
 	req, err := p.EncodeRequest(protocol.Rank{})
 	require.NoError(t, err)
@@ -513,4 +514,32 @@ func vmRSS() uint64 {
 		}
 	}
 	return 0
+}
+
+// A client refused at the connection cap dials again within its attempt (libzmq's REQ reconnects too) and is
+// served once a slot frees.
+func TestClientRetriesAtConnectionCap(t *testing.T) {
+	srv, p := testServer(t, ServerConfig{MaxConnections: 2, HandshakeTimeout: patience})
+	var hogs []net.Conn
+	for i := 0; i < 2; i++ {
+		nc, err := net.DialTimeout("tcp", srv.Addr(), 10*time.Second)
+		require.NoError(t, err)
+		defer nc.Close()
+		hogs = append(hogs, nc)
+	}
+	waitFor(t, "slots taken", func() bool { return srv.Stats().Open == 2 })
+	type result struct {
+		res Result
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		r, err := Fetch(context.Background(), p, srv.Addr(), protocol.Rank{}, FetchOptions{Timeout: patience, Attempts: 1})
+		done <- result{r, err}
+	}()
+	waitFor(t, "the client was refused at least once", func() bool { return srv.Stats().Refused > 0 })
+	require.NoError(t, hogs[0].Close())
+	r := <-done
+	require.NoError(t, r.err)
+	assert.NotEmpty(t, r.res.Payload)
 }

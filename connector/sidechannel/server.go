@@ -33,9 +33,11 @@ const (
 	DefaultMaxQueuedReplies = 8
 	DefaultRequestRate      = 100 // requests a second per remote host
 	DefaultRequestBurst     = 100
-	DefaultHandshakeTimeout = 10 * time.Second
+	DefaultHandshakeTimeout = 5 * time.Second
 	DefaultIdleTimeout      = 2 * time.Minute
 	DefaultWriteTimeout     = 10 * time.Second
+	DefaultSendBufferSize   = 256 << 10
+	receiveBufferSize       = 64 << 10 // requests are tiny; a pipelining peer's excess waits in its own buffers
 	DefaultLogLimit         = 10
 	DefaultLogInterval      = time.Minute
 )
@@ -87,6 +89,10 @@ type ServerConfig struct {
 	IdleTimeout time.Duration
 	// WriteTimeout bounds writing one reply; DefaultWriteTimeout when 0.
 	WriteTimeout time.Duration
+	// SendBufferSize is each connection's kernel send buffer (SO_SNDBUF): what a peer that does not read can
+	// make the kernel hold for it; DefaultSendBufferSize when 0, the kernel's autotuning (up to
+	// net.ipv4.tcp_wmem's maximum, 4 MiB on Linux by default) when negative. The receive buffer is 64 KiB.
+	SendBufferSize int
 	// LogLimit and LogInterval rate-limit the lines about bad input; DefaultLogLimit and
 	// DefaultLogInterval when 0.
 	LogLimit    int
@@ -117,9 +123,10 @@ type Stats struct {
 // Unlike vLLM's listener it survives bad input: a malformed request or an unknown rank is logged and answered
 // with an empty payload (a vLLM decoder then fails at once with "Failed to decode NixlHandshakePayload"
 // instead of timing out), a message without a REQ envelope is dropped, and a peer that sends an oversized
-// message or bad ZMTP is disconnected. Memory per peer is bounded: MaxConnections, MaxConnectionsPerHost, MaxQueuedReplies,
-// RequestRate, HandshakeTimeout, IdleTimeout and WriteTimeout; nothing of a peer is kept after it leaves.
-// It stops when its context is cancelled or Close is called.
+// message or bad ZMTP is disconnected. Memory per peer is bounded: MaxConnections, MaxConnectionsPerHost,
+// MaxQueuedReplies, RequestRate, HandshakeTimeout, IdleTimeout, WriteTimeout and SendBufferSize (kernel
+// memory); nothing of a peer is kept after it leaves. It stops when its context is cancelled or Close is
+// called.
 //
 // Concurrency: each connection has a reading goroutine (and a writing one after its handshake); all
 // methods are safe for concurrent use.
@@ -226,6 +233,9 @@ func NewServer(ctx context.Context, p protocol.Profile, cfg ServerConfig) (*Serv
 	}
 	if cfg.WriteTimeout <= 0 {
 		cfg.WriteTimeout = DefaultWriteTimeout
+	}
+	if cfg.SendBufferSize == 0 {
+		cfg.SendBufferSize = DefaultSendBufferSize
 	}
 	if cfg.LogLimit <= 0 {
 		cfg.LogLimit = DefaultLogLimit
@@ -427,6 +437,12 @@ func (s *Server) admit(nc net.Conn) {
 		s.hosts[host] = st
 	}
 	st.refs++
+	if tc, ok := nc.(*net.TCPConn); ok {
+		if s.cfg.SendBufferSize > 0 {
+			_ = tc.SetWriteBuffer(s.cfg.SendBufferSize)
+		}
+		_ = tc.SetReadBuffer(receiveBufferSize)
+	}
 	p := &peer{nc: nc, addr: addr, host: host, state: st,
 		slots: make(chan struct{}, s.cfg.MaxQueuedReplies), dead: make(chan struct{})}
 	s.peers[p] = struct{}{}
