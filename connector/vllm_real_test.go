@@ -1,0 +1,467 @@
+package connector_test
+
+// The real-vLLM tier: vLLM's OWN NixlConnector — its scheduler side (side channel, what to send and when to
+// free) and its worker side (NIXL registration, handshake, READ, notifications, heartbeats, lease expiry) —
+// on vLLM's CPU platform with the real NIXL wheel, driven by python/vllm_real_driver.py the way vLLM's engine
+// drives it, against gonixl's public Prefill and Decode roles, in both directions. The releases are those of
+// GONIXL_VLLM_VERSIONS (default: the oldest and newest supported, 0.16.0 and 0.33.0), each in the venv
+// scripts/vllm-venv.sh made under GONIXL_VLLM_VENVS (default ~/.cache/gonixl/venvs); `make test` creates
+// them, `make interop VLLM=<version>` runs one release.
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/gonixl/gonixl/connector"
+	"github.com/gonixl/gonixl/connector/protocol"
+	"github.com/gonixl/gonixl/internal/testenv"
+	"github.com/gonixl/gonixl/layout"
+	"github.com/gonixl/gonixl/nixl"
+)
+
+// The model: Qwen3-0.6B's attention geometry (8 KV heads of 128, bf16) from a config.json the test writes (no
+// weights), with 4 layers instead of 28 to keep the caches small; vLLM's CPU_ATTN backend needs a block size
+// that is a multiple of 32.
+const (
+	realLayers    = 4
+	realKVHeads   = 8
+	realHeadDim   = 128
+	realBlockSize = 32
+	realBlocks    = 64
+)
+
+const qwen3Config = `{"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 1024,
+ "intermediate_size": 3072, "num_attention_heads": 16, "num_key_value_heads": %d, "head_dim": %d,
+ "num_hidden_layers": %d, "vocab_size": 151936, "max_position_embeddings": 40960, "rms_norm_eps": 1e-06,
+ "rope_theta": 1000000, "torch_dtype": "bfloat16", "tie_word_embeddings": true, "hidden_act": "silu",
+ "attention_bias": false, "bos_token_id": 151643, "eos_token_id": 151645}`
+
+// vllmVersions are the releases the tier runs.
+func vllmVersions() []string {
+	if v := strings.Fields(os.Getenv("GONIXL_VLLM_VERSIONS")); len(v) > 0 {
+		return v
+	}
+	return []string{"0.16.0", "0.33.0"}
+}
+
+// vllmPython returns the interpreter of a release's venv, or fails (CI) / skips the test.
+func vllmPython(t *testing.T, version string) string {
+	t.Helper()
+	root := os.Getenv("GONIXL_VLLM_VENVS")
+	if root == "" {
+		home, _ := os.UserHomeDir()
+		root = filepath.Join(home, ".cache", "gonixl", "venvs")
+	}
+	venv := filepath.Join(root, "vllm-"+version)
+	if _, err := os.Stat(filepath.Join(venv, ".gonixl-complete")); err != nil {
+		testenv.Missing(t, "the vLLM "+version+" venv ("+venv+")", "run `make vllm-venvs` or `scripts/vllm-venv.sh "+version+"`")
+	}
+	return filepath.Join(venv, "bin", "python")
+}
+
+// realModel writes the model folder; its path is vLLM's model name, hashed as "model".
+func realModel(t *testing.T) string {
+	dir := filepath.Join(t.TempDir(), "qwen3-0.6b-4l")
+	require.NoError(t, os.MkdirAll(dir, 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "config.json"), []byte(fmt.Sprintf(qwen3Config, realKVHeads, realHeadDim, realLayers)), 0o644))
+	return dir
+}
+
+// realCompat is what a user states about the model and the vLLM release of the peer.
+// TODO(issue 11, item 5 — branch proto): a user names the version and the model and gonixl fills vLLM's
+// defaults (HMA, attention backend name...); until that lands the inputs are spelled out here.
+func realCompat(version, model string) connector.Compat {
+	return connector.Compat{CompatInputs: protocol.CompatInputs{
+		VLLMVersion: version, Model: model, Dtype: "torch.bfloat16", NumKVHeads: realKVHeads, HeadSize: realHeadDim,
+		NumHiddenLayers: realLayers, AttnBackendName: "CPU_ATTN", CacheDtype: "auto", HMAEnabled: true,
+	}}
+}
+
+func realGeom(t *testing.T, p protocol.Profile) layout.Geometry {
+	plan, err := connector.PlanFor(p)
+	require.NoError(t, err)
+	g := layout.Geometry{NumLayers: realLayers, NumBlocks: realBlocks, BlockSize: realBlockSize, NumKVHeads: realKVHeads,
+		HeadDim: realHeadDim, DType: layout.BF16, Order: layout.HND, Plan: plan}
+	require.NoError(t, g.Validate())
+	return g
+}
+
+// blockHashes is the driver's hashes(): per block, sha256 over the block's bytes in every region, in order.
+func blockHashes(c *connector.DRAMCache, blocks []int) []string {
+	g := c.Geometry()
+	bl := int(g.BlockLen())
+	out := make([]string, len(blocks))
+	for i, b := range blocks {
+		h := sha256.New()
+		for r := 0; r < g.NumRegions(); r++ {
+			h.Write(c.Region(r)[b*bl : (b+1)*bl])
+		}
+		out[i] = hex.EncodeToString(h.Sum(nil))
+	}
+	return out
+}
+
+// randomFill is a FillFunc writing random bytes into every region of the blocks.
+func randomFill(c *connector.DRAMCache) connector.FillFunc {
+	return func(_ context.Context, blocks []int) error {
+		bl := int(c.Geometry().BlockLen())
+		for r := 0; r < c.Geometry().NumRegions(); r++ {
+			for _, b := range blocks {
+				if _, err := rand.Read(c.Region(r)[b*bl : (b+1)*bl]); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}
+}
+
+// lockedBuffer keeps the tail of a child's stderr; safe to read while the child runs.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  []byte
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.b = append(l.b, p...)
+	if len(l.b) > 1<<20 {
+		l.b = append([]byte(nil), l.b[len(l.b)-(1<<19):]...)
+	}
+	return len(p), nil
+}
+
+func (l *lockedBuffer) tail(n int) string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.b) > n {
+		return string(l.b[len(l.b)-n:])
+	}
+	return string(l.b)
+}
+
+// event is one JSON line of the driver.
+type event struct {
+	Event    string          `json:"event"`
+	Error    string          `json:"error"`
+	ReqID    string          `json:"req_id"`
+	Version  string          `json:"version"`
+	EngineID string          `json:"engine_id"`
+	Hash     *string         `json:"compat_hash"`
+	Layout   string          `json:"kv_cache_layout"`
+	Backend  string          `json:"backend"`
+	Regions  int             `json:"num_regions"`
+	BlockLen int64           `json:"block_len"`
+	ImportS  float64         `json:"import_s"`
+	Params   json.RawMessage `json:"kv_transfer_params"`
+	Hashes   []string        `json:"hashes"`
+	Blocks   []int           `json:"blocks"`
+	OK       bool            `json:"ok"`
+	Seconds  float64         `json:"seconds"`
+	AfterS   float64         `json:"after_s"`
+	Expired  int             `json:"expired"`
+	Extended int             `json:"lease_extended"`
+	HBs      int             `json:"heartbeats"`
+	LoadErrs []int           `json:"load_errors"`
+	raw      string
+}
+
+// driver is one vLLM instance (python/vllm_real_driver.py) in its own process.
+type driver struct {
+	t       *testing.T
+	cmd     *exec.Cmd
+	stdin   io.WriteCloser
+	events  chan event
+	stderr  *lockedBuffer
+	pending []event
+	ready   event
+}
+
+func startDriver(t *testing.T, ctx context.Context, python, role, model string, extraEnv []string, args ...string) *driver {
+	t.Helper()
+	script := filepath.Join(testenv.RepoRoot(), "python", "vllm_real_driver.py")
+	cmd := exec.CommandContext(ctx, python, append([]string{script, "--role", role, "--model", model,
+		"--block-size", fmt.Sprint(realBlockSize), "--num-blocks", fmt.Sprint(realBlocks)}, args...)...)
+	cmd.Env = append(append(os.Environ(), "VLLM_TARGET_DEVICE=cpu", "PYTHONUNBUFFERED=1"), extraEnv...)
+	d := &driver{t: t, cmd: cmd, events: make(chan event, 64), stderr: &lockedBuffer{}}
+	cmd.Stderr = d.stderr
+	var err error
+	d.stdin, err = cmd.StdinPipe()
+	require.NoError(t, err)
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	readDone := make(chan struct{})
+	go func() {
+		defer close(readDone)
+		defer close(d.events)
+		sc := bufio.NewScanner(stdout)
+		sc.Buffer(make([]byte, 1<<20), 16<<20)
+		for sc.Scan() {
+			var e event
+			if json.Unmarshal(sc.Bytes(), &e) == nil {
+				e.raw = sc.Text()
+				d.events <- e
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		_, _ = io.WriteString(d.stdin, `{"cmd":"quit"}`+"\n")
+		_ = d.stdin.Close()
+		exited := make(chan struct{})
+		go func() {
+			for range d.events { // drain until the driver closes stdout
+			}
+			<-readDone
+			close(exited)
+		}()
+		select {
+		case <-exited:
+		case <-time.After(30 * time.Second):
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+		_ = cmd.Wait()
+	})
+	d.ready = d.next(ctx, "ready", "")
+	return d
+}
+
+func (d *driver) send(cmd map[string]any) {
+	d.t.Helper()
+	b, err := json.Marshal(cmd)
+	require.NoError(d.t, err)
+	_, err = d.stdin.Write(append(b, '\n'))
+	require.NoError(d.t, err, "driver stdin: %s", d.stderr.tail(4000))
+}
+
+// next returns the next event of the kind (and request id, when given); an "error" event fails the test.
+func (d *driver) next(ctx context.Context, kind, reqID string) event {
+	d.t.Helper()
+	match := func(e event) bool { return e.Event == kind && (reqID == "" || e.ReqID == reqID) }
+	for i, e := range d.pending {
+		if match(e) {
+			d.pending = append(d.pending[:i], d.pending[i+1:]...)
+			return e
+		}
+	}
+	for {
+		select {
+		case e, ok := <-d.events:
+			if !ok {
+				require.FailNow(d.t, "vLLM driver exited", "waiting for %q: %s", kind, d.stderr.tail(6000))
+			}
+			if e.Event == "error" {
+				require.FailNow(d.t, "vLLM driver error", "%s\n%s", e.Error, d.stderr.tail(6000))
+			}
+			if match(e) {
+				return e
+			}
+			d.pending = append(d.pending, e)
+		case <-ctx.Done():
+			require.FailNow(d.t, "timed out", "waiting for %q %s: %s", kind, reqID, d.stderr.tail(6000))
+		}
+	}
+}
+
+var (
+	realLibOnce sync.Once
+	realLib     *nixl.Library
+	realLibErr  error
+)
+
+func realNIXL(t *testing.T) *nixl.Library {
+	t.Helper()
+	dir := testenv.RequireNIXLLibDir(t)
+	realLibOnce.Do(func() { realLib, realLibErr = nixl.Load(nixl.LoadOptions{LibDir: dir}) })
+	require.NoError(t, realLibErr)
+	return realLib
+}
+
+// TestVLLMReal runs vLLM's own NixlConnector against gonixl's roles, per release, both directions at once
+// (one vLLM process per direction).
+func TestVLLMReal(t *testing.T) {
+	lib := realNIXL(t)
+	for _, v := range vllmVersions() {
+		t.Run(v, func(t *testing.T) {
+			py := vllmPython(t, v)
+			p, err := protocol.ProfileFor(v)
+			require.NoError(t, err)
+			model := realModel(t)
+			t.Run("vllm-decode-gonixl-prefill", func(t *testing.T) {
+				t.Parallel()
+				vllmDecodeGoPrefill(t, lib, py, v, p, model)
+			})
+			t.Run("gonixl-decode-vllm-prefill", func(t *testing.T) {
+				t.Parallel()
+				goDecodeVLLMPrefill(t, lib, py, v, p, model)
+			})
+		})
+	}
+}
+
+// (a) vLLM decode ← gonixl prefill.
+func vllmDecodeGoPrefill(t *testing.T, lib *nixl.Library, py, version string, p protocol.Profile, model string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	// vLLM's decode heartbeats every kv_lease_duration // 6 s: 1 s with a 6 s lease.
+	d := startDriver(t, ctx, py, "decode", model, nil, "--lease", "6")
+	t.Logf("vLLM %s decode ready (import and setup %.1f s): backend %s, kv_cache_layout %q, %d regions of %d-byte blocks",
+		d.ready.Version, d.ready.ImportS, d.ready.Backend, d.ready.Layout, d.ready.Regions, d.ready.BlockLen)
+	require.Equal(t, version, d.ready.Version)
+	compat := realCompat(version, model)
+	if d.ready.Hash != nil {
+		want, err := p.CompatHash(compat.CompatInputs)
+		require.NoError(t, err)
+		require.Equal(t, *d.ready.Hash, want, "gonixl's compatibility hash for %+v must be vLLM's", compat.CompatInputs)
+	}
+	g := realGeom(t, p)
+	require.Equal(t, d.ready.Regions, g.NumRegions(), "registered regions")
+	require.Equal(t, d.ready.BlockLen, g.BlockLen(), "bytes per block and region")
+
+	newPrefill := func(hold time.Duration) (*connector.Prefill, *connector.DRAMCache, *connector.Metrics) {
+		c, err := connector.NewDRAMCache(g, false)
+		require.NoError(t, err)
+		t.Cleanup(func() { require.NoError(t, c.Close()) })
+		m := &connector.Metrics{}
+		pre, err := connector.NewPrefill(connector.PrefillConfig{Profile: p, Library: lib, Cache: c, Compat: compat,
+			Metrics: m, HoldTimeout: hold, EngineID: fmt.Sprintf("gonixl-prefill-%s-%d", version, time.Now().UnixNano())})
+		require.NoError(t, err)
+		t.Cleanup(func() { require.NoError(t, pre.Close()) })
+		return pre, c, m
+	}
+	pre, c, m := newPrefill(0) // vLLM's defaults: lease or abort timeout
+	pull := func(id string, kv protocol.KVTransferParams, tokens int, hold time.Duration) event {
+		raw, err := p.EncodeParams(kv)
+		require.NoError(t, err)
+		d.send(map[string]any{"cmd": "pull", "req_id": "vllm-" + id, "num_tokens": tokens,
+			"kv_transfer_params": json.RawMessage(raw), "hold_s": hold.Seconds()})
+		return d.next(ctx, "pulled", "vllm-"+id)
+	}
+
+	// Two requests, block size 32: 100 tokens (4 blocks, the last partial) and 600 (19 blocks).
+	for i, tokens := range []int{100, 600} {
+		id := fmt.Sprintf("req-%d", i)
+		kv, err := pre.Prefill(ctx, id, tokens, randomFill(c))
+		require.NoError(t, err)
+		want := blockHashes(c, int64sToInts(kv.RemoteBlockIDs[0]))
+		res := pull(id, kv, tokens, 0)
+		require.True(t, res.OK, "vLLM's worker reported the READ failed: %s", res.raw)
+		require.Empty(t, res.LoadErrs)
+		require.Len(t, res.Hashes, (tokens+realBlockSize-1)/realBlockSize)
+		assert.Equal(t, want, res.Hashes, "vLLM received other bytes than gonixl's blocks held")
+		// vLLM's notification frees the blocks, not the expiry.
+		require.Eventually(t, func() bool { return pre.Held() == 0 }, time.Minute, 10*time.Millisecond)
+		assert.EqualValues(t, i+1, m.Notifications.Load())
+		assert.Zero(t, m.RequestsExpired.Load())
+		assert.Zero(t, m.BadMessages.Load())
+		t.Logf("request %s: vLLM %s read %d blocks in %.3f s (after scheduling)", id, version, len(res.Hashes), res.Seconds)
+	}
+
+	// Leases: vLLM's decode holds the request (waiting in its queue) for longer than gonixl's hold and sends
+	// heartbeats meanwhile; gonixl's prefill counts them and they keep the blocks alive until the READ.
+	pre2, c2, m2 := newPrefill(3 * time.Second)
+	if p.Leases {
+		kv, err := pre2.Prefill(ctx, "hb", 64, randomFill(c2))
+		require.NoError(t, err)
+		want := blockHashes(c2, int64sToInts(kv.RemoteBlockIDs[0]))
+		res := pull("hb", kv, 64, 6*time.Second)
+		require.True(t, res.OK, res.raw)
+		assert.Equal(t, want, res.Hashes)
+		assert.Positive(t, res.HBs, "vLLM's decode sent no heartbeat")
+		assert.Positive(t, m2.Heartbeats.Load(), "gonixl's prefill counted no heartbeat")
+		require.Eventually(t, func() bool { return pre2.Held() == 0 }, time.Minute, 10*time.Millisecond)
+		assert.Zero(t, m2.RequestsExpired.Load(), "the heartbeats did not extend the lease")
+		assert.EqualValues(t, 1, m2.Notifications.Load())
+		t.Logf("vLLM sent %d heartbeats while holding the request 6 s; gonixl counted %d", res.HBs, m2.Heartbeats.Load())
+	}
+	// Expiry: a request vLLM never reads is freed by gonixl at its hold timeout.
+	_, err := pre2.Prefill(ctx, "never-read", 64, randomFill(c2))
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return pre2.Held() == 0 }, time.Minute, 10*time.Millisecond)
+	assert.EqualValues(t, 1, m2.RequestsExpired.Load())
+}
+
+// (b) gonixl decode ← vLLM prefill.
+func goDecodeVLLMPrefill(t *testing.T, lib *nixl.Library, py, version string, p protocol.Profile, model string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	const lease = 5 // kv_lease_duration of vLLM's prefill (releases with leases)
+	d := startDriver(t, ctx, py, "prefill", model, nil, "--lease", fmt.Sprint(lease))
+	t.Logf("vLLM %s prefill ready (import and setup %.1f s): backend %s, kv_cache_layout %q", d.ready.Version, d.ready.ImportS, d.ready.Backend, d.ready.Layout)
+	require.Equal(t, version, d.ready.Version)
+	compat := realCompat(version, model)
+	g := realGeom(t, p)
+	c, err := connector.NewDRAMCache(g, false)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, c.Close()) })
+	m := &connector.Metrics{}
+	dec, err := connector.NewDecode(connector.DecodeConfig{Profile: p, Library: lib, Cache: c, Compat: compat, Metrics: m})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, dec.Close()) })
+
+	next := 1
+	for i, tokens := range []int{100, 600} {
+		id := fmt.Sprintf("req-%d", i)
+		d.send(map[string]any{"cmd": "prefill", "req_id": id, "num_tokens": tokens, "seed": i + 1})
+		ev := d.next(ctx, "params", id)
+		kv, err := p.DecodeParams(ev.Params)
+		require.NoError(t, err, "vLLM's kv_transfer_params: %s", ev.Params)
+		require.Len(t, kv.RemoteBlockIDs, 1)
+		nb := len(kv.RemoteBlockIDs[0])
+		require.Equal(t, (tokens+realBlockSize-1)/realBlockSize, nb)
+		local := make([]int, nb)
+		for j := range local {
+			local[j] = next + j
+		}
+		next += nb
+		res, err := dec.Pull(ctx, "gonixl-"+id, kv, local)
+		require.NoError(t, err)
+		assert.Equal(t, nb, res.Blocks)
+		assert.Equal(t, ev.Hashes, blockHashes(c, local), "gonixl received other bytes than vLLM's blocks held")
+		// gonixl's notification makes vLLM's worker report the request done sending, before the lease / timeout.
+		fin := d.next(ctx, "finished_sending", id)
+		assert.Zero(t, fin.Expired, "vLLM released the request at expiry, not on gonixl's notification")
+		t.Logf("request %s: gonixl read %d blocks (%d bytes) in %v; vLLM released it %.3f s after publishing",
+			id, res.Blocks, res.Bytes, res.Transfer, fin.AfterS)
+	}
+	assert.EqualValues(t, 1, m.Handshakes.Load(), "one handshake with vLLM's side channel")
+
+	// Expiry: a request gonixl never reads is released by vLLM's prefill at its lease (0.22+) or abort timeout.
+	cmd := map[string]any{"cmd": "prefill", "req_id": "never-read", "num_tokens": 64, "seed": 9}
+	wait := float64(lease)
+	if !p.Leases {
+		cmd["abort_timeout"] = 4 // VLLM_NIXL_ABORT_REQUEST_TIMEOUT, read by this release when the request finishes
+		wait = 4
+	}
+	d.send(cmd)
+	d.next(ctx, "params", "never-read")
+	fin := d.next(ctx, "finished_sending", "never-read")
+	assert.Equal(t, 1, fin.Expired, "vLLM should release the unread request at expiry")
+	assert.GreaterOrEqual(t, fin.AfterS, wait-0.5)
+}
+
+func int64sToInts(v []int64) []int {
+	out := make([]int, len(v))
+	for i, x := range v {
+		out[i] = int(x)
+	}
+	return out
+}
