@@ -3,7 +3,6 @@ module github.com/gonixl/gonixl
 go 1.26
 
 require (
-	github.com/pebbe/zmq4 v1.4.0
 	github.com/stretchr/testify v1.12.1
 	github.com/vmihailenco/msgpack/v5 v5.4.1
 	go.uber.org/goleak v1.3.0

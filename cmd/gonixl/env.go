@@ -8,8 +8,7 @@ import (
 	"sort"
 	"strings"
 
-	zmq "github.com/pebbe/zmq4"
-
+	"github.com/gonixl/gonixl/connector/sidechannel"
 	"github.com/gonixl/gonixl/cuda"
 	"github.com/gonixl/gonixl/neuron"
 	"github.com/gonixl/gonixl/nixl"
@@ -87,7 +86,7 @@ var envVars = []string{
 const envHelp = `Reports, for each native dependency, where it was loaded from or every place that was tried:
   nixl    libnixl_capi.so: path, version, plugin folder, and per plugin its memory types and default
           parameters (read from a throwaway agent)
-  zmq     libzmq's version (linked at build time)
+  zmq     the side channel's ZMTP version (pure Go, built in: no libzmq needed)
   cuda    libcuda.so.1: driver version, devices with name, memory (free/total)
   neuron  libnrt.so.1: runtime version and NeuronCores. This initialises the Neuron runtime for a moment,
           which claims the visible NeuronCores: while a vLLM/NxDI process holds them, it reports that error.
@@ -203,9 +202,9 @@ func nixlEnv(nf nixlFlags) nixlReport {
 	return r
 }
 
+// zmqEnv reports the side channel's ZMQ transport: built in (pure-Go ZMTP), so always found.
 func zmqEnv() zmqReport {
-	major, minor, patch := zmq.Version()
-	return zmqReport{Found: major > 0, Version: fmt.Sprintf("%d.%d.%d", major, minor, patch)}
+	return zmqReport{Found: true, Version: sidechannel.ZMTPVersion}
 }
 
 func cudaEnv() cudaReport {
@@ -314,8 +313,8 @@ func printEnv(env *cmdEnv, r envReport) {
 		fmt.Fprintf(w, "  error        %s\n", r.NIXL.Error)
 	}
 
-	fmt.Fprintln(w, "libzmq")
-	fmt.Fprintf(w, "  version      %s\n", r.ZMQ.Version)
+	fmt.Fprintln(w, "ZMQ side channel")
+	fmt.Fprintf(w, "  protocol     %s (pure Go, built in; no libzmq)\n", r.ZMQ.Version)
 
 	fmt.Fprintln(w, "CUDA")
 	if r.CUDA.Found {

@@ -38,7 +38,7 @@ type cmdEnv struct {
 
 // commands is the command table, in help order.
 var commands = []command{
-	{"env", "[flags]", "where NIXL, libzmq, CUDA and the Neuron runtime were found (or every place tried)", runEnv},
+	{"env", "[flags]", "where NIXL, CUDA and the Neuron runtime were found (or every place tried), and the side channel's ZMTP version", runEnv},
 	{"probe", "tcp://HOST:PORT --vllm-version X [flags]", "run the decode side of the handshake against a live prefill worker and print what it advertises", runProbe},
 	{"inspect", "FILE|- [flags]", "decode a captured NixlAgentMetadata, NixlHandshakePayload or kv_transfer_params and print it", runInspect},
 	{"bench", "[flags]", "NIXL READ/WRITE throughput and latency over a sweep of descriptor sizes (local, or --serve / --peer)", runBench},

@@ -5,15 +5,16 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"runtime"
+	"io"
+	"os"
+	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
-	zmq "github.com/pebbe/zmq4"
 	"go.uber.org/zap"
 
 	"github.com/gonixl/gonixl/connector/protocol"
+	"github.com/gonixl/gonixl/connector/sidechannel/internal/zmtp"
 )
 
 // Errors of this package; errors also wrap protocol's sentinels where the bytes were at fault.
@@ -26,17 +27,20 @@ var (
 	ErrRejected = errors.New("sidechannel: server rejected the metadata request")
 	// ErrConfig: bad address, port or option.
 	ErrConfig = errors.New("sidechannel: invalid configuration")
+	// ErrHandshake: the peer does not speak ZMTP 3 with NULL security as a ROUTER or REP socket (is the
+	// address a vLLM side channel?).
+	ErrHandshake = errors.New("sidechannel: ZMTP handshake failed")
 )
 
 // FetchOptions tunes Fetch and FetchAll. The zero value means vLLM's behaviour plus bounded retries.
 type FetchOptions struct {
 	// Timeout per attempt; Profile.HandshakeTimeout (vLLM's RCVTIMEO, 5 s) when 0.
 	Timeout time.Duration
-	// Attempts in total per rank (each on a fresh socket after a timeout); 3 when 0.
+	// Attempts in total per rank (each on a fresh connection after a timeout); 3 when 0.
 	Attempts int
 	// Backoff before the second attempt, doubling after; 100 ms when 0.
 	Backoff time.Duration
-	// MaxReplySize bounds a reply (libzmq drops larger messages); 64 MiB when 0.
+	// MaxReplySize bounds a reply (the connection is dropped on a larger one, as libzmq does); 64 MiB when 0.
 	MaxReplySize int64
 	// Logger gets a line per failed attempt; nil logs nothing.
 	Logger *zap.Logger
@@ -64,11 +68,12 @@ func Fetch(ctx context.Context, p protocol.Profile, addr string, rank protocol.R
 	return res[0], nil
 }
 
-// FetchAll asks for several ranks over one REQ socket, one after another, like vLLM's decode side. A timeout
-// reopens the socket (a REQ socket that lost its reply is stuck) and retries that rank, up to Attempts.
+// FetchAll asks for several ranks over one REQ connection, one after another, like vLLM's decode side. A
+// timeout or a lost connection reconnects (a REQ socket that lost its reply is stuck) and retries that rank,
+// up to Attempts; while nothing listens it dials again every 100 ms within the attempt, like libzmq.
 // Every wait is bounded by ctx and the per-attempt timeout.
 func FetchAll(ctx context.Context, p protocol.Profile, addr string, ranks []protocol.Rank, opts FetchOptions) ([]Result, error) {
-	ep, v6, err := endpoint(addr)
+	ep, hostPort, err := endpoint(addr)
 	if err != nil {
 		return nil, err
 	}
@@ -98,14 +103,8 @@ func FetchAll(ctx context.Context, p protocol.Profile, addr string, ranks []prot
 		}
 	}
 
-	runtime.LockOSThread() // the REQ socket lives on this thread only
-	defer runtime.UnlockOSThread()
-	zctx, err := zmq.NewContext()
-	if err != nil {
-		return nil, fmt.Errorf("sidechannel: new ZMQ context: %w", err)
-	}
-	c := &client{zctx: zctx, ep: ep, v6: v6, maxReply: opts.MaxReplySize}
-	defer c.shutdown()
+	c := &client{addr: hostPort, maxReply: opts.MaxReplySize}
+	defer c.closeConn()
 
 	out := make([]Result, 0, len(ranks))
 	for i, r := range ranks {
@@ -116,9 +115,9 @@ func FetchAll(ctx context.Context, p protocol.Profile, addr string, ranks []prot
 			if err == nil || !errors.Is(err, ErrTimeout) || attempt >= opts.Attempts || ctx.Err() != nil {
 				break
 			}
-			log.Warn("side-channel attempt timed out; retrying on a fresh socket", zap.String("endpoint", ep),
-				zap.Stringer("rank", r), zap.Int("attempt", attempt), zap.Duration("timeout", opts.Timeout))
-			c.closeSocket()
+			log.Warn("side-channel attempt got no reply; retrying on a fresh connection", zap.String("endpoint", ep),
+				zap.Stringer("rank", r), zap.Int("attempt", attempt), zap.Duration("timeout", opts.Timeout), zap.Error(err))
+			c.closeConn()
 			t := time.NewTimer(backoff)
 			select {
 			case <-ctx.Done():
@@ -139,99 +138,118 @@ func FetchAll(ctx context.Context, p protocol.Profile, addr string, ranks []prot
 	return out, nil
 }
 
+// reconnectInterval is how often a REQ client dials again while the server is not there (libzmq's
+// ZMQ_RECONNECT_IVL default).
+const reconnectInterval = 100 * time.Millisecond
+
+// client is a REQ socket with one connection: send a request, wait for its reply; after a timeout the
+// connection is dropped (a REQ socket that lost its reply is stuck), as vLLM's decode side does by opening a
+// fresh socket per handshake.
 type client struct {
-	zctx     *zmq.Context
-	sock     *zmq.Socket
-	ep       string
-	v6       bool
+	addr     string
 	maxReply int64
+	conn     *zmtp.Conn
 }
 
-func (c *client) open() error {
-	sock, err := c.zctx.NewSocket(zmq.REQ)
-	if err != nil {
-		return fmt.Errorf("sidechannel: new REQ socket: %w", err)
+func (c *client) closeConn() {
+	if c.conn != nil {
+		_ = c.conn.Close()
+		c.conn = nil
 	}
-	for _, set := range []func() error{
-		func() error { return sock.SetLinger(0) },
-		func() error { return sock.SetMaxmsgsize(c.maxReply) },
-		func() error { return sock.SetIpv6(c.v6) },
-	} {
-		if err := set(); err != nil {
-			_ = sock.Close()
-			return fmt.Errorf("sidechannel: set REQ option: %w", err)
+}
+
+// connect dials until deadline like libzmq's reconnecting connect (the server may not be up yet).
+func (c *client) connect(ctx context.Context, deadline time.Time) error {
+	var last error
+	for {
+		dctx, cancel := context.WithDeadline(ctx, deadline)
+		var d net.Dialer
+		nc, err := d.DialContext(dctx, "tcp", c.addr)
+		cancel()
+		if err == nil {
+			_ = nc.SetDeadline(deadline)
+			zc, err := zmtp.Handshake(nc, zmtp.Options{Type: zmtp.REQ, MaxMessageSize: c.maxReply, MaxFrames: 8})
+			if err != nil {
+				_ = nc.Close()
+				if errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+					return fmt.Errorf("%w (ZMTP handshake: %v)", ErrTimeout, err)
+				}
+				return fmt.Errorf("%w with %s: %v (is it a ZMQ ROUTER or REP socket without CURVE/PLAIN security?)", ErrHandshake, c.addr, err)
+			}
+			c.conn = zc
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		last = err
+		wait := time.Until(deadline)
+		if wait <= 0 {
+			return fmt.Errorf("%w (connect: %v)", ErrTimeout, last)
+		}
+		t := time.NewTimer(min(wait, reconnectInterval))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
 		}
 	}
-	if err := sock.Connect(c.ep); err != nil {
-		_ = sock.Close()
-		return fmt.Errorf("%w: connect %s: %v", ErrConfig, c.ep, err)
-	}
-	c.sock = sock
-	return nil
-}
-
-func (c *client) closeSocket() {
-	if c.sock != nil {
-		_ = c.sock.Close()
-		c.sock = nil
-	}
-}
-
-func (c *client) shutdown() {
-	c.closeSocket()
-	_ = c.zctx.Term()
 }
 
 func (c *client) roundTrip(ctx context.Context, p protocol.Profile, req []byte, timeout time.Duration) (Result, error) {
 	if err := ctx.Err(); err != nil {
 		return Result{}, err
 	}
-	if c.sock == nil {
-		if err := c.open(); err != nil {
-			return Result{}, err
-		}
-	}
 	start := time.Now()
-	t0 := monotonicSeconds()
-	if _, err := c.sock.SendBytes(req, zmq.DONTWAIT); err != nil {
-		c.closeSocket()
-		if zmq.AsErrno(err) == zmq.Errno(syscall.EAGAIN) {
-			return Result{}, fmt.Errorf("%w: request could not be queued", ErrTimeout)
-		}
-		return Result{}, fmt.Errorf("sidechannel: send: %w", err)
-	}
 	deadline := start.Add(timeout)
-	poller := zmq.NewPoller()
-	poller.Add(c.sock, zmq.POLLIN)
-	for {
-		if err := ctx.Err(); err != nil {
-			c.closeSocket()
+	if c.conn == nil {
+		if err := c.connect(ctx, deadline); err != nil {
 			return Result{}, err
 		}
-		left := time.Until(deadline)
-		if left <= 0 {
-			c.closeSocket()
+	}
+	nc := c.conn.NetConn()
+	if err := nc.SetDeadline(deadline); err != nil {
+		c.closeConn()
+		return Result{}, fmt.Errorf("sidechannel: set deadline: %w", err)
+	}
+	// A cancelled ctx ends the wait at once.
+	stop := context.AfterFunc(ctx, func() { _ = nc.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	fail := func(err error) (Result, error) {
+		c.closeConn()
+		if ctx.Err() != nil {
+			return Result{}, ctx.Err()
+		}
+		switch {
+		case errors.Is(err, os.ErrDeadlineExceeded):
 			return Result{}, fmt.Errorf("%w (%v)", ErrTimeout, timeout)
+		case errors.Is(err, zmtp.ErrTooLarge):
+			return Result{}, fmt.Errorf("sidechannel: reply over MaxReplySize (%d bytes): %w", c.maxReply, err)
+		case errors.Is(err, zmtp.ErrProtocol), errors.Is(err, zmtp.ErrPeerError):
+			return Result{}, fmt.Errorf("%w: %v", ErrHandshake, err)
 		}
-		polled, err := poller.Poll(min(left, 50*time.Millisecond))
+		// The connection broke before the reply (server restarted, or it dropped us): no reply, retryable.
+		return Result{}, fmt.Errorf("%w: connection lost before the reply (%v)", ErrTimeout, err)
+	}
+	t0 := monotonicSeconds()
+	if err := c.conn.WriteMessage([][]byte{{}, req}); err != nil {
+		return fail(err)
+	}
+	var frames [][]byte
+	for {
+		msg, err := c.conn.ReadMessage()
 		if err != nil {
-			if zmq.AsErrno(err) == zmq.Errno(syscall.EINTR) {
-				continue
-			}
-			c.closeSocket()
-			return Result{}, fmt.Errorf("sidechannel: poll: %w", err)
+			return fail(err)
 		}
-		if len(polled) > 0 {
+		// REQ semantics: a reply must start with the empty delimiter; anything else is dropped.
+		if len(msg) >= 2 && len(msg[0]) == 0 {
+			frames = msg[1:]
 			break
 		}
 	}
-	frames, err := c.sock.RecvMessageBytes(zmq.DONTWAIT)
 	rtt := time.Since(start)
 	t1 := monotonicSeconds()
-	if err != nil {
-		c.closeSocket()
-		return Result{}, fmt.Errorf("sidechannel: receive: %w", err)
-	}
 	rep, err := p.DecodeReply(frames)
 	if err != nil {
 		return Result{}, err
@@ -246,15 +264,16 @@ func (c *client) roundTrip(ctx context.Context, p protocol.Profile, req []byte, 
 	return res, nil
 }
 
-// endpoint turns "host:port", "[v6]:port" or "tcp://…" into a ZMQ endpoint and says whether it is IPv6.
-func endpoint(addr string) (string, bool, error) {
+// endpoint turns "host:port", "[v6]:port" or "tcp://…" into a ZMQ endpoint and the address to dial.
+func endpoint(addr string) (string, string, error) {
 	a := strings.TrimPrefix(addr, "tcp://")
 	host, port, err := net.SplitHostPort(a)
 	if err != nil || host == "" || port == "" {
-		return "", false, fmt.Errorf("%w: address %q is not host:port", ErrConfig, addr)
+		return "", "", fmt.Errorf("%w: address %q is not host:port", ErrConfig, addr)
 	}
-	if strings.Contains(host, ":") {
-		return "tcp://[" + host + "]:" + port, true, nil
+	if n, err := strconv.Atoi(port); err != nil || n <= 0 || n > 65535 {
+		return "", "", fmt.Errorf("%w: address %q has no valid port", ErrConfig, addr)
 	}
-	return "tcp://" + host + ":" + port, false, nil
+	hp := net.JoinHostPort(host, port)
+	return "tcp://" + hp, hp, nil
 }

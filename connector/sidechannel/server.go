@@ -2,30 +2,44 @@ package sidechannel
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"net"
-	"runtime"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
-	zmq "github.com/pebbe/zmq4"
 	"go.uber.org/zap"
 
 	"github.com/gonixl/gonixl/connector/protocol"
+	"github.com/gonixl/gonixl/connector/sidechannel/internal/zmtp"
 )
 
-// DefaultMaxRequestSize bounds a side-channel request. vLLM's requests are 13–20 bytes; libzmq drops the
-// connection of a peer that sends a larger message (ZMQ_MAXMSGSIZE).
+// DefaultMaxRequestSize bounds a side-channel request. vLLM's requests are 13–20 bytes; like libzmq with
+// ZMQ_MAXMSGSIZE, the server drops the connection of a peer that sends a larger message.
 const DefaultMaxRequestSize = 4096
 
 // DefaultHost is where a Server binds unless told otherwise: loopback only (vLLM's default is "localhost").
 const DefaultHost = "127.0.0.1"
 
-// ServerConfig configures a Server.
+// Defaults of the per-peer bounds (ServerConfig fields left 0).
+const (
+	DefaultMaxConnections   = 1024
+	DefaultMaxQueuedReplies = 8
+	DefaultRequestRate      = 100 // requests a second per remote host
+	DefaultRequestBurst     = 100
+	DefaultHandshakeTimeout = 10 * time.Second
+	DefaultIdleTimeout      = 2 * time.Minute
+	DefaultWriteTimeout     = 10 * time.Second
+	DefaultLogLimit         = 10
+	DefaultLogInterval      = time.Minute
+)
+
+// ServerConfig configures a Server. Zero values mean the defaults.
 type ServerConfig struct {
 	// Host to bind: DefaultHost when empty. Use a routable address (or "0.0.0.0") for cross-node setups;
 	// that address is also what P advertises as remote_host.
@@ -36,44 +50,95 @@ type ServerConfig struct {
 	// Payloads maps each served (pp, tp) rank to its reply payload (Profile.EncodeHandshake). It can be
 	// replaced later with Server.SetPayloads.
 	Payloads map[protocol.Rank][]byte
-	// MaxRequestSize bounds a request (bytes, all frames); DefaultMaxRequestSize when 0.
+	// MaxRequestSize bounds a request (bytes, all frames); DefaultMaxRequestSize when 0. A peer that sends
+	// more is disconnected before the oversized frame is read.
 	MaxRequestSize int64
 	// Clock returns the monotonic clock (seconds) sent as the H4 second frame; a process-local monotonic
 	// clock when nil, like vLLM's time.perf_counter().
 	Clock func() float64
-	// Logger receives one line per rejected request; nil logs nothing.
+	// Logger receives lines about bad input (rate-limited: LogLimit lines per LogInterval, then a count of
+	// the suppressed ones); nil logs nothing.
 	Logger *zap.Logger
-	// PollInterval is how often the serving goroutine checks for shutdown; 50 ms when 0.
+	// PollInterval is unused since the side channel stopped using libzmq; kept so that existing configs build.
 	PollInterval time.Duration
+
+	// MaxConnections caps the open connections (all peers); DefaultMaxConnections when 0. A connection
+	// over the cap is closed at once (a libzmq peer reconnects later).
+	MaxConnections int
+	// MaxQueuedReplies bounds the replies waiting to be written on one connection; DefaultMaxQueuedReplies
+	// when 0. A peer that pipelines requests without reading the replies is not read from while its queue
+	// is full, and is disconnected when a reply cannot be written within WriteTimeout.
+	MaxQueuedReplies int
+	// RequestRate limits the requests per second from one remote host (all its connections together), with
+	// bursts of RequestBurst; requests over the rate wait (the peer is not read from meanwhile).
+	// DefaultRequestRate and DefaultRequestBurst when 0; a negative RequestRate turns the limit off.
+	RequestRate  float64
+	RequestBurst int
+	// HandshakeTimeout bounds the ZMTP greeting and READY exchange of a new connection (slow or silent peers
+	// are disconnected); DefaultHandshakeTimeout when 0.
+	HandshakeTimeout time.Duration
+	// IdleTimeout disconnects a peer that sends no complete message for this long; DefaultIdleTimeout when 0,
+	// none when negative. vLLM's decode side opens a connection per handshake and closes it after.
+	IdleTimeout time.Duration
+	// WriteTimeout bounds writing one reply; DefaultWriteTimeout when 0.
+	WriteTimeout time.Duration
+	// LogLimit and LogInterval rate-limit the lines about bad input; DefaultLogLimit and
+	// DefaultLogInterval when 0.
+	LogLimit    int
+	LogInterval time.Duration
 }
 
-// Stats counts what a Server did.
+// Stats counts what a Server did, and what it holds now.
 type Stats struct {
 	Served   uint64 // replies with a payload
 	Rejected uint64 // well-framed requests answered with an empty payload (unknown rank, malformed message)
-	Dropped  uint64 // messages not answered (bad envelope, oversized)
+	Dropped  uint64 // messages not answered (no REQ envelope, oversized)
+
+	Accepted    uint64 // connections accepted
+	Refused     uint64 // connections closed at once because MaxConnections were open
+	Disconnects uint64 // connections the server closed because of the peer: a failed handshake, a protocol error, an oversized message, an idle or write timeout
+	Throttled   uint64 // requests that waited for the per-host rate limit
+
+	Open           int // connections open now
+	Hosts          int // remote hosts with per-host state now (0 once every peer has left)
+	Queued         int // replies queued or being written now, all connections together
+	QueueHighWater int // the most replies one connection has had queued at once (at most MaxQueuedReplies)
 }
 
-// Server is the prefill-side side-channel listener: a ZMQ ROUTER that answers metadata requests for its
-// (pp, tp) ranks in the profile's framing, with H4's second clock frame where the profile has one.
+// Server is the prefill-side side-channel listener: a ZMQ ROUTER (ZMTP 3.1, NULL security, pure Go) that
+// answers metadata requests for its (pp, tp) ranks in the profile's framing, with H4's second clock frame
+// where the profile has one. vLLM's decode side connects with a pyzmq REQ socket.
 //
 // Unlike vLLM's listener it survives bad input: a malformed request or an unknown rank is logged and answered
 // with an empty payload (a vLLM decoder then fails at once with "Failed to decode NixlHandshakePayload"
-// instead of timing out), a message without a REQ envelope is dropped, and an oversized message makes libzmq
-// drop that peer's connection. It stops when its context is cancelled or Close is called.
+// instead of timing out), a message without a REQ envelope is dropped, and a peer that sends an oversized
+// message or bad ZMTP is disconnected. Memory per peer is bounded: MaxConnections, MaxQueuedReplies,
+// RequestRate, HandshakeTimeout, IdleTimeout and WriteTimeout; nothing of a peer is kept after it leaves.
+// It stops when its context is cancelled or Close is called.
 //
-// Concurrency: one goroutine owns the socket; all methods are safe for concurrent use.
+// Concurrency: each connection has a reading goroutine (and a writing one after its handshake); all
+// methods are safe for concurrent use.
 type Server struct {
 	profile  protocol.Profile
 	cfg      ServerConfig
 	log      *zap.Logger
+	logLim   logLimiter
+	ln       net.Listener
 	endpoint string
 	port     int
 
 	mu       sync.RWMutex
 	payloads map[protocol.Rank][]byte
 
-	served, rejected, dropped atomic.Uint64
+	peersMu sync.Mutex
+	peers   map[*peer]struct{}
+	hosts   map[string]*hostState
+	closing bool
+	wg      sync.WaitGroup // accept loop and peer goroutines
+
+	served, rejected, dropped                  atomic.Uint64
+	accepted, refused, disconnects, throttled atomic.Uint64
+	open, queued, highWater                    atomic.Int64
 
 	stop      chan struct{}
 	done      chan struct{}
@@ -81,12 +146,45 @@ type Server struct {
 	err       error // set before done closes
 }
 
+type hostState struct {
+	refs   int
+	bucket *bucket // nil: no rate limit
+}
+
+// peer is one connection.
+type peer struct {
+	nc    net.Conn
+	addr  string
+	host  string
+	state *hostState
+	slots chan struct{} // one token per queued reply
+	dead  chan struct{} // closed by kill
+	once  sync.Once
+}
+
+// kill closes the connection (idempotent); the peer's goroutines notice and leave.
+func (p *peer) kill() {
+	p.once.Do(func() {
+		close(p.dead)
+		_ = p.nc.Close()
+	})
+}
+
+func (p *peer) killed() bool {
+	select {
+	case <-p.dead:
+		return true
+	default:
+		return false
+	}
+}
+
 var processStart = time.Now()
 
 func monotonicSeconds() float64 { return time.Since(processStart).Seconds() }
 
-// NewServer binds the ROUTER socket and starts serving in a goroutine. It returns once the socket is bound (or
-// with the bind error). Cancel ctx or call Close to stop it.
+// NewServer binds the listening socket and starts serving in goroutines. It returns once the socket is bound
+// (or with the bind error). Cancel ctx or call Close to stop it.
 func NewServer(ctx context.Context, p protocol.Profile, cfg ServerConfig) (*Server, error) {
 	if cfg.Host == "" {
 		cfg.Host = DefaultHost
@@ -100,8 +198,32 @@ func NewServer(ctx context.Context, p protocol.Profile, cfg ServerConfig) (*Serv
 	if cfg.Clock == nil {
 		cfg.Clock = monotonicSeconds
 	}
-	if cfg.PollInterval <= 0 {
-		cfg.PollInterval = 50 * time.Millisecond
+	if cfg.MaxConnections <= 0 {
+		cfg.MaxConnections = DefaultMaxConnections
+	}
+	if cfg.MaxQueuedReplies <= 0 {
+		cfg.MaxQueuedReplies = DefaultMaxQueuedReplies
+	}
+	if cfg.RequestRate == 0 {
+		cfg.RequestRate = DefaultRequestRate
+	}
+	if cfg.RequestBurst <= 0 {
+		cfg.RequestBurst = DefaultRequestBurst
+	}
+	if cfg.HandshakeTimeout <= 0 {
+		cfg.HandshakeTimeout = DefaultHandshakeTimeout
+	}
+	if cfg.IdleTimeout == 0 {
+		cfg.IdleTimeout = DefaultIdleTimeout
+	}
+	if cfg.WriteTimeout <= 0 {
+		cfg.WriteTimeout = DefaultWriteTimeout
+	}
+	if cfg.LogLimit <= 0 {
+		cfg.LogLimit = DefaultLogLimit
+	}
+	if cfg.LogInterval <= 0 {
+		cfg.LogInterval = DefaultLogInterval
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -111,17 +233,40 @@ func NewServer(ctx context.Context, p protocol.Profile, cfg ServerConfig) (*Serv
 		profile:  p,
 		cfg:      cfg,
 		log:      log.With(zap.String("component", "sidechannel.Server"), zap.String("profile", p.Name)),
+		logLim:   logLimiter{limit: cfg.LogLimit, interval: cfg.LogInterval},
 		payloads: copyPayloads(cfg.Payloads),
+		peers:    map[*peer]struct{}{},
+		hosts:    map[string]*hostState{},
 		stop:     make(chan struct{}),
 		done:     make(chan struct{}),
 	}
-	ready := make(chan error, 1)
-	go s.run(ctx, ready)
-	if err := <-ready; err != nil {
-		<-s.done
-		return nil, err
+	network, addr := listenAddr(cfg.Host, cfg.Port)
+	ln, err := net.Listen(network, addr)
+	if err != nil {
+		return nil, fmt.Errorf("%w: bind tcp://%s: %v (is the port in use?)", ErrConfig, addr, err)
 	}
+	s.ln = ln
+	ta := ln.Addr().(*net.TCPAddr)
+	s.port = ta.Port
+	s.endpoint = "tcp://" + net.JoinHostPort(ta.IP.String(), strconv.Itoa(ta.Port))
+	s.wg.Add(1)
+	go s.acceptLoop()
+	go s.run(ctx)
+	s.log.Debug("serving", zap.String("endpoint", s.endpoint))
 	return s, nil
+}
+
+// listenAddr picks the network and address to listen on: IPv4 only unless the host is an IPv6 literal (libzmq
+// with ZMQ_IPV6 off, as vLLM's sockets are).
+func listenAddr(host string, port int) (string, string) {
+	h := strings.Trim(host, "[]")
+	if strings.Contains(h, ":") {
+		return "tcp", net.JoinHostPort(h, strconv.Itoa(port))
+	}
+	if h == "*" {
+		h = "0.0.0.0"
+	}
+	return "tcp4", net.JoinHostPort(h, strconv.Itoa(port))
 }
 
 func copyPayloads(m map[protocol.Rank][]byte) map[protocol.Rank][]byte {
@@ -163,181 +308,301 @@ func (s *Server) SetPayload(r protocol.Rank, payload []byte) {
 	s.payloads = c
 }
 
-// Stats returns the counters so far.
+// Stats returns the counters so far and what the server holds now.
 func (s *Server) Stats() Stats {
-	return Stats{Served: s.served.Load(), Rejected: s.rejected.Load(), Dropped: s.dropped.Load()}
+	s.peersMu.Lock()
+	hosts := len(s.hosts)
+	s.peersMu.Unlock()
+	return Stats{
+		Served: s.served.Load(), Rejected: s.rejected.Load(), Dropped: s.dropped.Load(),
+		Accepted: s.accepted.Load(), Refused: s.refused.Load(), Disconnects: s.disconnects.Load(),
+		Throttled: s.throttled.Load(),
+		Open:      int(s.open.Load()), Hosts: hosts, Queued: int(s.queued.Load()), QueueHighWater: int(s.highWater.Load()),
+	}
 }
 
-// Done is closed when the server has stopped and released its socket.
+// Done is closed when the server has stopped and closed its socket and every connection.
 func (s *Server) Done() <-chan struct{} { return s.done }
 
-// Close stops the server and waits until its socket and ZMQ context are closed. It is idempotent and returns
-// the error that stopped the server, if any (nil after a normal stop).
+// Close stops the server and waits until its socket and connections are closed and their goroutines gone.
+// It is idempotent and returns the error that stopped the server, if any (nil after a normal stop).
 func (s *Server) Close() error {
 	s.closeOnce.Do(func() { close(s.stop) })
 	<-s.done
 	return s.err
 }
 
-func bindHost(h string) (string, bool) {
-	if strings.Contains(h, ":") { // IPv6 literal
-		return "[" + strings.Trim(h, "[]") + "]", true
-	}
-	if h == "0.0.0.0" {
-		return "*", false
-	}
-	return h, false
-}
-
-func (s *Server) run(ctx context.Context, ready chan<- error) {
+func (s *Server) run(ctx context.Context) {
 	defer close(s.done)
-	// libzmq sockets are not thread-safe: keep this socket on one OS thread for its whole life.
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-
-	zctx, err := zmq.NewContext()
-	if err != nil {
-		ready <- fmt.Errorf("sidechannel: new ZMQ context: %w", err)
-		return
+	select {
+	case <-ctx.Done():
+	case <-s.stop:
 	}
-	sock, err := s.open(zctx)
-	if err != nil {
-		_ = zctx.Term()
-		ready <- err
-		return
+	s.peersMu.Lock()
+	s.closing = true
+	for p := range s.peers {
+		p.kill()
 	}
-	ready <- nil
-	s.log.Debug("serving", zap.String("endpoint", s.endpoint))
-	s.err = s.loop(ctx, sock)
-	_ = sock.Close()
-	if err := zctx.Term(); err != nil && s.err == nil {
-		s.err = fmt.Errorf("sidechannel: terminate ZMQ context: %w", err)
+	s.peersMu.Unlock()
+	if err := s.ln.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
+		s.err = fmt.Errorf("sidechannel: close listener: %w", err)
+	}
+	s.wg.Wait()
+	if n := s.logLim.flush(); n > 0 {
+		s.log.Warn("bad-input lines suppressed by the log rate limit", zap.Uint64("suppressed", n))
 	}
 }
 
-func (s *Server) open(zctx *zmq.Context) (*zmq.Socket, error) {
-	sock, err := zctx.NewSocket(zmq.ROUTER)
-	if err != nil {
-		return nil, fmt.Errorf("sidechannel: new ROUTER socket: %w", err)
+// badInput logs a line about a peer's bad input, rate-limited.
+func (s *Server) badInput(msg string, fields ...zap.Field) {
+	ok, suppressed := s.logLim.allow(time.Now())
+	if !ok {
+		return
 	}
-	host, v6 := bindHost(s.cfg.Host)
-	port := "*"
-	if s.cfg.Port != 0 {
-		port = strconv.Itoa(s.cfg.Port)
+	if suppressed > 0 {
+		fields = append(fields, zap.Uint64("suppressed_before", suppressed))
 	}
-	for _, set := range []func() error{
-		func() error { return sock.SetLinger(0) },
-		func() error { return sock.SetMaxmsgsize(s.cfg.MaxRequestSize) },
-		func() error { return sock.SetIpv6(v6) },
-		func() error { return sock.SetSndtimeo(0) },
-	} {
-		if err := set(); err != nil {
-			_ = sock.Close()
-			return nil, fmt.Errorf("sidechannel: set ROUTER option: %w", err)
-		}
-	}
-	ep := "tcp://" + host + ":" + port
-	if err := sock.Bind(ep); err != nil {
-		_ = sock.Close()
-		return nil, fmt.Errorf("%w: bind %s: %v (is the port in use?)", ErrConfig, ep, err)
-	}
-	last, err := sock.GetLastEndpoint()
-	if err != nil {
-		_ = sock.Close()
-		return nil, fmt.Errorf("sidechannel: read bound endpoint: %w", err)
-	}
-	s.endpoint = last
-	if i := strings.LastIndexByte(last, ':'); i >= 0 {
-		s.port, _ = strconv.Atoi(last[i+1:])
-	}
-	return sock, nil
+	s.log.Warn(msg, fields...)
 }
 
-func (s *Server) loop(ctx context.Context, sock *zmq.Socket) error {
-	poller := zmq.NewPoller()
-	poller.Add(sock, zmq.POLLIN)
+func (s *Server) acceptLoop() {
+	defer s.wg.Done()
+	backoff := 5 * time.Millisecond
 	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-s.stop:
-			return nil
-		default:
-		}
-		polled, err := poller.Poll(s.cfg.PollInterval)
+		nc, err := s.ln.Accept()
 		if err != nil {
-			if zmq.AsErrno(err) == zmq.Errno(syscall.EINTR) {
-				continue
+			if errors.Is(err, net.ErrClosed) {
+				return
 			}
-			return fmt.Errorf("sidechannel: poll: %w", err)
-		}
-		if len(polled) == 0 {
+			// Out of file descriptors and the like: wait and try again.
+			s.badInput("accept failed; retrying", zap.Error(err), zap.Duration("backoff", backoff))
+			t := time.NewTimer(backoff)
+			select {
+			case <-s.stop:
+				t.Stop()
+				return
+			case <-t.C:
+			}
+			backoff = min(2*backoff, time.Second)
 			continue
 		}
-		// Drain what is queued, without blocking.
-		for i := 0; i < 64; i++ {
-			msg, err := sock.RecvMessageBytes(zmq.DONTWAIT)
-			if err != nil {
-				if zmq.AsErrno(err) == zmq.Errno(syscall.EAGAIN) {
-					break
-				}
-				s.log.Warn("receive failed", zap.Error(err))
-				break
-			}
-			s.handle(sock, msg)
-		}
+		backoff = 5 * time.Millisecond
+		s.admit(nc)
 	}
 }
 
-func (s *Server) handle(sock *zmq.Socket, frames [][]byte) {
-	var total int64
-	for _, f := range frames {
-		total += int64(len(f))
+// admit registers a new connection and starts its goroutine, or closes it when over the cap.
+func (s *Server) admit(nc net.Conn) {
+	addr := nc.RemoteAddr().String()
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		host = addr
 	}
-	// A REQ peer's message arrives as [identity, "", request].
-	if len(frames) != 3 || len(frames[1]) != 0 || total > s.cfg.MaxRequestSize {
-		s.dropped.Add(1)
-		s.log.Warn("dropping message without a REQ envelope or over the size limit",
-			zap.Int("frames", len(frames)), zap.Int64("bytes", total))
+	s.peersMu.Lock()
+	if s.closing || int(s.open.Load()) >= s.cfg.MaxConnections {
+		closing := s.closing
+		s.peersMu.Unlock()
+		_ = nc.Close()
+		if !closing {
+			s.refused.Add(1)
+			s.badInput("connection refused: MaxConnections are open", zap.String("peer", addr),
+				zap.Int("max_connections", s.cfg.MaxConnections))
+		}
 		return
 	}
-	id, body := frames[0], frames[2]
+	st := s.hosts[host]
+	if st == nil {
+		st = &hostState{}
+		if s.cfg.RequestRate > 0 {
+			st.bucket = newBucket(s.cfg.RequestRate, s.cfg.RequestBurst, time.Now())
+		}
+		s.hosts[host] = st
+	}
+	st.refs++
+	p := &peer{nc: nc, addr: addr, host: host, state: st,
+		slots: make(chan struct{}, s.cfg.MaxQueuedReplies), dead: make(chan struct{})}
+	s.peers[p] = struct{}{}
+	s.open.Add(1)
+	s.accepted.Add(1)
+	s.wg.Add(1)
+	s.peersMu.Unlock()
+	go s.serve(p)
+}
+
+// release forgets a peer once its goroutines are done: nothing of it stays behind.
+func (s *Server) release(p *peer) {
+	p.kill()
+	s.peersMu.Lock()
+	delete(s.peers, p)
+	if p.state.refs--; p.state.refs == 0 {
+		delete(s.hosts, p.host)
+	}
+	s.open.Add(-1)
+	s.peersMu.Unlock()
+	s.wg.Done()
+}
+
+func (s *Server) serve(p *peer) {
+	defer s.release(p)
+	zc, err := zmtp.Handshake(p.nc, zmtp.Options{
+		Type:             zmtp.ROUTER,
+		MaxMessageSize:   s.cfg.MaxRequestSize,
+		MaxFrames:        4,
+		HandshakeTimeout: s.cfg.HandshakeTimeout,
+		WriteTimeout:     s.cfg.WriteTimeout,
+		ReadBufferSize:   1024,
+	})
+	if err != nil {
+		if !p.killed() && !errors.Is(err, io.EOF) {
+			s.disconnects.Add(1)
+			s.badInput("ZMTP handshake failed; closing the connection", zap.String("peer", p.addr), zap.Error(err))
+		}
+		return
+	}
+	replies := make(chan [][]byte, s.cfg.MaxQueuedReplies)
+	writerDone := make(chan struct{})
+	go s.writer(p, zc, replies, writerDone)
+	defer func() {
+		close(replies)
+		<-writerDone
+	}()
+	for {
+		if s.cfg.IdleTimeout > 0 {
+			_ = p.nc.SetReadDeadline(time.Now().Add(s.cfg.IdleTimeout))
+		}
+		frames, err := zc.ReadMessage()
+		if err != nil {
+			s.readFailed(p, err)
+			return
+		}
+		if !s.throttle(p) {
+			return
+		}
+		reply, ok := s.answer(p, frames)
+		if !ok {
+			continue
+		}
+		// Take a queue slot first: a peer whose replies are not being written waits here, unread.
+		select {
+		case p.slots <- struct{}{}:
+		case <-p.dead:
+			return
+		}
+		s.queued.Add(1)
+		if n := int64(len(p.slots)); n > s.highWater.Load() {
+			for {
+				hw := s.highWater.Load()
+				if n <= hw || s.highWater.CompareAndSwap(hw, n) {
+					break
+				}
+			}
+		}
+		replies <- reply // never blocks: the channel holds as many as there are slots
+	}
+}
+
+func (s *Server) writer(p *peer, zc *zmtp.Conn, replies <-chan [][]byte, done chan<- struct{}) {
+	defer close(done)
+	failed := false
+	for r := range replies {
+		if !failed {
+			if err := zc.WriteMessage(r); err != nil {
+				failed = true
+				if !p.killed() {
+					if errors.Is(err, os.ErrDeadlineExceeded) {
+						s.disconnects.Add(1)
+						s.badInput("reply not written within the write timeout (a peer that does not read its replies); closing the connection",
+							zap.String("peer", p.addr), zap.Duration("write_timeout", s.cfg.WriteTimeout))
+					} else {
+						s.log.Debug("reply not sent (peer gone?)", zap.String("peer", p.addr), zap.Error(err))
+					}
+				}
+				p.kill()
+			}
+		}
+		<-p.slots
+		s.queued.Add(-1)
+	}
+}
+
+func (s *Server) readFailed(p *peer, err error) {
+	if p.killed() {
+		return
+	}
+	switch {
+	case errors.Is(err, io.EOF):
+		// The peer closed its connection.
+	case errors.Is(err, zmtp.ErrTooLarge):
+		s.dropped.Add(1)
+		s.disconnects.Add(1)
+		s.badInput("message over the size limit; closing the connection (like libzmq's ZMQ_MAXMSGSIZE)",
+			zap.String("peer", p.addr), zap.Int64("max_request_size", s.cfg.MaxRequestSize), zap.Error(err))
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		s.disconnects.Add(1)
+		s.log.Debug("idle connection closed", zap.String("peer", p.addr), zap.Duration("idle_timeout", s.cfg.IdleTimeout))
+	case errors.Is(err, zmtp.ErrProtocol), errors.Is(err, zmtp.ErrPeerError), errors.Is(err, io.ErrUnexpectedEOF):
+		s.disconnects.Add(1)
+		s.badInput("bad ZMTP from the peer; closing the connection", zap.String("peer", p.addr), zap.Error(err))
+	default:
+		s.log.Debug("connection failed", zap.String("peer", p.addr), zap.Error(err))
+	}
+}
+
+// throttle waits for the peer's host's rate limit; false when the peer was killed meanwhile.
+func (s *Server) throttle(p *peer) bool {
+	if p.state.bucket == nil {
+		return true
+	}
+	d := p.state.bucket.reserve(time.Now())
+	if d <= 0 {
+		return true
+	}
+	s.throttled.Add(1)
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-p.dead:
+		return false
+	}
+}
+
+// answer builds the reply to one message: [empty delimiter, reply frames...], or false to drop it.
+func (s *Server) answer(p *peer, frames [][]byte) ([][]byte, bool) {
+	// A REQ peer's message arrives as ["", request] (the ROUTER's identity frame is implicit: one connection).
+	if len(frames) != 2 || len(frames[0]) != 0 {
+		s.dropped.Add(1)
+		s.badInput("dropping a message without a REQ envelope", zap.String("peer", p.addr), zap.Int("frames", len(frames)))
+		return nil, false
+	}
+	body := frames[1]
 	req, err := s.profile.DecodeRequest(body)
 	var payload []byte
 	if err != nil {
 		s.rejected.Add(1)
-		s.log.Warn("malformed metadata request; answering with an empty payload", zap.Error(err),
-			zap.Int("bytes", len(body)))
+		s.badInput("malformed metadata request; answering with an empty payload", zap.String("peer", p.addr),
+			zap.Error(err), zap.Int("bytes", len(body)))
 	} else {
 		if req.UnexpectedTag {
-			s.log.Warn("metadata request without the get_meta_msg tag; answering anyway")
+			s.badInput("metadata request without the get_meta_msg tag; answering anyway", zap.String("peer", p.addr))
 		}
 		s.mu.RLock()
-		p, ok := s.payloads[req.Rank]
+		pl, ok := s.payloads[req.Rank]
 		s.mu.RUnlock()
 		if !ok {
 			s.rejected.Add(1)
-			s.log.Warn("metadata request for a rank this server does not have; answering with an empty payload",
-				zap.Stringer("rank", req.Rank))
+			s.badInput("metadata request for a rank this server does not have; answering with an empty payload",
+				zap.String("peer", p.addr), zap.Stringer("rank", req.Rank))
 		} else {
 			s.served.Add(1)
-			payload = p
+			payload = pl // shared, never modified (SetPayload copies)
 		}
 	}
 	reply, err := s.profile.ReplyFrames(payload, s.cfg.Clock())
 	if err != nil {
 		s.log.Error("cannot build reply", zap.Error(err))
-		return
+		return nil, false
 	}
-	parts := append([][]byte{id, {}}, reply...)
-	for i, part := range parts {
-		flag := zmq.DONTWAIT
-		if i < len(parts)-1 {
-			flag |= zmq.SNDMORE
-		}
-		if _, err := sock.SendBytes(part, flag); err != nil {
-			s.log.Warn("reply not sent (peer gone?)", zap.Error(err))
-			return
-		}
-	}
+	return append([][]byte{{}}, reply...), true
 }

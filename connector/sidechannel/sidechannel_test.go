@@ -8,11 +8,11 @@ import (
 	"testing"
 	"time"
 
-	zmq "github.com/pebbe/zmq4"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/gonixl/gonixl/connector/protocol"
+	"github.com/gonixl/gonixl/connector/sidechannel/internal/zmtp"
 )
 
 func testMeta(engine string, tp int) protocol.AgentMetadata {
@@ -107,19 +107,16 @@ func TestServerSurvivesBadRequests(t *testing.T) {
 
 	// Raw requests that would kill vLLM's listener: H1 bytes, an H2 tuple sent to an H3+ listener, garbage,
 	// a str tag, an oversized message.
-	zctx, err := zmq.NewContext()
-	require.NoError(t, err)
-	defer zctx.Term()
 	raw := func(msg []byte) ([][]byte, error) {
-		s, err := zctx.NewSocket(zmq.REQ)
-		require.NoError(t, err)
-		defer s.Close()
-		require.NoError(t, s.SetLinger(0))
-		require.NoError(t, s.SetRcvtimeo(300*time.Millisecond))
-		require.NoError(t, s.Connect(srv.Endpoint()))
-		_, err = s.SendBytes(msg, 0)
-		require.NoError(t, err)
-		return s.RecvMessageBytes(0)
+		c := dialZMTP(t, srv, zmtp.REQ)
+		defer c.Close()
+		require.NoError(t, c.WriteMessage([][]byte{{}, msg}))
+		rep, err := c.ReadMessage()
+		if err != nil {
+			return nil, err
+		}
+		require.Empty(t, rep[0], "REQ envelope")
+		return rep[1:], nil
 	}
 	h2 := []byte{0x92, 0xc4, 0x0c, 'g', 'e', 't', '_', 'm', 'e', 't', 'a', '_', 'm', 's', 'g', 0x00}
 	for name, msg := range map[string][]byte{
@@ -145,13 +142,10 @@ func TestServerSurvivesBadRequests(t *testing.T) {
 	require.Error(t, err)
 
 	// A DEALER without the empty delimiter frame is dropped.
-	d, err := zctx.NewSocket(zmq.DEALER)
-	require.NoError(t, err)
-	require.NoError(t, d.SetLinger(0))
-	require.NoError(t, d.Connect(srv.Endpoint()))
-	_, err = d.SendBytes([]byte{0x93, 0xc4, 0x00, 0, 0}, 0)
-	require.NoError(t, err)
-	require.Eventually(t, func() bool { return srv.Stats().Dropped >= 1 }, 2*time.Second, 10*time.Millisecond)
+	dropped := srv.Stats().Dropped
+	d := dialZMTP(t, srv, zmtp.DEALER)
+	require.NoError(t, d.WriteMessage([][]byte{{0x93, 0xc4, 0x00, 0, 0}}))
+	require.Eventually(t, func() bool { return srv.Stats().Dropped > dropped }, 10*time.Second, 10*time.Millisecond)
 	require.NoError(t, d.Close())
 
 	// Still serving.
@@ -201,19 +195,10 @@ func TestSetPayloads(t *testing.T) {
 func TestFetchTimeoutIsBounded(t *testing.T) {
 	p := protocol.Profiles[1]
 	// A ROUTER that never answers.
-	zctx, err := zmq.NewContext()
-	require.NoError(t, err)
-	defer zctx.Term()
-	mute, err := zctx.NewSocket(zmq.ROUTER)
-	require.NoError(t, err)
-	require.NoError(t, mute.SetLinger(0))
-	require.NoError(t, mute.Bind("tcp://127.0.0.1:*"))
-	defer mute.Close()
-	ep, err := mute.GetLastEndpoint()
-	require.NoError(t, err)
+	ep := muteRouter(t)
 
 	start := time.Now()
-	_, err = Fetch(context.Background(), p, ep, protocol.Rank{}, FetchOptions{Timeout: 100 * time.Millisecond, Attempts: 3, Backoff: 10 * time.Millisecond})
+	_, err := Fetch(context.Background(), p, ep, protocol.Rank{}, FetchOptions{Timeout: 100 * time.Millisecond, Attempts: 3, Backoff: 10 * time.Millisecond})
 	el := time.Since(start)
 	require.ErrorIs(t, err, ErrTimeout)
 	assert.GreaterOrEqual(t, el, 300*time.Millisecond, "three attempts of 100 ms")
