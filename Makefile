@@ -26,7 +26,7 @@ export NIXL_LIB_DIR
 export GONIXL_PYTHON := $(VENV_PY)
 export VLLM_WHEEL_DIR
 
-.PHONY: all build vet lint nixl pydeps vllm-wheels deps test test-pure test-go demo fuzz bench vectors clean help
+.PHONY: all build vet lint nixl pydeps vllm-wheels deps test test-pure test-go demo fuzz bench vectors vectors-real clean help
 
 all: build
 
@@ -94,6 +94,11 @@ bench: deps
 
 vectors: pydeps vllm-wheels
 	$(VENV_PY) python/gen_vectors.py
+
+# What vLLM's own NixlConnector emits on the CPU platform (needs the release venvs of the real-vLLM tier).
+VECTORS_REAL ?= 0.33.0
+vectors-real: pydeps
+	$(VENV_PY) python/gen_vectors_real.py $(VECTORS_REAL)
 
 clean:
 	rm -rf $(NIXL_HOME) $(VENV) bin

@@ -118,7 +118,9 @@ func buildMetadata(p protocol.Profile, engineID string, r *registered) (protocol
 	m.DeviceID = int64(r.cache.DeviceID())
 	m.NumBlocks = int64(g.NumBlocks)
 	m.BlockLens = g.BlockLens()
-	m.KVCacheLayout = g.Order.String()
+	if m.KVCacheLayout, err = p.LayoutName(g.Order); err != nil { // "HND" up to 0.28, "LBHNC" from 0.29
+		return protocol.AgentMetadata{}, fmt.Errorf("connector: %w", err)
+	}
 	m.BlockSize = int64(g.BlockSize)
 	m.BlockStrides = g.BlockLens()
 	return m, nil

@@ -62,8 +62,9 @@ type Decode struct {
 	reg     *registered
 	hash    string
 
-	mu      sync.Mutex
-	remotes map[string]*remoteEngine // by engine id
+	mu          sync.Mutex
+	remotes     map[string]*remoteEngine // by engine id
+	generations map[string]int64         // remote_registration_generation seen per engine id (generation.go)
 }
 
 // DeviceContext is a Cache whose NIXL calls must run with its device context current on the calling OS
@@ -204,6 +205,7 @@ func (d *Decode) Pull(ctx context.Context, requestID string, kv protocol.KVTrans
 		prefillTP = 1 // vLLM assumes 1 when tp_size is absent
 	}
 	addr := "tcp://" + net.JoinHostPort(kv.RemoteHost, strconv.Itoa(kv.RemotePort))
+	d.advanceGeneration(kv.RemoteEngineID, kv.RemoteRegistrationGeneration)
 	re, hsTook, err := d.remote(ctx, kv.RemoteEngineID, addr, prefillTP)
 	if err != nil {
 		return fail(err)
@@ -384,15 +386,21 @@ func (d *Decode) fetch(ctx context.Context, engineID, addr string, rank int) (pr
 	if err != nil {
 		return protocol.AgentMetadata{}, layout.Geometry{}, fmt.Errorf("connector: handshake with %s rank %d at %s: %w", engineID, rank, addr, err)
 	}
-	md, err := p.OpenHandshake(reply.Payload, protocol.HandshakeCheck{LocalHash: d.hash, EnforceHash: !d.cfg.Compat.SkipCheck, ExpectedEngineID: engineID})
+	md, err := p.OpenHandshake(reply.Payload, protocol.HandshakeCheck{LocalHash: d.hash, EnforceHash: !d.cfg.Compat.SkipCheck,
+		ExpectedEngineID: engineID, LocalInputs: &d.cfg.Compat.CompatInputs})
 	if err != nil {
 		return md, layout.Geometry{}, fmt.Errorf("connector: handshake with %s rank %d at %s: %w", engineID, rank, addr, err)
+	}
+	order, err := p.ParseLayoutName(md.KVCacheLayout) // the row's names ("HND" up to 0.28, "LBHNC" from 0.29)
+	if err != nil {
+		return md, layout.Geometry{}, fmt.Errorf("connector: prefill engine %s rank %d: %w", engineID, rank, err)
 	}
 	geom, err := layout.PeerGeometry(d.reg.geom, layout.Peer{
 		NumBlocks:     int(md.NumBlocks),
 		BlockLens:     md.BlockLens,
 		BlockSize:     int(md.BlockSize),
 		KVCacheLayout: md.KVCacheLayout,
+		Order:         order,
 		NumRegions:    len(md.KVCachesBaseAddr),
 	})
 	if err != nil {

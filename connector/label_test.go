@@ -55,3 +55,85 @@ func TestPublishedLayoutLabelApartFromPhysicalOrder(t *testing.T) {
 	require.NoError(t, err)
 	checkHeads(t, dc, 0, tokens, local)
 }
+
+// Each row publishes its own name for the cache's block order ("HND" up to 0.28, "LBHNC" from 0.29), the decode
+// role reads it back as the physical order, PrefillConfig.KVCacheLayout takes only the row's names, and a block
+// size of 32 (CPU_ATTN's minimum) moves the bytes like 16 does.
+func TestLayoutNamesPerRowBlockSize32(t *testing.T) {
+	for _, name := range []string{"0.16", "0.28", "0.29", "0.33"} {
+		t.Run(name, func(t *testing.T) {
+			p, err := protocol.ProfileByName(name)
+			require.NoError(t, err)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			g := tinyGeom(t, p, 16)
+			g.BlockSize = 32
+			for _, o := range []layout.BlockOrder{layout.HND, layout.NHD} {
+				g.Order = o
+				want, err := p.LayoutName(o)
+				require.NoError(t, err)
+				pc := newCache(t, g)
+				other := "HND" // a name of the other era
+				if p.Labels[0].Name == "HND" {
+					other = "LBHNC"
+				}
+				_, err = NewPrefill(PrefillConfig{Profile: p, Library: testLib(t), Cache: pc, Compat: tinyCompat(p), KVCacheLayout: other})
+				require.ErrorContains(t, err, "KVCacheLayout")
+				require.ErrorContains(t, err, strconv.Quote(p.Labels[0].Name), "the error lists the row's names")
+				pre, err := NewPrefill(PrefillConfig{Profile: p, Library: testLib(t), Cache: pc, Compat: tinyCompat(p)})
+				require.NoError(t, err)
+				reply, err := sidechannel.Fetch(ctx, p, "127.0.0.1:"+strconv.Itoa(pre.Port()), protocol.Rank{}, sidechannel.FetchOptions{})
+				require.NoError(t, err)
+				md, err := p.OpenHandshake(reply.Payload, protocol.HandshakeCheck{})
+				require.NoError(t, err)
+				require.Equal(t, want, md.KVCacheLayout, "the published label")
+				require.EqualValues(t, 32, md.BlockSize)
+
+				const tokens = 70 // three blocks of 32, the last one partial
+				kv, err := pre.Prefill(ctx, "bs32-"+want, tokens, patternFill(pc, 3))
+				require.NoError(t, err)
+				require.Len(t, kv.RemoteBlockIDs[0], 3)
+				dc := newCache(t, g)
+				dec, err := NewDecode(DecodeConfig{Profile: p, Library: testLib(t), Cache: dc, Compat: tinyCompat(p)})
+				require.NoError(t, err)
+				local := []int{9, 4, 11}
+				_, err = dec.Pull(ctx, "d-"+want, kv, local)
+				require.NoError(t, err)
+				requirePattern(t, dc, local, kv.RemoteBlockIDs[0], 3)
+				require.NoError(t, dec.Close())
+				require.NoError(t, pre.Close())
+			}
+		})
+	}
+}
+
+// The prefill role sends vLLM's remote_registration_generation (1 for its first registration); the decode
+// role keeps its handshake while the generation stays and handshakes again when it grows.
+func TestRegistrationGenerationRehandshake(t *testing.T) {
+	p, err := protocol.ProfileByName("0.33")
+	require.NoError(t, err)
+	pr := newPair(t, p, pairOpts{})
+	ctx := ctxT(t, 30*time.Second)
+	pull := func(id string, gen int64, local []int) {
+		t.Helper()
+		kv, err := pr.pre.Prefill(ctx, id, tinyBlock, patternFill(pr.pcache, 5))
+		require.NoError(t, err)
+		require.EqualValues(t, 1, kv.RemoteRegistrationGeneration, "vLLM's first registration is generation 1")
+		b, err := p.EncodeParams(kv)
+		require.NoError(t, err)
+		require.Contains(t, string(b), `"remote_registration_generation": 1`)
+		require.Contains(t, string(b), `"remote_prefill_cached_tokens": 0}`)
+		kv.RemoteRegistrationGeneration = gen
+		_, err = pr.dec.Pull(ctx, "d-"+id, kv, local)
+		require.NoError(t, err)
+		requirePattern(t, pr.dcache, local, kv.RemoteBlockIDs[0], 5)
+	}
+	pull("g1", 1, []int{1})
+	pull("g1b", 1, []int{2})
+	require.EqualValues(t, 1, pr.decM.Handshakes.Load(), "same generation: the cached handshake is used")
+	pull("g2", 2, []int{3})
+	require.EqualValues(t, 2, pr.decM.Handshakes.Load(), "a larger generation: handshake again")
+	pull("g2b", 2, []int{4})
+	pull("g1c", 1, []int{5}) // an older generation (a late request) does not go back
+	require.EqualValues(t, 2, pr.decM.Handshakes.Load())
+}

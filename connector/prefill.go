@@ -14,7 +14,6 @@ import (
 
 	"github.com/gonixl/gonixl/connector/protocol"
 	"github.com/gonixl/gonixl/connector/sidechannel"
-	"github.com/gonixl/gonixl/layout"
 	"github.com/gonixl/gonixl/nixl"
 )
 
@@ -39,10 +38,12 @@ type PrefillConfig struct {
 	Host string
 	// Port is the side-channel port (remote_port); 0 picks a free port. vLLM's default is Profile.SideChannelPort.
 	Port int
-	// KVCacheLayout is the kv_cache_layout label published in the handshake; "" publishes the cache's
-	// physical block order. vLLM compares labels, not bytes, and a vLLM decode worker with
-	// kv_buffer_device="cpu" in layout eras A/B (e.g. 0.16) holds NHD bytes under its device label (usually
-	// "HND"): serve it with an NHD cache (Geometry.Order) and KVCacheLayout "HND".
+	// KVCacheLayout is the kv_cache_layout label published in the handshake, one of the profile's names
+	// (Profile.Labels: "HND"/"NHD" up to vLLM 0.28, "LBHNC"/"LBNHC" from 0.29); "" publishes the profile's name
+	// for the cache's physical block order (Profile.LayoutName). vLLM compares labels, not bytes, and a vLLM
+	// decode worker with kv_buffer_device="cpu" in layout eras A/B (e.g. 0.16) holds NHD bytes under its device
+	// label (usually "HND"): serve it with an NHD cache (Geometry.Order) and KVCacheLayout "HND"
+	// (Profile.LabelQuirks lists the known cases).
 	KVCacheLayout string
 	// SideChannel, when set, is a side channel shared by the workers of one engine (vLLM serves every TP rank
 	// of an engine on one port): the role publishes its rank's payload there and withdraws it on Close, but
@@ -74,6 +75,8 @@ type Prefill struct {
 	payload []byte
 	hold    time.Duration
 	port    int
+	// generation is remote_registration_generation (vLLM 0.33+): 1 for the first registration of the cache.
+	generation int64
 
 	mu      sync.Mutex
 	held    map[string]*heldReq
@@ -131,7 +134,9 @@ func NewPrefill(cfg PrefillConfig) (*Prefill, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &Prefill{cfg: cfg, log: log, metrics: metrics, reg: reg, held: map[string]*heldReq{}, pending: map[string]bool{}}
+	// vLLM's scheduler counts registrations from 0 and bumps the count when it publishes a changed handshake
+	// payload, so its first kv_transfer_params carry remote_registration_generation 1.
+	p := &Prefill{cfg: cfg, log: log, metrics: metrics, reg: reg, held: map[string]*heldReq{}, pending: map[string]bool{}, generation: 1}
 	if a, ok := cfg.Cache.(BlockAllocator); ok {
 		p.alloc = a // e.g. a neuron.Stager, whose Stage needs blocks from its own pool
 	} else {
@@ -153,7 +158,7 @@ func NewPrefill(cfg PrefillConfig) (*Prefill, error) {
 	}
 	md.AttnBackendName = cfg.Compat.AttnBackendName
 	if cfg.KVCacheLayout != "" {
-		if _, err := layout.ParseBlockOrder(cfg.KVCacheLayout); err != nil {
+		if _, err := cfg.Profile.ParseLayoutName(cfg.KVCacheLayout); err != nil {
 			reg.close()
 			return nil, fmt.Errorf("connector: PrefillConfig.KVCacheLayout: %w", err)
 		}
@@ -164,6 +169,9 @@ func NewPrefill(cfg PrefillConfig) (*Prefill, error) {
 		if hash, err = cfg.Profile.CompatHash(cfg.Compat.CompatInputs); err != nil {
 			reg.close()
 			return nil, fmt.Errorf("connector: compatibility hash: %w", err)
+		}
+		if js, err := cfg.Profile.FactorsJSON(cfg.Compat.CompatInputs); err == nil {
+			log.Info("compatibility hash", zap.String("hash", hash), zap.String("inputs", js))
 		}
 	}
 	if p.payload, err = cfg.Profile.EncodeHandshake(hash, md); err != nil {
@@ -311,6 +319,11 @@ func (p *Prefill) Prefill(ctx context.Context, requestID string, numTokens int, 
 		PPSize:          1,
 		RemoteNumTokens: int64(numTokens),
 		TransferMode:    "pull",
+		// vLLM 0.33's value; sent on the rows whose ParamsKeys have it.
+		RemoteRegistrationGeneration: p.generation,
+		// P's prefix-cache hits (vLLM 0.31+ sends prefill_stats.num_cached_tokens): the role computes every
+		// prompt in full. A caller with its own prefix cache sets the field before returning the params.
+		RemotePrefillCachedTokens: 0,
 	}
 	log.Debug("blocks held for decode", zap.Int("blocks", len(blocks)), zap.Int("tokens", numTokens), zap.Duration("hold", p.hold))
 	return kv, nil

@@ -90,7 +90,8 @@ const (
 // Valid reports whether o is NHD or HND.
 func (o BlockOrder) Valid() bool { return o == NHD || o == HND }
 
-// String returns "NHD" or "HND" (the spelling of vLLM's kv_cache_layout field).
+// String returns "NHD" or "HND" (vLLM's kv_cache_layout names up to 0.28; from 0.29 vLLM names them "LBNHC" and
+// "LBHNC", see protocol.Profile.LayoutName).
 func (o BlockOrder) String() string {
 	switch o {
 	case NHD:
@@ -101,7 +102,8 @@ func (o BlockOrder) String() string {
 	return fmt.Sprintf("BlockOrder(%d)", uint8(o))
 }
 
-// ParseBlockOrder accepts "NHD" or "HND" (case-insensitive), as found in vLLM's kv_cache_layout.
+// ParseBlockOrder accepts "NHD" or "HND" (case-insensitive), as found in vLLM ≤ 0.28's kv_cache_layout; use
+// protocol.Profile.ParseLayoutName for a peer's label, which knows each release's names.
 func ParseBlockOrder(s string) (BlockOrder, error) {
 	switch strings.ToUpper(strings.TrimSpace(s)) {
 	case "NHD":

@@ -217,6 +217,31 @@ func TestPeerGeometry(t *testing.T) {
 		}
 	}, ErrBlockLenMismatch)
 	bad(func(q *Peer) { q.KVCacheLayout = "XYZ" }, ErrInvalidGeometry)
+	bad(func(q *Peer) { q.KVCacheLayout = "LBHNC" }, ErrInvalidGeometry) // a 0.29+ name needs Order
+	bad(func(q *Peer) { q.Order = 7 }, ErrInvalidGeometry)
+
+	// Order, when set, wins over the label (a 0.29+ name, or a label that is not the bytes' order).
+	q := p
+	q.KVCacheLayout, q.Order = "LBHNC", HND
+	g, err = PeerGeometry(local, q)
+	require.NoError(t, err)
+	require.Equal(t, HND, g.Order)
+	q.KVCacheLayout, q.Order = "HND", NHD
+	g, err = PeerGeometry(local, q)
+	require.NoError(t, err)
+	require.Equal(t, NHD, g.Order)
+
+	// Block size 32: the peer's heads follow from block_lens at that block size.
+	q = p
+	q.BlockSize = 32
+	q.BlockLens = make([]int64, 56)
+	for i := range q.BlockLens {
+		q.BlockLens[i] = 32768
+	}
+	g, err = PeerGeometry(local, q)
+	require.NoError(t, err)
+	require.Equal(t, 32, g.BlockSize)
+	require.Equal(t, 4, g.NumKVHeads)
 	bad(func(q *Peer) { q.BlockSize = 0 }, ErrInvalidGeometry)
 	bad(func(q *Peer) { q.NumBlocks = 0 }, ErrInvalidGeometry)
 	_, err = PeerGeometry(Geometry{}, p)

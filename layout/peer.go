@@ -10,6 +10,10 @@ type Peer struct {
 	BlockLens     []int64
 	BlockSize     int
 	KVCacheLayout string
+	// Order, when set, is the physical block order of the peer's bytes and KVCacheLayout is not parsed: vLLM
+	// 0.29+ names its layouts "LBHNC"/"LBNHC" (protocol.Profile.ParseLayoutName maps a release's names), and
+	// some peers publish a label that is not their bytes' order.
+	Order BlockOrder
 }
 
 // PeerGeometry derives the peer's Geometry from its handshake, taking what the handshake does not carry
@@ -21,9 +25,14 @@ func PeerGeometry(local Geometry, p Peer) (Geometry, error) {
 	if err := local.Validate(); err != nil {
 		return Geometry{}, fmt.Errorf("local: %w", err)
 	}
-	order, err := ParseBlockOrder(p.KVCacheLayout)
-	if err != nil {
-		return Geometry{}, err
+	order := p.Order
+	if order == 0 {
+		var err error
+		if order, err = ParseBlockOrder(p.KVCacheLayout); err != nil {
+			return Geometry{}, err
+		}
+	} else if !order.Valid() {
+		return Geometry{}, fmt.Errorf("%w: peer block order %v (want NHD or HND)", ErrInvalidGeometry, order)
 	}
 	if p.NumRegions != local.NumRegions() {
 		return Geometry{}, fmt.Errorf("%w: peer has %d regions, local %v has %d (different model, layer count or plan)",

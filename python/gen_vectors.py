@@ -84,8 +84,21 @@ def jsonable(v):
     return v
 
 
+_FACTS: dict = {}
+
+
+def _facts(defs: vllm_defs.Defs) -> dict:
+    if defs.version not in _FACTS:
+        _FACTS[defs.version] = vllm_defs.wire_facts(defs)
+    return _FACTS[defs.version]
+
+
 def meta_values(defs: vllm_defs.Defs, case: str) -> dict:
-    """Field values for one metadata case, restricted to this release's fields (defaults left to vLLM)."""
+    """Field values for one metadata case, restricted to this release's fields (defaults left to vLLM). The
+    kv_cache_layout names are the release's own (wire_facts: "HND"/"NHD" up to 0.28, "LBHNC"/"LBNHC" from 0.29)."""
+    facts = _facts(defs)
+    hnd = facts["required_layout"]
+    nhd = [n for n in facts["layout_names"] if n != hnd][0]
     n = 56  # 28 layers x (K, V): >15 elements, so the array header is array16
     base = 0x7F3A00000000
     common = {
@@ -94,7 +107,7 @@ def meta_values(defs: vllm_defs.Defs, case: str) -> dict:
             agent_metadata=blob(200, 1),
             kv_caches_base_addr=[base + i * 0x10000000 for i in range(n)],
             device_id=0, num_blocks=8192, block_lens=[32768] * n, block_strides=[32768] * n,
-            kv_cache_layout="HND", block_size=16, ssm_sizes=(0, 0), attn_backend_name="FLASH_ATTN",
+            kv_cache_layout=hnd, block_size=16, ssm_sizes=(0, 0), attn_backend_name="FLASH_ATTN",
             physical_blocks_per_logical_kv_block=1,
         ),
         "int_widths": dict(
@@ -103,7 +116,7 @@ def meta_values(defs: vllm_defs.Defs, case: str) -> dict:
                                  2**64 - 1],
             device_id=-1, num_blocks=2**32, block_lens=[0, 1, 127, 128, 255, 256, 65535, 65536, 2**31],
             block_strides=[-1, -32, -33, -128, -129, -32768, -32769, -(2**31), -(2**31) - 1, -(2**63)],
-            kv_cache_layout="NHD", block_size=-33, ssm_sizes=(-129, 2**40), attn_backend_name="FLASHINFER",
+            kv_cache_layout=nhd, block_size=-33, ssm_sizes=(-129, 2**40), attn_backend_name="FLASHINFER",
             physical_blocks_per_logical_kv_block=2,
         ),
         "long_strings": dict(
@@ -122,7 +135,7 @@ def meta_values(defs: vllm_defs.Defs, case: str) -> dict:
         "optionals_set": dict(
             engine_id="p-engine", agent_metadata=blob(64, 4), kv_caches_base_addr=[base, base + 4096],
             device_id=1, num_blocks=100, block_lens=[4096, 4096], block_strides=[8192, 8192],
-            kv_cache_layout="HND", block_size=16, ssm_sizes=(0, 0), attn_backend_name="FLASH_ATTN",
+            kv_cache_layout=hnd, block_size=16, ssm_sizes=(0, 0), attn_backend_name="FLASH_ATTN",
             physical_blocks_per_logical_kv_block=1, region_num_blocks=[100, 50], region_group_ids=[0, 1],
             region_names=["model.layers.0.self_attn", "model.layers.1.mamba"], region_mem_types=["DRAM", "VRAM"],
             dcp_size=2, pcp_size=1, ple_block_len=512,
@@ -131,7 +144,7 @@ def meta_values(defs: vllm_defs.Defs, case: str) -> dict:
         ),
         "optionals_empty": dict(
             engine_id="p", agent_metadata=b"\x00", kv_caches_base_addr=[1], device_id=0, num_blocks=1,
-            block_lens=[1], block_strides=[1], kv_cache_layout="HND", block_size=16, ssm_sizes=(0, 0),
+            block_lens=[1], block_strides=[1], kv_cache_layout=hnd, block_size=16, ssm_sizes=(0, 0),
             attn_backend_name="FLASH_ATTN", physical_blocks_per_logical_kv_block=1, region_num_blocks=[],
             region_group_ids=[], region_names=[], region_mem_types=[], ple_block_len=0,
         ),
@@ -237,6 +250,11 @@ def hash_vectors(defs):
          dict(attn="TRITON_ATTN", cross=True)),
         ("speculative_eagle", dict(spec=eagle_spec()), dict(attn="FLASH_ATTN")),
         ("push_mode", {}, dict(attn="FLASH_ATTN", mode="push")),
+        # The release's defaults for an ordinary model (Qwen3-0.6B geometry): HMA as VllmConfig resolves it with
+        # NixlConnector configured (wire_facts' hma_default), the platform's attention backend, cache dtype
+        # "auto", no speculative decoding, pull mode.
+        ("defaults_cuda", dict(hma=_facts(defs)["hma_default"]), dict(attn="FLASH_ATTN")),
+        ("defaults_cpu", dict(hma=_facts(defs)["hma_default"]), dict(attn="CPU_ATTN")),
     ]
     for name, cfg_kw, kw in cases:
         cfg = stub_config(**cfg_kw)
@@ -284,7 +302,8 @@ def params_vectors(row, keys):
 
     base = dict(remote_engine_id="7c1e6a0e-2d5b", remote_request_id="cmpl-8f0c-0-1a2b3c4d", remote_host="10.0.0.5",
                 remote_port=5600, tp_size=1, dcp_size=1, pp_size=1, remote_num_tokens=40,
-                remote_blocks_expiry_time=None, remote_registration_generation=1, transfer_mode="pull")
+                remote_blocks_expiry_time=None, remote_registration_generation=1, transfer_mode="pull",
+                remote_prefill_cached_tokens=0)
     cases = {
         "prefill_response": make([[1, 2, 3]], **base),
         "tp2_many_blocks": make([list(range(100, 140))], **{**base, "remote_engine_id": "e\u00e9",
@@ -295,7 +314,7 @@ def params_vectors(row, keys):
         cases["hybrid_two_groups"] = make([[5, 6, 7, 8], [9]], **{
             **base, "remote_engine_id": "e1", "remote_request_id": "r-1", "remote_host": "::1", "remote_port": 5602,
             "tp_size": 4, "dcp_size": 2, "pp_size": 2, "remote_num_tokens": 50, "remote_blocks_expiry_time": 1234.5,
-            "remote_registration_generation": 3})
+            "remote_registration_generation": 3, "remote_prefill_cached_tokens": 32})
     out = [{"name": k, "json": json.dumps(v)} for k, v in cases.items()]
     out.append({"name": "proxy_to_prefill", "json": json.dumps(dict(
         do_remote_decode=True, do_remote_prefill=False, remote_engine_id=None, remote_block_ids=None,
@@ -357,7 +376,7 @@ def main():
             continue
         profile = row["profile"]
         defs = vllm_defs.Defs(release)
-        facts = vllm_defs.wire_facts(defs)
+        facts = _facts(defs)
         for k in ("framing", "leases", "layout"):
             if facts[k] is not None and facts[k] != row[k]:
                 raise SystemExit(f"vllm {release}: the wheel says {k}={facts[k]!r}, RELEASES says {row[k]!r}")
@@ -374,7 +393,9 @@ def main():
             "metadata_decode": decode_vectors(defs),
             "wire": {"framing": row["framing"], "block_ids_flat": row["block_ids_flat"], "notif": row["notif"],
                      "leases": row["leases"], "layout": row["layout"], "layout_from_wheel": facts["layout"] is not None,
-                     "params_keys": facts["params_keys"]},
+                     "params_keys": facts["params_keys"], "layout_names": facts["layout_names"],
+                     "required_layout": facts["required_layout"], "layout_expr": facts["layout_expr"],
+                     "hma_default": facts["hma_default"]},
             "requests": request_vectors(defs, row),
             "clock": clock_vectors(),
             "hash": hash_vectors(defs),

@@ -75,6 +75,13 @@ def main() -> int:
         print(json.dumps(out), flush=True)
         return 3
 
+    # vLLM compares the label exactly (_validate_remote_agent_handshake): "Heterogeneous TP expects same
+    # kv_cache_layout".
+    if md.kv_cache_layout != c.LAYOUT_NAME[args.profile]:
+        out["error"] = f"kv_cache_layout {md.kv_cache_layout!r} != local {c.LAYOUT_NAME[args.profile]!r}"
+        print(json.dumps(out), flush=True)
+        return 3
+
     regions, block_len = c.geometry(args)
     if len(md.kv_caches_base_addr) != regions or any(bl != block_len for bl in md.block_lens):
         out["error"] = f"remote geometry {len(md.kv_caches_base_addr)} regions × {md.block_lens[:1]} != local {regions} × {block_len}"

@@ -189,19 +189,68 @@ def wire_facts(defs: "Defs") -> dict:
       params_keys: the keyword order of the dict(...) that the pull-mode request_finished returns as
                    kv_transfer_params
       leases:      whether P's notification handling knows "HB:" heartbeats
+                   then the keys vllm/v1/core/sched/scheduler.py adds to it (kv_transfer_params["..."] = ...,
+                   0.31+: remote_prefill_cached_tokens), in that order
       layout:      FLASH_ATTN get_kv_cache_shape: "A" (2, nb, ...), "B" (nb, 2, ...), "C" (nb, H, bs, 2*D);
                    None where the shape is not defined there (0.29+: vllm/v1/kv_cache_layout.py)
+      layout_names: the kv_cache_layout names the release knows: KVCacheLayout's members
+                   (vllm/v1/kv_cache_layout.py, 0.29+) or KVCacheLayoutType's Literal (v1/attention/backends/utils.py)
+      required_layout: the string NixlConnector.get_required_kvcache_layout returns (what vLLM publishes)
+      layout_expr: the expression the worker assigns to self.kv_cache_layout
+      hma_default: is_hma_enabled for an ordinary model with NixlConnector and no HMA flag: VllmConfig keeps the
+                   hybrid KV cache manager on only where it asks the connector (supports_hma / supports_hma_config,
+                   vllm/config/vllm.py) and NixlConnector subclasses SupportsHMA; before that (0.18-0.21) any
+                   --kv-transfer-config turns it off
     """
     base = "vllm/distributed/kv_transfer/kv_connector/v1/"
     order = [base + "nixl/pull_scheduler.py", base + "nixl/scheduler.py", base + "nixl/base_scheduler.py",
              base + "nixl_connector.py"]
-    out: dict = {"framing": None, "params_keys": None, "leases": False, "layout": None}
+    out: dict = {"framing": None, "params_keys": None, "leases": False, "layout": None, "layout_names": None,
+                 "required_layout": None, "layout_expr": None, "hma_default": None}
     with zipfile.ZipFile(defs.wheel) as z:
         names = set(z.namelist())
         conn = [n for n in sorted(names) if n.startswith(base + "nixl") and n.endswith(".py")]
         srcs = {n: z.read(n).decode() for n in conn}
         fa = "vllm/v1/attention/backends/flash_attn.py"
         fa_src = z.read(fa).decode() if fa in names else ""
+
+        def read(n):
+            return z.read(n).decode() if n in names else ""
+
+        sched_src = read("vllm/v1/core/sched/scheduler.py")
+        config_src = read("vllm/config/vllm.py")
+        enum_src = read("vllm/v1/kv_cache_layout.py")
+        utils_src = read("vllm/v1/attention/backends/utils.py")
+    if enum_src:
+        for node in ast.walk(ast.parse(enum_src)):
+            if isinstance(node, ast.ClassDef) and node.name == "KVCacheLayout":
+                out["layout_names"] = [t.id for st in node.body if isinstance(st, ast.Assign)
+                                       for t in st.targets if isinstance(t, ast.Name)]
+    elif utils_src:
+        for node in ast.parse(utils_src).body:
+            if (isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "KVCacheLayoutType" for t in node.targets)
+                    and isinstance(node.value, ast.Subscript)):
+                sl = node.value.slice
+                out["layout_names"] = [e.value for e in (sl.elts if isinstance(sl, ast.Tuple) else [sl])]
+    for src in srcs.values():
+        for fn in ast.walk(ast.parse(src)):
+            if isinstance(fn, ast.FunctionDef) and fn.name == "get_required_kvcache_layout":
+                rets = [r.value.value for r in ast.walk(fn) if isinstance(r, ast.Return)
+                        and isinstance(r.value, ast.Constant) and isinstance(r.value.value, str)]
+                out["required_layout"] = rets[-1] if rets else None
+            if isinstance(fn, ast.Assign) and ast.unparse(fn.targets[0]) == "self.kv_cache_layout":
+                out["layout_expr"] = ast.unparse(fn.value)
+    # NixlConnector itself up to 0.25; from 0.26 NixlBaseConnector, which the pull/push connectors subclass.
+    nixl_hma = any(isinstance(n, ast.ClassDef) and n.name in ("NixlConnector", "NixlBaseConnector")
+                   and any(ast.unparse(b) == "SupportsHMA" for b in n.bases)
+                   for src in srcs.values() for n in ast.walk(ast.parse(src)))
+    out["hma_default"] = nixl_hma and ("supports_hma" in config_src)
+    sched_keys = []
+    for node in ast.walk(ast.parse(sched_src)) if sched_src else []:
+        if (isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Subscript)
+                and ast.unparse(node.targets[0].value) == "kv_transfer_params"
+                and isinstance(node.targets[0].slice, ast.Constant)):
+            sched_keys.append(node.targets[0].slice.value)
     out["leases"] = any('"HB:"' in s for s in srcs.values())
     for path in order:
         if path not in srcs:
@@ -222,6 +271,8 @@ def wire_facts(defs: "Defs") -> dict:
                         keys = [k.arg for k in node.keywords]
                         if "remote_engine_id" in keys:
                             out["params_keys"] = keys
+    if out["params_keys"] is not None:
+        out["params_keys"] = out["params_keys"] + [k for k in sched_keys if k not in out["params_keys"]]
     for node in ast.walk(ast.parse(fa_src)) if fa_src else []:
         if isinstance(node, ast.FunctionDef) and node.name == "get_kv_cache_shape":
             for r in ast.walk(node):

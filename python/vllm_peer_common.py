@@ -38,6 +38,9 @@ PARAMS_FLAT = {k: v["block_ids_flat"] for k, v in _PROFILES.items()}
 PARAMS_KEYS = {k: v["params_keys"] for k, v in _PROFILES.items()}
 LAYOUT = {k: v["layout"] for k, v in _PROFILES.items()}
 LEASES = {k: v["leases"] for k, v in _PROFILES.items()}
+# The kv_cache_layout name vLLM publishes for its default (heads-major) cache: NixlConnector's
+# get_required_kvcache_layout, "HND" up to 0.28 and "LBHNC" from 0.29 (read in the wheels by gen_vectors.py).
+LAYOUT_NAME = {k: v.get("required_layout") or "HND" for k, v in _PROFILES.items()}
 
 
 def log(*a):

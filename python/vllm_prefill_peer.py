@@ -63,7 +63,7 @@ def main() -> int:
     values = dict(
         engine_id=engine_id, agent_metadata=agent.get_agent_metadata(), kv_caches_base_addr=bases, device_id=0,
         num_blocks=args.num_blocks, block_lens=[block_len] * regions, block_strides=[block_len] * regions,
-        kv_cache_layout="HND", block_size=args.block_size, ssm_sizes=(0, 0), attn_backend_name=args.attn,
+        kv_cache_layout=c.LAYOUT_NAME[args.profile], block_size=args.block_size, ssm_sizes=(0, 0), attn_backend_name=args.attn,
         physical_blocks_per_logical_kv_block=1, region_num_blocks=None, region_group_ids=None, region_names=None,
         region_mem_types=None, dcp_size=1, pcp_size=1, ple_block_len=None, region_members=[],
         packed_member_layouts={},
@@ -80,7 +80,8 @@ def main() -> int:
             "remote_block_ids": blocks if c.PARAMS_FLAT[args.profile] else [blocks],
             "remote_engine_id": engine_id, "remote_request_id": args.request_id, "remote_host": "127.0.0.1",
             "remote_port": port, "tp_size": 1, "dcp_size": 1, "pp_size": 1, "remote_num_tokens": args.tokens,
-            "remote_blocks_expiry_time": None, "remote_registration_generation": 1, "transfer_mode": "pull"}
+            "remote_blocks_expiry_time": None, "remote_registration_generation": 1, "transfer_mode": "pull",
+            "remote_prefill_cached_tokens": 0}
     kv = {k: vals[k] for k in c.PARAMS_KEYS[args.profile]}  # the release's keys, in its order
     print(json.dumps({"endpoint": endpoint, "engine_id": engine_id, "hash": hash_, "hash_source": hash_source,
                       "kv_transfer_params": kv}), flush=True)

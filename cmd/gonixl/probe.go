@@ -62,10 +62,32 @@ func (r *rankList) Set(v string) error {
 
 // compatFlags are the compatibility-hash inputs of a local (decode) configuration.
 type compatFlags struct {
-	model, dtype, attn, cacheDtype, transferMode string
-	kvHeads, headSize, layers                    int64
-	hma, crossLayers                             bool
+	model, dtype, attn, cacheDtype, transferMode, platform string
+	kvHeads, headSize, layers                              int64
+	hma                                                    optBool
+	crossLayers                                            bool
 }
+
+// optBool is a boolean flag that knows whether it was given (unset = the vLLM release's default).
+type optBool struct{ set, v bool }
+
+func (o *optBool) String() string {
+	if o == nil || !o.set {
+		return "vLLM's default"
+	}
+	return strconv.FormatBool(o.v)
+}
+
+func (o *optBool) Set(s string) error {
+	v, err := strconv.ParseBool(s)
+	if err != nil {
+		return err
+	}
+	o.set, o.v = true, v
+	return nil
+}
+
+func (o *optBool) IsBoolFlag() bool { return true }
 
 func (c *compatFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.model, "model", "", "hash input: the model exactly as given to vLLM (--model); enables the hash check")
@@ -73,9 +95,10 @@ func (c *compatFlags) register(fs *flag.FlagSet) {
 	fs.Int64Var(&c.kvHeads, "kv-heads", 0, "hash input: total KV heads (not per rank)")
 	fs.Int64Var(&c.headSize, "head-size", 0, "hash input: head size")
 	fs.Int64Var(&c.layers, "layers", 0, "hash input: num_hidden_layers")
-	fs.StringVar(&c.attn, "attn-backend", "FLASH_ATTN", "hash input: attention backend name")
+	fs.StringVar(&c.platform, "platform", "cuda", "the prefill side's vLLM platform (cuda or cpu): picks the default --attn-backend")
+	fs.StringVar(&c.attn, "attn-backend", "", "hash input: attention backend name (default: the platform's, FLASH_ATTN on cuda, CPU_ATTN on cpu)")
 	fs.StringVar(&c.cacheDtype, "cache-dtype", "auto", "hash input: KV cache dtype (--kv-cache-dtype)")
-	fs.BoolVar(&c.hma, "hma", true, "hash input (0.33): is_hma_enabled, vLLM's default; --hma=false when the decode side disables the hybrid KV cache manager (gonixl's demo roles do)")
+	fs.Var(&c.hma, "hma", "hash input (0.18+): is_hma_enabled (default: the release's, false in 0.18–0.21, true from 0.22); --hma=false when the prefill side disables the hybrid KV cache manager")
 	fs.BoolVar(&c.crossLayers, "cross-layers", false, "hash input (0.16): cross_layers_blocks")
 	fs.StringVar(&c.transferMode, "transfer-mode", "", "hash input (0.33): transfer_mode (default pull)")
 }
@@ -84,11 +107,26 @@ func (c *compatFlags) inputs(version string) (protocol.CompatInputs, error) {
 	if c.kvHeads <= 0 || c.headSize <= 0 || c.layers <= 0 {
 		return protocol.CompatInputs{}, usagef("--model needs --kv-heads, --head-size and --layers (positive) to compute the hash")
 	}
-	return protocol.CompatInputs{
-		VLLMVersion: version, Model: c.model, Dtype: c.dtype, NumKVHeads: c.kvHeads, HeadSize: c.headSize,
-		NumHiddenLayers: c.layers, AttnBackendName: c.attn, CacheDtype: c.cacheDtype, CrossLayersBlocks: c.crossLayers,
-		HMAEnabled: c.hma, TransferMode: c.transferMode,
-	}, nil
+	p, err := profileFor(version)
+	if err != nil {
+		return protocol.CompatInputs{}, err
+	}
+	in := p.DefaultCompatInputs(version, protocol.Platform(c.platform))
+	in.Model, in.Dtype, in.NumKVHeads, in.HeadSize, in.NumHiddenLayers = c.model, c.dtype, c.kvHeads, c.headSize, c.layers
+	if c.attn != "" {
+		in.AttnBackendName = c.attn
+	}
+	if c.cacheDtype != "" {
+		in.CacheDtype = c.cacheDtype
+	}
+	if c.transferMode != "" {
+		in.TransferMode = c.transferMode
+	}
+	in.CrossLayersBlocks = c.crossLayers
+	if c.hma.set {
+		in.HMAEnabled = c.hma.v
+	}
+	return in, nil
 }
 
 type probeReport struct {

@@ -52,7 +52,11 @@ func TestProbe(t *testing.T) {
 			require.Equal(t, int64(g.NumBlocks), md.NumBlocks)
 			require.Equal(t, int64(g.BlockSize), md.BlockSize)
 			require.Equal(t, g.BlockLens(), md.BlockLens)
-			require.Equal(t, "HND", md.KVCacheLayout)
+			prof, err := protocol.ProfileFor(v)
+			require.NoError(t, err)
+			wantLabel, err := prof.LayoutName(g.Order) // "HND" up to 0.28, "LBHNC" from 0.29
+			require.NoError(t, err)
+			require.Equal(t, wantLabel, md.KVCacheLayout)
 			require.Len(t, md.Regions, g.NumRegions())
 			var total int64
 			for i, reg := range md.Regions {

@@ -6,7 +6,6 @@ import (
 	"strings"
 
 	"github.com/gonixl/gonixl/connector/protocol"
-	"github.com/gonixl/gonixl/layout"
 )
 
 // metaView is a NixlAgentMetadata as the CLI prints it (text and JSON): the wire fields plus what follows
@@ -50,8 +49,8 @@ func newMetaView(p protocol.Profile, m protocol.AgentMetadata) metaView {
 	if v.BlockLens == nil {
 		v.BlockLens = []int64{}
 	}
-	if _, err := layout.ParseBlockOrder(m.KVCacheLayout); err != nil && m.KVCacheLayout != "" {
-		v.Warnings = append(v.Warnings, fmt.Sprintf("kv_cache_layout %q is neither HND nor NHD", m.KVCacheLayout))
+	if _, err := p.ParseLayoutName(m.KVCacheLayout); err != nil && m.KVCacheLayout != "" {
+		v.Warnings = append(v.Warnings, err.Error())
 	}
 	n := len(m.KVCachesBaseAddr)
 	if len(m.BlockLens) != n {

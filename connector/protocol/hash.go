@@ -14,6 +14,10 @@ import (
 
 // CompatInputs are the values vLLM feeds into compute_nixl_compatibility_hash. A Go peer must use the vLLM
 // side's exact strings: its version string (GET /version), its --model string as typed, str(torch dtype), ...
+//
+// Start from Profile.DefaultCompatInputs, which fills in what vLLM uses when its user sets nothing (HMA,
+// attention backend of the platform, cache dtype, transfer mode), and set the model's values; a struct literal
+// leaves HMAEnabled false, which is not vLLM's default from 0.22.
 type CompatInputs struct {
 	VLLMVersion     string // vllm.__version__ of the side whose hash we reproduce, e.g. "0.16.0"
 	Model           string // model_config.model, exactly as given on the command line
@@ -21,11 +25,18 @@ type CompatInputs struct {
 	NumKVHeads      int64  // total KV heads (not per rank)
 	HeadSize        int64
 	NumHiddenLayers int64
-	AttnBackendName string // e.g. "FLASH_ATTN"
-	CacheDtype      string // str(cache_config.cache_dtype), e.g. "auto"
+	// Platform is the vLLM platform of the side whose hash we reproduce ("" = PlatformCUDA). It only picks the
+	// default AttnBackendName: vLLM hashes its own backend's name, so follow the peer (a vLLM prefill on CPU
+	// hashes "CPU_ATTN", on a CUDA GPU "FLASH_ATTN").
+	Platform Platform
+	// AttnBackendName is the vLLM side's attention backend, e.g. "FLASH_ATTN"; "" = the row's default for
+	// Platform (Profile.Defaults.AttnBackend).
+	AttnBackendName string
+	CacheDtype      string // str(cache_config.cache_dtype); "" = "auto" (vLLM's default)
 	// CrossLayersBlocks (0.16–0.28): true only with enable_cross_layers_blocks and a suitable backend.
 	CrossLayersBlocks bool
-	// HMAEnabled (0.18+): not scheduler_config.disable_hybrid_kv_cache_manager.
+	// HMAEnabled (0.18+): not scheduler_config.disable_hybrid_kv_cache_manager. vLLM's default is
+	// Profile.Defaults.HMAEnabled (false in 0.18–0.21, true from 0.22 for an ordinary model).
 	HMAEnabled bool
 	// SpeculativeConfig (0.28+): nil (JSON null) unless the vLLM side runs EAGLE/MTP; then the dict vLLM builds
 	// (method, model, revision, code_revision, parallel_drafting, kv_cache_dtype, auxiliary_layer_ids). Values
@@ -33,6 +44,74 @@ type CompatInputs struct {
 	SpeculativeConfig map[string]any
 	// TransferMode (0.28+): "pull" (the default when empty) or "push".
 	TransferMode string
+}
+
+// Platform is a vLLM platform (current_platform), as far as the compatibility hash is concerned.
+type Platform string
+
+// Platforms whose default attention backend the profiles know.
+const (
+	PlatformCUDA Platform = "cuda"
+	PlatformCPU  Platform = "cpu"
+)
+
+// CompatDefaults are the hash inputs a vLLM release uses for an ordinary (non-MLA, non-hybrid, no speculative
+// decoding) model when its user sets none of them, with NixlConnector configured.
+type CompatDefaults struct {
+	// HMAEnabled: not disable_hybrid_kv_cache_manager after VllmConfig.__post_init__ (vllm/config/vllm.py):
+	// 0.18–0.21 turn HMA off whenever --kv-transfer-config is set; from 0.22 only for connectors that are not
+	// SupportsHMA, and NixlConnector is.
+	HMAEnabled bool
+	// AttnBackend is the backend vLLM selects per platform (AttentionBackend.get_name()): FLASH_ATTN on CUDA
+	// (Hopper and older; Blackwell may select FLASHINFER), CPU_ATTN on the CPU platform.
+	AttnBackend map[Platform]string
+	// CacheDtype is cache_config.cache_dtype's default ("auto").
+	CacheDtype string
+	// TransferMode is the pull connector's mode ("pull"; hashed from 0.28).
+	TransferMode string
+}
+
+var (
+	defaultBackends = map[Platform]string{PlatformCUDA: "FLASH_ATTN", PlatformCPU: "CPU_ATTN"}
+	// defaultsV016: 0.16–0.21 (0.16–0.17 do not hash HMA; 0.18–0.21 hash it off).
+	defaultsV016 = CompatDefaults{HMAEnabled: false, AttnBackend: defaultBackends, CacheDtype: "auto", TransferMode: "pull"}
+	// defaultsV022: 0.22+.
+	defaultsV022 = CompatDefaults{HMAEnabled: true, AttnBackend: defaultBackends, CacheDtype: "auto", TransferMode: "pull"}
+)
+
+// DefaultCompatInputs returns the hash inputs of this row's vLLM defaults on platform ("" = CUDA) for the given
+// vLLM version string; set the model's values (Model, Dtype, NumKVHeads, HeadSize, NumHiddenLayers) and change
+// only what the vLLM side changed from its defaults.
+func (p Profile) DefaultCompatInputs(vllmVersion string, platform Platform) CompatInputs {
+	if platform == "" {
+		platform = PlatformCUDA
+	}
+	return CompatInputs{
+		VLLMVersion:     vllmVersion,
+		Platform:        platform,
+		AttnBackendName: p.Defaults.AttnBackend[platform],
+		CacheDtype:      p.Defaults.CacheDtype,
+		HMAEnabled:      p.Defaults.HMAEnabled,
+		TransferMode:    p.Defaults.TransferMode,
+	}
+}
+
+// withDefaults fills the string inputs left empty with the row's defaults.
+func (p Profile) withDefaults(in CompatInputs) CompatInputs {
+	if in.AttnBackendName == "" {
+		pl := in.Platform
+		if pl == "" {
+			pl = PlatformCUDA
+		}
+		in.AttnBackendName = p.Defaults.AttnBackend[pl]
+	}
+	if in.CacheDtype == "" {
+		in.CacheDtype = p.Defaults.CacheDtype
+	}
+	if in.TransferMode == "" {
+		in.TransferMode = p.Defaults.TransferMode
+	}
+	return in
 }
 
 // hashFactor computes one factor value; factors are data, selected per profile by Profile.HashFactors.
@@ -54,21 +133,19 @@ var hashFactor = map[string]func(p Profile, in CompatInputs) any{
 		}
 		return in.SpeculativeConfig
 	},
-	"transfer_mode": func(_ Profile, in CompatInputs) any {
-		if in.TransferMode == "" {
-			return "pull"
-		}
-		return in.TransferMode
-	},
+	"transfer_mode": func(_ Profile, in CompatInputs) any { return in.TransferMode },
 }
 
-// Factors returns the factor dict of this profile's compute_nixl_compatibility_hash for the inputs. It fails
-// with ErrInvalid when a string input vLLM always has is empty (a hash over "" would silently never match).
+// Factors returns the factor dict of this profile's compute_nixl_compatibility_hash for the inputs, with empty
+// AttnBackendName, CacheDtype and TransferMode taken from the row's defaults. It fails with ErrInvalid when a
+// string input vLLM always has is still empty (a hash over "" would silently never match).
 func (p Profile) Factors(in CompatInputs) (map[string]any, error) {
+	in = p.withDefaults(in)
 	for name, v := range map[string]string{"VLLMVersion": in.VLLMVersion, "Model": in.Model, "Dtype": in.Dtype,
 		"AttnBackendName": in.AttnBackendName, "CacheDtype": in.CacheDtype} {
 		if v == "" {
-			return nil, fmt.Errorf("%w: CompatInputs.%s is empty; use the vLLM side's exact value", ErrInvalid, name)
+			return nil, fmt.Errorf("%w: CompatInputs.%s is empty and vLLM %s has no default for it (platform %q); use the vLLM side's exact value",
+				ErrInvalid, name, p.Name, in.Platform)
 		}
 	}
 	out := make(map[string]any, len(p.HashFactors))
@@ -89,6 +166,16 @@ func (p Profile) CompatHash(in CompatInputs) (string, error) {
 		return "", err
 	}
 	return CompatHash(f)
+}
+
+// FactorsJSON returns the factor dict as vLLM hashes it (json.dumps(factors, sort_keys=True)): what to compare
+// with the vLLM side's when the hashes differ.
+func (p Profile) FactorsJSON(in CompatInputs) (string, error) {
+	f, err := p.Factors(in)
+	if err != nil {
+		return "", err
+	}
+	return PyJSONDumps(f)
 }
 
 // CompatHash returns hashlib.sha256(json.dumps(factors, sort_keys=True).encode()).hexdigest().
@@ -310,4 +397,56 @@ func PyFloatRepr(f float64) string {
 	default:
 		return sign + digits[:decpt] + "." + digits[decpt:]
 	}
+}
+
+// explainMismatch describes our side of a hash mismatch: the factor dict we hashed and, where one default-able
+// input (HMA, attention backend, cache dtype, cross-layer blocks, transfer mode) set otherwise reproduces the
+// remote hash, which.
+func (p Profile) explainMismatch(in *CompatInputs, remote string) string {
+	if in == nil {
+		return ""
+	}
+	js, err := p.FactorsJSON(*in)
+	if err != nil {
+		return ""
+	}
+	out := "; our hash inputs: " + js
+	base := p.withDefaults(*in)
+	try := func(desc string, alt CompatInputs) bool {
+		if h, err := p.CompatHash(alt); err == nil && h == remote {
+			out += "; the remote hash equals ours with " + desc
+			return true
+		}
+		return false
+	}
+	alt := base
+	alt.HMAEnabled = !base.HMAEnabled
+	if try(fmt.Sprintf("is_hma_enabled=%v", alt.HMAEnabled), alt) {
+		return out
+	}
+	alt = base
+	alt.CrossLayersBlocks = !base.CrossLayersBlocks
+	if try(fmt.Sprintf("cross_layers_blocks=%v", alt.CrossLayersBlocks), alt) {
+		return out
+	}
+	for _, name := range []string{"FLASH_ATTN", "CPU_ATTN", "FLASHINFER", "TRITON_ATTN", "FLEX_ATTENTION", "ROCM_ATTN", "ROCM_AITER_FA"} {
+		alt = base
+		alt.AttnBackendName = name
+		if name != base.AttnBackendName && try(fmt.Sprintf("attn_backend_name=%q (CompatInputs.AttnBackendName / Platform)", name), alt) {
+			return out
+		}
+	}
+	alt = base
+	alt.CacheDtype = "auto"
+	if base.CacheDtype != "auto" && try(`cache_dtype="auto"`, alt) {
+		return out
+	}
+	for _, mode := range []string{"pull", "push"} {
+		alt = base
+		alt.TransferMode = mode
+		if mode != base.TransferMode && try(fmt.Sprintf("transfer_mode=%q", mode), alt) {
+			return out
+		}
+	}
+	return out
 }

@@ -623,6 +623,9 @@ type HandshakeCheck struct {
 	EnforceHash bool
 	// ExpectedEngineID is kv_transfer_params.remote_engine_id; "" skips the check.
 	ExpectedEngineID string
+	// LocalInputs, when set, are the inputs LocalHash was computed from: a mismatch error then lists our factor
+	// dict as JSON and names any single default-able input whose other value would have matched the peer.
+	LocalInputs *CompatInputs
 }
 
 // OpenHandshake does what vLLM's decode side does with a reply payload: decode the outer payload, compare the
@@ -635,8 +638,9 @@ func (p Profile) OpenHandshake(b []byte, c HandshakeCheck) (AgentMetadata, error
 	}
 	if p.Payload == PayloadM1 && c.EnforceHash && hp.CompatibilityHash != c.LocalHash {
 		return AgentMetadata{}, fmt.Errorf("%w: local %s, remote %s; prefill and decode differ in vLLM version, "+
-			"model, dtype, attention backend or cache dtype (set EnforceHash=false, like vLLM's "+
-			"enforce_handshake_compat=false, to skip this check)", ErrHashMismatch, c.LocalHash, hp.CompatibilityHash)
+			"model, dtype, attention backend or cache dtype%s (set EnforceHash=false, like vLLM's "+
+			"enforce_handshake_compat=false, to skip this check)", ErrHashMismatch, c.LocalHash, hp.CompatibilityHash,
+			p.explainMismatch(c.LocalInputs, hp.CompatibilityHash))
 	}
 	m, err := p.DecodeMetadata(hp.AgentMetadataBytes)
 	if err != nil {

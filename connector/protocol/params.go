@@ -47,12 +47,18 @@ type KVTransferParams struct {
 	RemotePort      int
 	TPSize          int // P's transfer TP size (D assumes 1 when absent)
 	// Later releases (Profile.ParamsKeys says which row sends which):
-	DCPSize                      int      // dcp_size (0.29+)
-	PPSize                       int      // pp_size (0.29+)
-	RemoteNumTokens              int64    // remote_num_tokens (0.21+)
-	RemoteBlocksExpiryTime       *float64 // remote_blocks_expiry_time (0.26+); null from a pull-mode P
-	RemoteRegistrationGeneration int64    // remote_registration_generation (0.33+)
-	TransferMode                 string   // transfer_mode (0.28+)
+	DCPSize                int      // dcp_size (0.29+)
+	PPSize                 int      // pp_size (0.29+)
+	RemoteNumTokens        int64    // remote_num_tokens (0.21+)
+	RemoteBlocksExpiryTime *float64 // remote_blocks_expiry_time (0.26+); null from a pull-mode P
+	// RemoteRegistrationGeneration (0.33+): how often P registered its KV cache (vLLM's scheduler starts at 0
+	// and counts every changed handshake payload, so its first response says 1). D redoes the handshake with
+	// P's engine when this grows.
+	RemoteRegistrationGeneration int64
+	TransferMode                 string // transfer_mode (0.28+)
+	// RemotePrefillCachedTokens (0.31+): P's prefix-cache hits for the prompt (prefill_stats.num_cached_tokens),
+	// which D reports in prompt_tokens_details; 0 for a prompt computed in full.
+	RemotePrefillCachedTokens int64
 
 	// Has lists the keys present in decoded JSON (null included), so "absent" and "zero" can be told apart.
 	Has map[string]bool
@@ -188,6 +194,7 @@ var paramFields = map[string]paramField{
 	},
 	"remote_registration_generation": int64Param(func(k *KVTransferParams) *int64 { return &k.RemoteRegistrationGeneration }),
 	"transfer_mode":                  strParam(func(k *KVTransferParams) *string { return &k.TransferMode }),
+	"remote_prefill_cached_tokens":   int64Param(func(k *KVTransferParams) *int64 { return &k.RemotePrefillCachedTokens }),
 }
 
 func nonNil(v []int64) []int64 {

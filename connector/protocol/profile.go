@@ -137,6 +137,16 @@ type Profile struct {
 	SideChannelPort int
 	// HandshakeTimeout is vLLM's REQ receive timeout (RCVTIMEO) on the decode side.
 	HandshakeTimeout time.Duration
+
+	// Labels are the kv_cache_layout names of this release with the block order each stands for; the first is
+	// the one vLLM publishes by default (NixlConnector.get_required_kvcache_layout). See LayoutName and
+	// ParseLayoutName.
+	Labels []LayoutLabel
+	// LabelQuirks are the known vLLM configurations of this release whose label is not their bytes' order.
+	LabelQuirks []LabelQuirk
+	// Defaults are the compatibility-hash inputs this release uses when its user sets nothing
+	// (DefaultCompatInputs).
+	Defaults CompatDefaults
 }
 
 // The hash-factor and kv_transfer_params key lists of the rows, each named by the first release series that
@@ -151,7 +161,10 @@ var (
 	paramsKeysV028  = []string{"do_remote_prefill", "do_remote_decode", "remote_block_ids", "remote_engine_id", "remote_request_id", "remote_host", "remote_port", "tp_size", "remote_num_tokens", "remote_blocks_expiry_time", "transfer_mode"}
 	hashFactorsV029 = []string{"vllm_version", "nixl_connector_version", "model", "dtype", "num_kv_heads", "head_size", "num_hidden_layers", "attn_backend_name", "cache_dtype", "is_hma_enabled", "speculative_config", "transfer_mode"}
 	paramsKeysV029  = []string{"do_remote_prefill", "do_remote_decode", "remote_block_ids", "remote_engine_id", "remote_request_id", "remote_host", "remote_port", "tp_size", "dcp_size", "pp_size", "remote_num_tokens", "remote_blocks_expiry_time", "transfer_mode"}
-	paramsKeysV033  = []string{"do_remote_prefill", "do_remote_decode", "remote_block_ids", "remote_engine_id", "remote_request_id", "remote_host", "remote_port", "tp_size", "dcp_size", "pp_size", "remote_num_tokens", "remote_blocks_expiry_time", "remote_registration_generation", "transfer_mode"}
+	// paramsKeysV031: from 0.31 the scheduler (vllm/v1/core/sched/scheduler.py, update_from_output) appends
+	// remote_prefill_cached_tokens (P's prefix-cache hits) to what request_finished returned.
+	paramsKeysV031 = append(append([]string(nil), paramsKeysV029...), "remote_prefill_cached_tokens")
+	paramsKeysV033 = []string{"do_remote_prefill", "do_remote_decode", "remote_block_ids", "remote_engine_id", "remote_request_id", "remote_host", "remote_port", "tp_size", "dcp_size", "pp_size", "remote_num_tokens", "remote_blocks_expiry_time", "remote_registration_generation", "transfer_mode", "remote_prefill_cached_tokens"}
 )
 
 // Profiles is the table of supported vLLM releases, oldest first. Each row was read from its releases' wheels
@@ -163,17 +176,21 @@ var (
 //	0.16–0.17  H2, M1, version 2, flat remote_block_ids, layout A, abort timeout 480 s
 //	0.18–0.19  + ssm_sizes; hash + is_hma_enabled; remote_block_ids one list per KV-cache group
 //	0.20       + attn_backend_name (last metadata field)
+//	           (all three: hash default is_hma_enabled false, vLLM turns HMA off when a connector is set)
 //	0.21       version 3: + physical_blocks_per_logical_kv_block; params + remote_num_tokens
-//	0.22       version 4: leases and "HB:" heartbeats replace the abort timeout
+//	0.22       version 4: leases and "HB:" heartbeats replace the abort timeout; HMA stays on with
+//	           NixlConnector (SupportsHMA), so is_hma_enabled defaults to true
 //	0.23–0.25  layout B (blocks first, K/V halves per block)
 //	0.26–0.27  version 5: H4 (pp rank in the request, clock frame); layout C; params + remote_blocks_expiry_time
 //	0.28       version 7: hash + speculative_config, transfer_mode; params + transfer_mode
 //	0.29       version 9: + block_strides, dcp_size, pcp_size; hash − cross_layers_blocks; params + dcp_size,
-//	           pp_size; the notification count is the number of consumers
+//	           pp_size; the notification count is the number of consumers; kv_cache_layout names become
+//	           KVCacheLayout enum names ("LBHNC" for HND blocks, "LBNHC" for NHD)
 //	0.30       version 11: + region_num_blocks, region_group_ids, region_names, region_mem_types
 //	0.31       version 13: + region_members, packed_member_layouts
 //	0.32       version 14: + ple_block_len
-//	0.33       version 15: params + remote_registration_generation
+//	0.31       params + remote_prefill_cached_tokens (appended by the scheduler)
+//	0.33       version 15: params + remote_registration_generation (before transfer_mode)
 var Profiles = []Profile{
 	{
 		Name: "0.16", MinVersion: "0.16.0", MaxVersion: "0.18.0",
@@ -189,6 +206,9 @@ var Profiles = []Profile{
 		Layout:           LayoutA,
 		SideChannelPort:  5600,
 		HandshakeTimeout: 5 * time.Second,
+		Labels:           labelsV016,
+		LabelQuirks:      quirksV016,
+		Defaults:         defaultsV016,
 	},
 	{
 		Name: "0.18", MinVersion: "0.18.0", MaxVersion: "0.20.0",
@@ -204,6 +224,9 @@ var Profiles = []Profile{
 		Layout:           LayoutA,
 		SideChannelPort:  5600,
 		HandshakeTimeout: 5 * time.Second,
+		Labels:           labelsV016,
+		LabelQuirks:      quirksV016,
+		Defaults:         defaultsV016,
 	},
 	{
 		Name: "0.20", MinVersion: "0.20.0", MaxVersion: "0.21.0",
@@ -219,6 +242,9 @@ var Profiles = []Profile{
 		Layout:           LayoutA,
 		SideChannelPort:  5600,
 		HandshakeTimeout: 5 * time.Second,
+		Labels:           labelsV016,
+		LabelQuirks:      quirksV020,
+		Defaults:         defaultsV016,
 	},
 	{
 		Name: "0.21", MinVersion: "0.21.0", MaxVersion: "0.22.0",
@@ -234,6 +260,9 @@ var Profiles = []Profile{
 		Layout:           LayoutA,
 		SideChannelPort:  5600,
 		HandshakeTimeout: 5 * time.Second,
+		Labels:           labelsV016,
+		LabelQuirks:      quirksV020,
+		Defaults:         defaultsV016,
 	},
 	{
 		Name: "0.22", MinVersion: "0.22.0", MaxVersion: "0.23.0",
@@ -252,6 +281,9 @@ var Profiles = []Profile{
 		Layout:            LayoutA,
 		SideChannelPort:   5600,
 		HandshakeTimeout:  5 * time.Second,
+		Labels:            labelsV016,
+		LabelQuirks:       quirksV022,
+		Defaults:          defaultsV022,
 	},
 	{
 		Name: "0.23", MinVersion: "0.23.0", MaxVersion: "0.26.0",
@@ -270,6 +302,9 @@ var Profiles = []Profile{
 		Layout:            LayoutB,
 		SideChannelPort:   5600,
 		HandshakeTimeout:  5 * time.Second,
+		Labels:            labelsV016,
+		LabelQuirks:       quirksV022,
+		Defaults:          defaultsV022,
 	},
 	{
 		Name: "0.26", MinVersion: "0.26.0", MaxVersion: "0.28.0",
@@ -288,6 +323,8 @@ var Profiles = []Profile{
 		Layout:            LayoutC,
 		SideChannelPort:   5600,
 		HandshakeTimeout:  5 * time.Second,
+		Labels:            labelsV016,
+		Defaults:          defaultsV022,
 	},
 	{
 		Name: "0.28", MinVersion: "0.28.0", MaxVersion: "0.29.0",
@@ -306,6 +343,8 @@ var Profiles = []Profile{
 		Layout:            LayoutC,
 		SideChannelPort:   5600,
 		HandshakeTimeout:  5 * time.Second,
+		Labels:            labelsV016,
+		Defaults:          defaultsV022,
 	},
 	{
 		Name: "0.29", MinVersion: "0.29.0", MaxVersion: "0.30.0",
@@ -324,6 +363,8 @@ var Profiles = []Profile{
 		Layout:            LayoutC,
 		SideChannelPort:   5600,
 		HandshakeTimeout:  5 * time.Second,
+		Labels:            labelsV029,
+		Defaults:          defaultsV022,
 	},
 	{
 		Name: "0.30", MinVersion: "0.30.0", MaxVersion: "0.31.0",
@@ -342,6 +383,8 @@ var Profiles = []Profile{
 		Layout:            LayoutC,
 		SideChannelPort:   5600,
 		HandshakeTimeout:  5 * time.Second,
+		Labels:            labelsV029,
+		Defaults:          defaultsV022,
 	},
 	{
 		Name: "0.31", MinVersion: "0.31.0", MaxVersion: "0.32.0",
@@ -351,7 +394,7 @@ var Profiles = []Profile{
 		ConnectorVersion:  13,
 		HashFactors:       hashFactorsV029,
 		BlockIDs:          BlockIDsGrouped,
-		ParamsKeys:        paramsKeysV029,
+		ParamsKeys:        paramsKeysV031,
 		Notif:             NotifConsumers,
 		Leases:            true,
 		LeaseDuration:     30 * time.Second,
@@ -360,6 +403,8 @@ var Profiles = []Profile{
 		Layout:            LayoutC,
 		SideChannelPort:   5600,
 		HandshakeTimeout:  5 * time.Second,
+		Labels:            labelsV029,
+		Defaults:          defaultsV022,
 	},
 	{
 		Name: "0.32", MinVersion: "0.32.0", MaxVersion: "0.33.0",
@@ -369,7 +414,7 @@ var Profiles = []Profile{
 		ConnectorVersion:  14,
 		HashFactors:       hashFactorsV029,
 		BlockIDs:          BlockIDsGrouped,
-		ParamsKeys:        paramsKeysV029,
+		ParamsKeys:        paramsKeysV031,
 		Notif:             NotifConsumers,
 		Leases:            true,
 		LeaseDuration:     30 * time.Second,
@@ -378,6 +423,8 @@ var Profiles = []Profile{
 		Layout:            LayoutC,
 		SideChannelPort:   5600,
 		HandshakeTimeout:  5 * time.Second,
+		Labels:            labelsV029,
+		Defaults:          defaultsV022,
 	},
 	{
 		Name: "0.33", MinVersion: "0.33.0", MaxVersion: "0.34.0",
@@ -396,6 +443,8 @@ var Profiles = []Profile{
 		Layout:            LayoutC,
 		SideChannelPort:   5600,
 		HandshakeTimeout:  5 * time.Second,
+		Labels:            labelsV029,
+		Defaults:          defaultsV022,
 	},
 }
 

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gonixl/gonixl/internal/testenv"
+	"github.com/gonixl/gonixl/layout"
 )
 
 type vectorFile struct {
@@ -34,6 +35,12 @@ type vectorFile struct {
 		Leases       bool     `json:"leases"`
 		Layout       string   `json:"layout"`
 		ParamsKeys   []string `json:"params_keys"`
+		// LayoutNames are the kv_cache_layout names the release knows, RequiredLayout the one NixlConnector asks
+		// for (what vLLM publishes by default).
+		LayoutNames    []string `json:"layout_names"`
+		RequiredLayout string   `json:"required_layout"`
+		// HMADefault is is_hma_enabled for an ordinary model with NixlConnector and no HMA flag.
+		HMADefault bool `json:"hma_default"`
 	} `json:"wire"`
 	Metadata []struct {
 		Name   string          `json:"name"`
@@ -207,6 +214,28 @@ func TestVectorsProfileTable(t *testing.T) {
 			assert.Equal(t, v.Wire.Leases, p.Leases, "leases")
 			assert.Equal(t, v.Wire.Layout, p.Layout.String(), "layout era")
 			assert.Equal(t, v.Wire.ParamsKeys, p.ParamsKeys, "kv_transfer_params keys and order")
+			// kv_cache_layout: the row's names are the release's, the first (published for HND blocks) is the one
+			// NixlConnector requires, and every name round-trips.
+			names := make([]string, len(p.Labels))
+			for i, l := range p.Labels {
+				names[i] = l.Name
+			}
+			assert.ElementsMatch(t, v.Wire.LayoutNames, names, "kv_cache_layout names")
+			if assert.NotEmpty(t, p.Labels) {
+				assert.Equal(t, v.Wire.RequiredLayout, p.Labels[0].Name, "the name vLLM publishes by default")
+				hnd, err := p.LayoutName(layout.HND)
+				require.NoError(t, err)
+				assert.Equal(t, v.Wire.RequiredLayout, hnd)
+			}
+			for _, l := range p.Labels {
+				o, err := p.ParseLayoutName(l.Name)
+				if l.Order == 0 {
+					assert.ErrorIs(t, err, layout.ErrInvalidGeometry, l.Name)
+					continue
+				}
+				require.NoError(t, err)
+				assert.Equal(t, l.Order, o)
+			}
 			assert.Equal(t, v.Wire.BlockIDsFlat, p.BlockIDs == BlockIDsFlat, "remote_block_ids shape")
 			assert.Equal(t, map[string]NotifMeaning{"tp_size": NotifDecodeTPSize, "consumers": NotifConsumers}[v.Wire.Notif],
 				p.Notif, "notification count meaning")
@@ -393,7 +422,10 @@ func TestVectorsHash(t *testing.T) {
 				if in.SpeculativeConfig != nil {
 					jsonToAny(in.SpeculativeConfig)
 				}
-				ci := CompatInputs(in)
+				ci := CompatInputs{VLLMVersion: in.VLLMVersion, Model: in.Model, Dtype: in.Dtype, NumKVHeads: in.NumKVHeads,
+					HeadSize: in.HeadSize, NumHiddenLayers: in.NumHiddenLayers, AttnBackendName: in.AttnBackendName,
+					CacheDtype: in.CacheDtype, CrossLayersBlocks: in.CrossLayersBlocks, HMAEnabled: in.HMAEnabled,
+					SpeculativeConfig: in.SpeculativeConfig, TransferMode: in.TransferMode}
 				f, err := p.Factors(ci)
 				require.NoError(t, err)
 				keys := make([]string, 0, len(f))
@@ -408,6 +440,20 @@ func TestVectorsHash(t *testing.T) {
 				h, err := p.CompatHash(ci)
 				require.NoError(t, err)
 				assert.Equal(t, c.SHA256, h)
+				// The defaults cases: naming the version, the platform and the model is enough.
+				if pl, ok := map[string]Platform{"defaults_cuda": PlatformCUDA, "defaults_cpu": PlatformCPU}[c.Name]; ok {
+					assert.Equal(t, v.Wire.HMADefault, p.Defaults.HMAEnabled, "the row's HMA default")
+					d := p.DefaultCompatInputs(in.VLLMVersion, pl)
+					d.Model, d.Dtype, d.NumKVHeads, d.HeadSize, d.NumHiddenLayers = in.Model, in.Dtype, in.NumKVHeads, in.HeadSize, in.NumHiddenLayers
+					h, err := p.CompatHash(d)
+					require.NoError(t, err)
+					assert.Equal(t, c.SHA256, h, "DefaultCompatInputs(%q, %q)", in.VLLMVersion, pl)
+					// A literal that leaves the backend and cache dtype empty gets them from the row too.
+					d.AttnBackendName, d.CacheDtype, d.TransferMode = "", "", ""
+					h, err = p.CompatHash(d)
+					require.NoError(t, err)
+					assert.Equal(t, c.SHA256, h, "empty strings take the row's defaults")
+				}
 			})
 		}
 	}

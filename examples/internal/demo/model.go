@@ -40,11 +40,13 @@ func (m Model) Geometry(p protocol.Profile, numBlocks int, order layout.BlockOrd
 
 // Compat returns the compatibility-hash inputs both demo servers use.
 func (m Model) Compat(vllmVersion string) connector.Compat {
-	return connector.Compat{CompatInputs: protocol.CompatInputs{
-		VLLMVersion: vllmVersion, Model: m.Name, Dtype: "torch.bfloat16", NumKVHeads: int64(m.NumKVHeads),
-		HeadSize: int64(m.HeadDim), NumHiddenLayers: int64(m.NumLayers), AttnBackendName: "FLASH_ATTN", CacheDtype: "auto",
-		HMAEnabled: true, // vLLM's default (the hybrid KV-cache manager is on unless disabled); hashed by 0.33
-	}}
+	// vLLM's defaults for the release on CUDA (HMA, FLASH_ATTN, cache dtype "auto", pull mode), then the model.
+	in := protocol.CompatInputs{VLLMVersion: vllmVersion, AttnBackendName: "FLASH_ATTN", CacheDtype: "auto", HMAEnabled: true}
+	if p, err := protocol.ProfileFor(vllmVersion); err == nil {
+		in = p.DefaultCompatInputs(vllmVersion, protocol.PlatformCUDA)
+	}
+	in.Model, in.Dtype, in.NumKVHeads, in.HeadSize, in.NumHiddenLayers = m.Name, "torch.bfloat16", int64(m.NumKVHeads), int64(m.HeadDim), int64(m.NumLayers)
+	return connector.Compat{CompatInputs: in}
 }
 
 // Tokens is the demo's tokenizer: one token per whitespace-separated word.
