@@ -26,7 +26,13 @@ export NIXL_LIB_DIR
 export GONIXL_PYTHON := $(VENV_PY)
 export VLLM_WHEEL_DIR
 
-.PHONY: all build vet lint nixl pydeps vllm-wheels deps test test-pure test-go demo fuzz bench vectors vectors-real clean help
+# The real-vLLM tier (connector/vllm_real_test.go) runs vLLM's own NixlConnector, one venv per release
+# (vllm from PyPI, NIXL's Python API; several GB each), cached outside the repo by scripts/vllm-venv.sh.
+GONIXL_VLLM_VENVS ?= $(HOME)/.cache/gonixl/venvs
+export GONIXL_VLLM_VENVS
+export GONIXL_VLLM_VERSIONS := $(VLLM_VERSIONS)
+
+.PHONY: all build vet lint nixl pydeps vllm-wheels vllm-venvs interop deps test test-pure test-go demo fuzz bench vectors vectors-real clean help
 
 all: build
 
@@ -37,6 +43,7 @@ help:
 	@echo "make fuzz   - run every fuzz target for FUZZTIME (default $(FUZZTIME)) each"
 	@echo "make bench  - run the benchmarks (ratios against in-run baselines)"
 	@echo "make lint   - go vet and staticcheck"
+	@echo "make interop VLLM=<version> - run vLLM's own NixlConnector (that release, CPU) against gonixl's roles"
 
 build:
 	$(GO) build ./...
@@ -70,7 +77,16 @@ vllm-wheels:
 	  $(PYTHON) -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: -d $(VLLM_WHEEL_DIR) vllm==$$v || exit 1; }; \
 	done
 
-deps: nixl pydeps vllm-wheels
+vllm-venvs:
+	@for v in $(VLLM_VERSIONS); do NIXL_VERSION=$(NIXL_VERSION) PYTHON=$(PYTHON) bash scripts/vllm-venv.sh $$v || exit 1; done
+
+deps: nixl pydeps vllm-wheels vllm-venvs
+
+# The real-vLLM tier against any release: make interop VLLM=0.29.0 (creates its venv if needed).
+interop: nixl
+	@test -n "$(VLLM)" || { echo "usage: make interop VLLM=<version>" >&2; exit 2; }
+	@NIXL_VERSION=$(NIXL_VERSION) PYTHON=$(PYTHON) bash scripts/vllm-venv.sh $(VLLM)
+	GONIXL_VLLM_VERSIONS="$(VLLM)" $(GO) test -count=1 -timeout 20m -run '^TestVLLMReal$$' -v ./connector/
 
 # Pure-Go packages must build and pass without cgo.
 test-pure:

@@ -83,14 +83,13 @@ func realModel(t *testing.T) string {
 	return dir
 }
 
-// realCompat is what a user states about the model and the vLLM release of the peer.
-// TODO(issue 11, item 5 — branch proto): a user names the version and the model and gonixl fills vLLM's
-// defaults (HMA, attention backend name...); until that lands the inputs are spelled out here.
-func realCompat(version, model string) connector.Compat {
-	return connector.Compat{CompatInputs: protocol.CompatInputs{
-		VLLMVersion: version, Model: model, Dtype: "torch.bfloat16", NumKVHeads: realKVHeads, HeadSize: realHeadDim,
-		NumHiddenLayers: realLayers, AttnBackendName: "CPU_ATTN", CacheDtype: "auto", HMAEnabled: true,
-	}}
+// realCompat is what a user states: the vLLM release and platform of the peer (gonixl fills vLLM's defaults:
+// HMA, attention backend, cache dtype, transfer mode) and the model's values.
+func realCompat(p protocol.Profile, version, model string) connector.Compat {
+	in := p.DefaultCompatInputs(version, protocol.PlatformCPU)
+	in.Model, in.Dtype = model, "torch.bfloat16"
+	in.NumKVHeads, in.HeadSize, in.NumHiddenLayers = realKVHeads, realHeadDim, realLayers
+	return connector.Compat{CompatInputs: in}
 }
 
 func realGeom(t *testing.T, p protocol.Profile) layout.Geometry {
@@ -266,17 +265,17 @@ func (d *driver) next(ctx context.Context, kind, reqID string) event {
 		select {
 		case e, ok := <-d.events:
 			if !ok {
-				require.FailNow(d.t, "vLLM driver exited", "waiting for %q: %s", kind, d.stderr.tail(6000))
+				require.FailNow(d.t, "vLLM driver exited", "waiting for %q: %s", kind, d.stderr.tail(3000))
 			}
 			if e.Event == "error" {
-				require.FailNow(d.t, "vLLM driver error", "%s\n%s", e.Error, d.stderr.tail(6000))
+				require.FailNow(d.t, "vLLM driver error", "%s\n%s", e.Error, d.stderr.tail(3000))
 			}
 			if match(e) {
 				return e
 			}
 			d.pending = append(d.pending, e)
 		case <-ctx.Done():
-			require.FailNow(d.t, "timed out", "waiting for %q %s: %s", kind, reqID, d.stderr.tail(6000))
+			require.FailNow(d.t, "timed out", "waiting for %q %s: %s", kind, reqID, d.stderr.tail(3000))
 		}
 	}
 }
@@ -326,7 +325,7 @@ func vllmDecodeGoPrefill(t *testing.T, lib *nixl.Library, py, version string, p 
 	t.Logf("vLLM %s decode ready (import and setup %.1f s): backend %s, kv_cache_layout %q, %d regions of %d-byte blocks",
 		d.ready.Version, d.ready.ImportS, d.ready.Backend, d.ready.Layout, d.ready.Regions, d.ready.BlockLen)
 	require.Equal(t, version, d.ready.Version)
-	compat := realCompat(version, model)
+	compat := realCompat(p, version, model)
 	if d.ready.Hash != nil {
 		want, err := p.CompatHash(compat.CompatInputs)
 		require.NoError(t, err)
@@ -407,7 +406,7 @@ func goDecodeVLLMPrefill(t *testing.T, lib *nixl.Library, py, version string, p 
 	d := startDriver(t, ctx, py, "prefill", model, nil, "--lease", fmt.Sprint(lease))
 	t.Logf("vLLM %s prefill ready (import and setup %.1f s): backend %s, kv_cache_layout %q", d.ready.Version, d.ready.ImportS, d.ready.Backend, d.ready.Layout)
 	require.Equal(t, version, d.ready.Version)
-	compat := realCompat(version, model)
+	compat := realCompat(p, version, model)
 	g := realGeom(t, p)
 	c, err := connector.NewDRAMCache(g, false)
 	require.NoError(t, err)

@@ -108,21 +108,23 @@ def main():
              "set VLLM_TARGET_DEVICE=cpu (and, for wheels that ignore it, install the platform plugin: scripts/vllm-venv.sh)")
         return 2
 
+    # vLLM logs a lease extension at debug level only: let those records of its NIXL worker through to our
+    # counter (attached to vLLM's root logger, where they propagate), keeping vLLM's own handlers at INFO.
     hb = HeartbeatCounter()
+    root = logging.getLogger("vllm")
+    for h in root.handlers:
+        h.setLevel(max(h.level, logging.INFO))
+    root.addHandler(hb)
     for name in ("vllm.distributed.kv_transfer.kv_connector.v1.nixl.base_worker",
                  "vllm.distributed.kv_transfer.kv_connector.v1.nixl_connector"):
-        lg = logging.getLogger(name)
-        lg.setLevel(logging.DEBUG)
-        lg.addHandler(hb)
-        for h in lg.handlers:  # keep vLLM's own handlers at INFO
-            if h is not hb:
-                h.setLevel(logging.INFO)
+        logging.getLogger(name).setLevel(logging.DEBUG)
 
     extra = {"backends": ["UCX"]}
     if args.lease:
         extra["kv_lease_duration"] = args.lease
     engine_id = args.engine_id or f"vllm-{args.role}-{os.getpid()}"
-    kvt = KVTransferConfig(kv_connector="NixlConnector", kv_role="kv_both", engine_id=engine_id,
+    # kv_buffer_device="cpu": the KV cache is in DRAM (releases before ~0.2x default to "cuda" and refuse it on CPU).
+    kvt = KVTransferConfig(kv_connector="NixlConnector", kv_role="kv_both", engine_id=engine_id, kv_buffer_device="cpu",
                            kv_connector_extra_config=extra)
     # What `vllm serve <model> --block-size 32 --kv-transfer-config ...` builds.
     eargs = EngineArgs(model=args.model, skip_tokenizer_init=True, dtype="bfloat16", block_size=args.block_size,
@@ -242,7 +244,7 @@ def main():
                     r = reqs.pop(rid)
                     free.extend(r["blocks"])
                     emit(event="finished_sending", req_id=rid, after_s=round(time.perf_counter() - r["t"], 3),
-                         expired=hb.expired, lease_extended=hb.extended)
+                         expired=eng.expired, lease_extended=hb.extended)
             for rid in recving:
                 c = waiting.pop(rid, None)
                 if c is None:
@@ -266,6 +268,7 @@ class Engine:
         self.sched, self.worker = sched, worker
         self.SchedulerOutput, self.KVConnectorOutput = SchedulerOutput, KVConnectorOutput
         self.load_errors = set()
+        self.expired = 0  # vLLM's own counter (NixlKVConnectorStats num_kv_expired_reqs, vllm:nixl_num_kv_expired_reqs)
         self.hb = hb
         self._hb_sent = 0
         cw = worker.connector_worker
@@ -297,6 +300,9 @@ class Engine:
         errs = self.worker.get_block_ids_with_load_errors()
         if errs:
             self.load_errors |= set(errs)
+        stats = self.worker.get_kv_connector_stats()  # the engine collects (and resets) them every step
+        if stats is not None:
+            self.expired += len(stats.data.get("num_kv_expired_reqs", ()))
         cw = self.worker.connector_worker
         if hasattr(cw, "_recv_failures"):
             failed = set(cw._recv_failures) & recving
