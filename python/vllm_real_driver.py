@@ -64,6 +64,7 @@ class HeartbeatCounter(logging.Handler):
     def __init__(self):
         super().__init__(logging.DEBUG)
         self.extended = 0
+        self.received = 0
         self.expired = 0
 
     def emit(self, record):
@@ -244,7 +245,8 @@ def main():
                     r = reqs.pop(rid)
                     free.extend(r["blocks"])
                     emit(event="finished_sending", req_id=rid, after_s=round(time.perf_counter() - r["t"], 3),
-                         expired=eng.expired, lease_extended=hb.extended)
+                         expired=eng.expired, lease_extended=hb.extended,
+                         heartbeats_received=hb.received)
             for rid in recving:
                 c = waiting.pop(rid, None)
                 if c is None:
@@ -284,6 +286,20 @@ class Engine:
                 return orig(agent, notif_msg, *a, **kw)
 
             wrapper.send_notif = send_notif
+
+        # Count the leases vLLM's worker extends on a heartbeat (observation only: wraps its handler; vLLM
+        # logs this at debug level only).
+        if hasattr(cw, "_handle_heartbeat"):
+            handle = cw._handle_heartbeat
+
+            def handle_heartbeat(payload, *a, **kw):
+                hb.received += 1
+                before = dict(cw._reqs_to_send)
+                out = handle(payload, *a, **kw)
+                hb.extended += sum(1 for r, t in cw._reqs_to_send.items() if r in before and t > before[r])
+                return out
+
+            cw._handle_heartbeat = handle_heartbeat
 
     def heartbeats_sent(self):
         return self._hb_sent
