@@ -17,6 +17,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -160,29 +161,30 @@ func (l *lockedBuffer) tail(n int) string {
 
 // event is one JSON line of the driver.
 type event struct {
-	Event    string          `json:"event"`
-	Error    string          `json:"error"`
-	ReqID    string          `json:"req_id"`
-	Version  string          `json:"version"`
-	EngineID string          `json:"engine_id"`
-	Hash     *string         `json:"compat_hash"`
-	Layout   string          `json:"kv_cache_layout"`
-	Backend  string          `json:"backend"`
-	Regions  int             `json:"num_regions"`
-	BlockLen int64           `json:"block_len"`
-	ImportS  float64         `json:"import_s"`
-	Params   json.RawMessage `json:"kv_transfer_params"`
-	Hashes   []string        `json:"hashes"`
-	Blocks   []int           `json:"blocks"`
-	OK       bool            `json:"ok"`
-	Seconds  float64         `json:"seconds"`
-	AfterS   float64         `json:"after_s"`
-	Expired  int             `json:"expired"`
-	Extended int             `json:"lease_extended"`
-	HBs      int             `json:"heartbeats"`
-	HBsRecv  int             `json:"heartbeats_received"`
-	LoadErrs []int           `json:"load_errors"`
-	raw      string
+	Event      string          `json:"event"`
+	Error      string          `json:"error"`
+	ReqID      string          `json:"req_id"`
+	Version    string          `json:"version"`
+	EngineID   string          `json:"engine_id"`
+	Hash       *string         `json:"compat_hash"`
+	Layout     string          `json:"kv_cache_layout"`
+	Backend    string          `json:"backend"`
+	Regions    int             `json:"num_regions"`
+	BlockLen   int64           `json:"block_len"`
+	ImportS    float64         `json:"import_s"`
+	Params     json.RawMessage `json:"kv_transfer_params"`
+	Hashes     []string        `json:"hashes"`
+	Blocks     []int           `json:"blocks"`
+	OK         bool            `json:"ok"`
+	Seconds    float64         `json:"seconds"`
+	AfterS     float64         `json:"after_s"`
+	Expired    int             `json:"expired"`
+	Extended   int             `json:"lease_extended"`
+	HBs        int             `json:"heartbeats"`
+	HBsRecv    int             `json:"heartbeats_received"`
+	RankHashes [][]string      `json:"rank_hashes"`
+	LoadErrs   []int           `json:"load_errors"`
+	raw        string
 }
 
 // driver is one vLLM instance (python/vllm_real_driver.py) in its own process.
@@ -197,6 +199,13 @@ type driver struct {
 }
 
 func startDriver(t *testing.T, ctx context.Context, python, role, model string, numBlocks int, args ...string) *driver {
+	t.Helper()
+	d := launchDriver(t, ctx, python, role, model, numBlocks, args...)
+	d.ready = d.next(ctx, "ready", "")
+	return d
+}
+
+func launchDriver(t *testing.T, ctx context.Context, python, role, model string, numBlocks int, args ...string) *driver {
 	t.Helper()
 	script := filepath.Join(testenv.RepoRoot(), "python", "vllm_real_driver.py")
 	cmd := exec.CommandContext(ctx, python, append([]string{script, "--role", role, "--model", model,
@@ -242,7 +251,6 @@ func startDriver(t *testing.T, ctx context.Context, python, role, model string, 
 		}
 		_ = cmd.Wait()
 	})
-	d.ready = d.next(ctx, "ready", "")
 	return d
 }
 
@@ -515,6 +523,82 @@ func int64sToInts(v []int64) []int {
 	out := make([]int, len(v))
 	for i, x := range v {
 		out[i] = int(x)
+	}
+	return out
+}
+
+// TestVLLMRealHeteroTP: vLLM's decode with tensor parallelism 2 — two worker processes, one per rank, joined
+// by torch.distributed (gloo) as vLLM's executor joins them, rank 0 running the scheduler side — reads from
+// gonixl's prefill with TP 1: each vLLM rank handshakes with gonixl's single rank and READs its half of the
+// KV heads of every block, and gonixl frees the blocks once both ranks notified.
+func TestVLLMRealHeteroTP(t *testing.T) {
+	lib := realNIXL(t)
+	for _, v := range vllmVersions() {
+		t.Run(v, func(t *testing.T) {
+			py := vllmPython(t, v)
+			p, err := protocol.ProfileFor(v)
+			require.NoError(t, err)
+			model := realModel(t)
+			ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+			defer cancel()
+			l, err := net.Listen("tcp", "127.0.0.1:0")
+			require.NoError(t, err)
+			distPort := l.Addr().(*net.TCPAddr).Port
+			require.NoError(t, l.Close())
+			// Both ranks start at once (they join each other's process group before saying ready).
+			ranks := make([]*driver, 2)
+			for r := range ranks {
+				ranks[r] = launchDriver(t, ctx, py, "decode", model, realBlocks,
+					"--tp-size", "2", "--tp-rank", fmt.Sprint(r), "--dist-port", fmt.Sprint(distPort))
+			}
+			for _, rd := range ranks {
+				rd.ready = rd.next(ctx, "ready", "")
+			}
+			d := ranks[0]
+			compat := realCompat(p, v, model)
+			g := realGeom(t, p)
+			c, err := connector.NewDRAMCache(g, false)
+			require.NoError(t, err)
+			t.Cleanup(func() { require.NoError(t, c.Close()) })
+			m := &connector.Metrics{}
+			pre, err := connector.NewPrefill(connector.PrefillConfig{Profile: p, Library: lib, Cache: c, Compat: compat, Metrics: m,
+				EngineID: fmt.Sprintf("gonixl-prefill-tp1-%s-%d", v, time.Now().UnixNano())})
+			require.NoError(t, err)
+			t.Cleanup(func() { require.NoError(t, pre.Close()) })
+			const tokens = 300
+			kv, err := pre.Prefill(ctx, "tp", tokens, randomFill(c))
+			require.NoError(t, err)
+			raw, err := p.EncodeParams(kv)
+			require.NoError(t, err)
+			d.send(map[string]any{"cmd": "pull", "req_id": "vllm-tp", "num_tokens": tokens, "kv_transfer_params": json.RawMessage(raw)})
+			res := d.next(ctx, "pulled", "vllm-tp")
+			require.True(t, res.OK, res.raw)
+			require.Len(t, res.RankHashes, 2)
+			blocks := int64sToInts(kv.RemoteBlockIDs[0])
+			for r := range 2 {
+				assert.Equal(t, headHalfHashes(c, blocks, r), res.RankHashes[r], "vLLM rank %d received other bytes than its heads of gonixl's blocks", r)
+			}
+			require.Eventually(t, func() bool { return pre.Held() == 0 }, time.Minute, 10*time.Millisecond)
+			assert.EqualValues(t, 2, m.Notifications.Load(), "one notification per vLLM rank")
+			assert.Zero(t, m.RequestsExpired.Load())
+			t.Logf("vLLM %s decode TP 2 read %d blocks from gonixl's prefill TP 1 in %.3f s", v, len(blocks), res.Seconds)
+		})
+	}
+}
+
+// headHalfHashes: per block, sha256 over every region of the half of the block's bytes that holds TP rank r's
+// KV heads (heads are outermost within a block in the HND layouts of this tier).
+func headHalfHashes(c *connector.DRAMCache, blocks []int, r int) []string {
+	g := c.Geometry()
+	bl := int(g.BlockLen())
+	half := bl / 2
+	out := make([]string, len(blocks))
+	for i, b := range blocks {
+		h := sha256.New()
+		for reg := 0; reg < g.NumRegions(); reg++ {
+			h.Write(c.Region(reg)[b*bl+r*half : b*bl+(r+1)*half])
+		}
+		out[i] = hex.EncodeToString(h.Sum(nil))
 	}
 	return out
 }

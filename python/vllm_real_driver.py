@@ -53,6 +53,8 @@ def parse_args():
     ap.add_argument("--engine-id", default=None)
     ap.add_argument("--lease", type=int, default=0, help="kv_lease_duration (releases with leases); 0 = vLLM's default")
     ap.add_argument("--dist-port", type=int, default=0)
+    ap.add_argument("--tp-size", type=int, default=1, help="tensor parallel size: one driver process per rank")
+    ap.add_argument("--tp-rank", type=int, default=0, help="rank 0 runs the scheduler side and reads commands")
     ap.add_argument("--side-port", type=int, default=0,
                     help="VLLM_NIXL_SIDE_CHANNEL_PORT (every vLLM instance serves one, the decode one too); 0 = a free port")
     return ap.parse_args()
@@ -130,15 +132,18 @@ def main():
     # What `vllm serve <model> --block-size 32 --kv-transfer-config ...` builds.
     eargs = EngineArgs(model=args.model, skip_tokenizer_init=True, dtype="bfloat16", block_size=args.block_size,
                        max_model_len=4096, enforce_eager=True, kv_transfer_config=kvt,
+                       tensor_parallel_size=args.tp_size,
                        num_gpu_blocks_override=args.num_blocks)
     vllm_config = eargs.create_engine_config()
     mc = vllm_config.model_config
 
     with set_current_vllm_config(vllm_config):
         dist_port = args.dist_port or _free_port()
-        init_distributed_environment(world_size=1, rank=0, local_rank=0,
+        init_distributed_environment(world_size=args.tp_size, rank=args.tp_rank, local_rank=args.tp_rank,
                                      distributed_init_method=f"tcp://127.0.0.1:{dist_port}", backend="gloo")
-        ensure_model_parallel_initialized(1, 1)
+        ensure_model_parallel_initialized(args.tp_size, 1)
+        from vllm.distributed.parallel_state import get_world_group
+        group = Group(get_world_group().cpu_group, args.tp_size, args.tp_rank)
 
         num_layers = mc.get_num_layers(vllm_config.parallel_config)
         layer_names = [f"model.layers.{i}.self_attn.attn" for i in range(num_layers)]
@@ -149,26 +154,33 @@ def main():
         kv_cache_config = get_kv_cache_config_from_groups(vllm_config, groups, spec.page_size_bytes * num_layers * args.num_blocks)
         num_blocks = kv_cache_config.num_blocks
 
-        sched = NixlConnector(vllm_config, KVConnectorRole.SCHEDULER, kv_cache_config)
+        # The scheduler side lives in the engine core (rank 0's process here), the worker side in every rank.
+        sched = NixlConnector(vllm_config, KVConnectorRole.SCHEDULER, kv_cache_config) if args.tp_rank == 0 else None
         worker = NixlConnector(vllm_config, KVConnectorRole.WORKER, kv_cache_config)
         kv_caches, regions = allocate(torch, vllm_config, kv_cache_config, worker, num_blocks)
         worker.register_kv_caches(kv_caches)
-        md = worker.get_handshake_metadata()
-        try:
-            sched.set_xfer_handshake_metadata_pp_aware({(0, 0): md})
-        except AttributeError:
-            sched.set_xfer_handshake_metadata({0: md})
+        # The engine collects every rank's handshake metadata and hands it to the scheduler side.
+        mds = group.gather(worker.get_handshake_metadata())
+        if sched is not None:
+            try:
+                sched.set_xfer_handshake_metadata_pp_aware({(0, r): md for r, md in enumerate(mds)})
+            except AttributeError:
+                sched.set_xfer_handshake_metadata(dict(enumerate(mds)))
 
         cw = worker.connector_worker
-        cs = sched.connector_scheduler
-        emit(event="ready", version=version, engine_id=engine_id, role=args.role,
-             port=int(cs.side_channel_port), host=str(cs.side_channel_host),
+        cs = sched.connector_scheduler if sched is not None else None
+        emit(event="ready", version=version, engine_id=engine_id, role=args.role, tp_rank=args.tp_rank,
+             port=int(cs.side_channel_port) if cs else 0, host=str(cs.side_channel_host) if cs else "",
              compat_hash=getattr(cw, "compat_hash", None), backend=cw.backend_name,
              kv_cache_layout=str(getattr(cw, "kv_cache_layout", "")), num_blocks=num_blocks,
              num_regions=len(regions), block_len=len(block_bytes(regions[0], 0)),
              import_s=round(time.perf_counter() - t_import, 3), lease=args.lease)
 
-        eng = Engine(sched, worker, SchedulerOutput, KVConnectorOutput, hb)
+        eng = Engine(sched, worker, SchedulerOutput, KVConnectorOutput, hb, group)
+        if args.tp_rank > 0:
+            follow(eng, regions, group)
+            worker.shutdown()
+            return 0
         cmds = queue.Queue()
         threading.Thread(target=_read_stdin, args=(cmds,), daemon=True).start()
         free = list(range(1, num_blocks))  # block 0 is vLLM's null block
@@ -253,21 +265,65 @@ def main():
                     continue
                 req = c["req"]
                 ok = rid not in failed
-                emit(event="pulled", req_id=rid, ok=ok, blocks=c["blocks"], hashes=hashes(regions, c["blocks"]),
+                rank_hashes = group.call(("hash", c["blocks"]), lambda: hashes(regions, c["blocks"]))
+                emit(event="pulled", req_id=rid, ok=ok, blocks=c["blocks"], hashes=rank_hashes[0], rank_hashes=rank_hashes,
                      seconds=round(time.perf_counter() - c["t_sched"], 3),
                      heartbeats=eng.heartbeats_sent() - c["hb0"],
                      load_errors=sorted(eng.load_errors))
                 free.extend(c["blocks"])
+        group.call(("quit",), lambda: None)
         sched.shutdown()
         worker.shutdown()
     return 0
 
 
+class Group:
+    """The engine's messages to its workers (SchedulerOutput broadcast, outputs gathered), over the ranks' gloo
+    group. With one rank everything stays local."""
+
+    def __init__(self, pg, size, rank):
+        self.pg, self.size, self.rank = pg, size, rank
+
+    def gather(self, obj):
+        if self.size == 1:
+            return [obj]
+        import torch.distributed as dist
+        out = [None] * self.size if self.rank == 0 else None
+        dist.gather_object(obj, out, dst=0, group=self.pg)
+        return out
+
+    def broadcast(self, obj=None):
+        if self.size == 1:
+            return obj
+        import torch.distributed as dist
+        box = [obj]
+        dist.broadcast_object_list(box, src=0, group=self.pg)
+        return box[0]
+
+    def call(self, msg, local):
+        """Rank 0: send msg to every rank, run local, gather every rank's answer."""
+        self.broadcast(msg)
+        return self.gather(local())
+
+
+def follow(eng, regions, group):
+    """A worker rank > 0: executes what rank 0 (the engine) sends."""
+    while True:
+        msg = group.broadcast()
+        if msg[0] == "step":
+            group.gather(eng.worker_step(msg[1]))
+        elif msg[0] == "hash":
+            group.gather(hashes(regions, msg[1]))
+        else:
+            return
+
+
 class Engine:
     """One engine step as vLLM's scheduler and model runner make it, reduced to the connector calls."""
 
-    def __init__(self, sched, worker, SchedulerOutput, KVConnectorOutput, hb):
-        self.sched, self.worker = sched, worker
+    def __init__(self, sched, worker, SchedulerOutput, KVConnectorOutput, hb, group):
+        self.sched, self.worker, self.group = sched, worker, group
+        self.counts = {}  # (kind, req_id) -> ranks that reported it (vLLM's KVOutputAggregator)
         self.SchedulerOutput, self.KVConnectorOutput = SchedulerOutput, KVConnectorOutput
         self.load_errors = set()
         self.expired = 0  # vLLM's own counter (NixlKVConnectorStats num_kv_expired_reqs, vllm:nixl_num_kv_expired_reqs)
@@ -304,8 +360,8 @@ class Engine:
     def heartbeats_sent(self):
         return self._hb_sent
 
-    def step(self):
-        meta = self.sched.build_connector_meta(self.SchedulerOutput.make_empty())
+    def worker_step(self, meta):
+        """What each worker does in a step (the model runner's KV connector calls)."""
         self.worker.bind_connector_metadata(meta)
         self.worker.start_load_kv(None)
         self.worker.wait_for_save()
@@ -313,15 +369,32 @@ class Engine:
         self.worker.clear_connector_metadata()
         sending, recving = set(sending or ()), set(recving or ())
         failed = set()
-        errs = self.worker.get_block_ids_with_load_errors()
-        if errs:
-            self.load_errors |= set(errs)
-        stats = self.worker.get_kv_connector_stats()  # the engine collects (and resets) them every step
-        if stats is not None:
-            self.expired += len(stats.data.get("num_kv_expired_reqs", ()))
         cw = self.worker.connector_worker
         if hasattr(cw, "_recv_failures"):
             failed = set(cw._recv_failures) & recving
+        errs = self.worker.get_block_ids_with_load_errors()
+        stats = self.worker.get_kv_connector_stats()  # the engine collects (and resets) them every step
+        expired = len(stats.data.get("num_kv_expired_reqs", ())) if stats is not None else 0
+        return sending, recving, failed, set(errs or ()), expired
+
+    def step(self):
+        meta = self.sched.build_connector_meta(self.SchedulerOutput.make_empty())
+        outs = self.group.call(("step", meta), lambda: self.worker_step(meta))
+        done = {"s": set(), "r": set()}
+        failed = set()
+        for sending, recving, f, errs, expired in outs:
+            self.load_errors |= errs
+            self.expired += expired
+            failed |= f
+            for kind, ids in (("s", sending), ("r", recving)):
+                for rid in ids:  # finished once every rank reported it
+                    n = self.counts.get((kind, rid), 0) + 1
+                    if n >= self.group.size:
+                        self.counts.pop((kind, rid), None)
+                        done[kind].add(rid)
+                    else:
+                        self.counts[(kind, rid)] = n
+        sending, recving = done["s"], done["r"]
         if hasattr(self.sched, "update_connector_output"):
             self.sched.update_connector_output(self.KVConnectorOutput(finished_sending=sending, finished_recving=recving))
         return sending, recving, failed
