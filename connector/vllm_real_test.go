@@ -539,51 +539,90 @@ func TestVLLMRealHeteroTP(t *testing.T) {
 			p, err := protocol.ProfileFor(v)
 			require.NoError(t, err)
 			model := realModel(t)
-			ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
-			defer cancel()
-			l, err := net.Listen("tcp", "127.0.0.1:0")
-			require.NoError(t, err)
-			distPort := l.Addr().(*net.TCPAddr).Port
-			require.NoError(t, l.Close())
-			// Both ranks start at once (they join each other's process group before saying ready).
-			ranks := make([]*driver, 2)
-			for r := range ranks {
-				ranks[r] = launchDriver(t, ctx, py, "decode", model, realBlocks,
-					"--tp-size", "2", "--tp-rank", fmt.Sprint(r), "--dist-port", fmt.Sprint(distPort))
-			}
-			for _, rd := range ranks {
-				rd.ready = rd.next(ctx, "ready", "")
-			}
-			d := ranks[0]
-			compat := realCompat(p, v, model)
-			g := realGeom(t, p)
-			c, err := connector.NewDRAMCache(g, false)
-			require.NoError(t, err)
-			t.Cleanup(func() { require.NoError(t, c.Close()) })
-			m := &connector.Metrics{}
-			pre, err := connector.NewPrefill(connector.PrefillConfig{Profile: p, Library: lib, Cache: c, Compat: compat, Metrics: m,
-				EngineID: fmt.Sprintf("gonixl-prefill-tp1-%s-%d", v, time.Now().UnixNano())})
-			require.NoError(t, err)
-			t.Cleanup(func() { require.NoError(t, pre.Close()) })
-			const tokens = 300
-			kv, err := pre.Prefill(ctx, "tp", tokens, randomFill(c))
-			require.NoError(t, err)
-			raw, err := p.EncodeParams(kv)
-			require.NoError(t, err)
-			d.send(map[string]any{"cmd": "pull", "req_id": "vllm-tp", "num_tokens": tokens, "kv_transfer_params": json.RawMessage(raw)})
-			res := d.next(ctx, "pulled", "vllm-tp")
-			require.True(t, res.OK, res.raw)
-			require.Len(t, res.RankHashes, 2)
-			blocks := int64sToInts(kv.RemoteBlockIDs[0])
-			for r := range 2 {
-				assert.Equal(t, headHalfHashes(c, blocks, r), res.RankHashes[r], "vLLM rank %d received other bytes than its heads of gonixl's blocks", r)
-			}
-			require.Eventually(t, func() bool { return pre.Held() == 0 }, time.Minute, 10*time.Millisecond)
-			assert.EqualValues(t, 2, m.Notifications.Load(), "one notification per vLLM rank")
-			assert.Zero(t, m.RequestsExpired.Load())
-			t.Logf("vLLM %s decode TP 2 read %d blocks from gonixl's prefill TP 1 in %.3f s", v, len(blocks), res.Seconds)
+			t.Run("vllm-decode-tp2-gonixl-prefill-tp1", func(t *testing.T) {
+				ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+				defer cancel()
+				d := startTP2(t, ctx, py, "decode", model)
+				compat := realCompat(p, v, model)
+				g := realGeom(t, p)
+				c, err := connector.NewDRAMCache(g, false)
+				require.NoError(t, err)
+				t.Cleanup(func() { require.NoError(t, c.Close()) })
+				m := &connector.Metrics{}
+				pre, err := connector.NewPrefill(connector.PrefillConfig{Profile: p, Library: lib, Cache: c, Compat: compat, Metrics: m,
+					EngineID: fmt.Sprintf("gonixl-prefill-tp1-%s-%d", v, time.Now().UnixNano())})
+				require.NoError(t, err)
+				t.Cleanup(func() { require.NoError(t, pre.Close()) })
+				const tokens = 300
+				kv, err := pre.Prefill(ctx, "tp", tokens, randomFill(c))
+				require.NoError(t, err)
+				raw, err := p.EncodeParams(kv)
+				require.NoError(t, err)
+				d.send(map[string]any{"cmd": "pull", "req_id": "vllm-tp", "num_tokens": tokens, "kv_transfer_params": json.RawMessage(raw)})
+				res := d.next(ctx, "pulled", "vllm-tp")
+				require.True(t, res.OK, res.raw)
+				require.Len(t, res.RankHashes, 2)
+				blocks := int64sToInts(kv.RemoteBlockIDs[0])
+				for r := range 2 {
+					assert.Equal(t, headHalfHashes(c, blocks, r), res.RankHashes[r], "vLLM rank %d received other bytes than its heads of gonixl's blocks", r)
+				}
+				require.Eventually(t, func() bool { return pre.Held() == 0 }, time.Minute, 10*time.Millisecond)
+				assert.EqualValues(t, 2, m.Notifications.Load(), "one notification per vLLM rank")
+				assert.Zero(t, m.RequestsExpired.Load())
+				t.Logf("vLLM %s decode TP 2 read %d blocks from gonixl's prefill TP 1 in %.3f s", v, len(blocks), res.Seconds)
+			})
+			t.Run("gonixl-decode-tp1-vllm-prefill-tp2", func(t *testing.T) {
+				ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+				defer cancel()
+				d := startTP2(t, ctx, py, "prefill", model)
+				c, err := connector.NewDRAMCache(realGeom(t, p), false)
+				require.NoError(t, err)
+				t.Cleanup(func() { require.NoError(t, c.Close()) })
+				m := &connector.Metrics{}
+				dec, err := connector.NewDecode(connector.DecodeConfig{Profile: p, Library: lib, Cache: c, Compat: realCompat(p, v, model), Metrics: m})
+				require.NoError(t, err)
+				t.Cleanup(func() { require.NoError(t, dec.Close()) })
+				d.send(map[string]any{"cmd": "prefill", "req_id": "tp", "num_tokens": 300, "seed": 5})
+				ev := d.next(ctx, "params", "tp")
+				kv, err := p.DecodeParams(ev.Params)
+				require.NoError(t, err)
+				require.Equal(t, 2, kv.TPSize)
+				local := make([]int, len(kv.RemoteBlockIDs[0]))
+				for j := range local {
+					local[j] = 3 + j
+				}
+				res, err := dec.Pull(ctx, "gonixl-tp", kv, local)
+				require.NoError(t, err)
+				require.Len(t, ev.RankHashes, 2)
+				for r := range 2 {
+					assert.Equal(t, ev.RankHashes[r], headHalfHashes(c, local, r), "gonixl's heads of vLLM rank %d differ from that rank's blocks", r)
+				}
+				fin := d.next(ctx, "finished_sending", "tp")
+				assert.Zero(t, fin.Expired, "vLLM released the request at expiry, not on gonixl's notifications")
+				t.Logf("gonixl decode TP 1 read %d blocks (%d bytes) from vLLM %s prefill TP 2 in %v; vLLM released it %.3f s after publishing",
+					res.Blocks, res.Bytes, v, res.Transfer, fin.AfterS)
+			})
 		})
 	}
+}
+
+// startTP2 starts the two ranks of a vLLM instance with TP 2 (they join each other's process group before
+// saying ready) and returns rank 0, which runs the scheduler side and takes the commands.
+func startTP2(t *testing.T, ctx context.Context, py, role, model string) *driver {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	distPort := l.Addr().(*net.TCPAddr).Port
+	require.NoError(t, l.Close())
+	engineID := fmt.Sprintf("vllm-%s-tp2-%d", role, time.Now().UnixNano()) // one engine id for all its ranks
+	ranks := make([]*driver, 2)
+	for r := range ranks {
+		ranks[r] = launchDriver(t, ctx, py, role, model, realBlocks, "--engine-id", engineID,
+			"--tp-size", "2", "--tp-rank", fmt.Sprint(r), "--dist-port", fmt.Sprint(distPort), "--lease", "30")
+	}
+	for _, rd := range ranks {
+		rd.ready = rd.next(ctx, "ready", "")
+	}
+	return ranks[0]
 }
 
 // headHalfHashes: per block, sha256 over every region of the half of the block's bytes that holds TP rank r's

@@ -201,11 +201,9 @@ def main():
                         n = int(cmd["num_tokens"])
                         nb = -(-n // args.block_size)
                         blocks, free = free[:nb], free[nb:]
-                        gen = torch.Generator().manual_seed(int(cmd.get("seed", 1)))
-                        for r in regions:
-                            for b in blocks:
-                                v = block_view(r, b)
-                                v.copy_(torch.randint(0, 256, v.shape, dtype=torch.uint8, generator=gen))
+                        seed = int(cmd.get("seed", 1))
+                        # What the model's forward pass leaves in every rank's KV cache at the scheduled blocks.
+                        group.call(("fill", blocks, seed), lambda: fill(regions, blocks, seed + 1000 * args.tp_rank))
                         req = make_request(Request, SamplingParams, cmd["req_id"], n, {"do_remote_decode": True})
                         if hasattr(sched, "on_new_request"):
                             sched.on_new_request(req)
@@ -219,8 +217,9 @@ def main():
                         delay, params = sched.request_finished(req, blocks)
                         eng.step()  # hands reqs_to_send (the expiry) to the worker
                         reqs[req.request_id] = {"blocks": blocks, "t": time.perf_counter()}
+                        rank_hashes = group.call(("hash", blocks), lambda: hashes(regions, blocks))
                         emit(event="params", req_id=req.request_id, delay_free=bool(delay), kv_transfer_params=params,
-                             hashes=hashes(regions, blocks))
+                             hashes=rank_hashes[0], rank_hashes=rank_hashes)
                     elif op == "pull":
                         params = dict(cmd["kv_transfer_params"])
                         params["do_remote_prefill"] = True
@@ -314,6 +313,8 @@ def follow(eng, regions, group):
             group.gather(eng.worker_step(msg[1]))
         elif msg[0] == "hash":
             group.gather(hashes(regions, msg[1]))
+        elif msg[0] == "fill":
+            group.gather(fill(regions, msg[1], msg[2] + 1000 * group.rank))
         else:
             return
 
@@ -490,6 +491,16 @@ def block_view(region, b):
 
 def block_bytes(region, b):
     return block_view(region, b).numpy().tobytes()
+
+
+def fill(regions, blocks, seed):
+    """Random bytes (seeded) into the blocks of every region."""
+    import torch
+    gen = torch.Generator().manual_seed(seed)
+    for r in regions:
+        for b in blocks:
+            v = block_view(r, b)
+            v.copy_(torch.randint(0, 256, v.shape, dtype=torch.uint8, generator=gen))
 
 
 def hashes(regions, blocks):
