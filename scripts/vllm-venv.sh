@@ -30,7 +30,10 @@ probe='from vllm.platforms import current_platform; print(current_platform.devic
 dev=$(cd / && VLLM_TARGET_DEVICE=cpu "$venv/bin/python" -c "$probe" 2>/dev/null | tail -n 1 || true)
 if [ "$dev" != "cpu" ]; then
   echo "vllm $version ignores VLLM_TARGET_DEVICE=cpu (platform: '${dev}'): installing the CPU platform plugin" >&2
-  "${pip[@]}" "$here/python/vllm_cpu_platform_plugin"
+  tmp=$(mktemp -d)
+  cp -r "$here/python/vllm_cpu_platform_plugin" "$tmp/"  # built out of the repo (setuptools writes build/ in place)
+  "${pip[@]}" "$tmp/vllm_cpu_platform_plugin"
+  rm -rf "$tmp"
   dev=$(cd / && VLLM_TARGET_DEVICE=cpu "$venv/bin/python" -c "$probe" 2>/dev/null | tail -n 1 || true)
   if [ "$dev" != "cpu" ]; then
     echo "vllm $version does not select its CPU platform even with the plugin (platform: '${dev}')" >&2
