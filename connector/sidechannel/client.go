@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"io"
 	"os"
 	"strconv"
 	"strings"
@@ -158,34 +157,17 @@ func (c *client) closeConn() {
 	}
 }
 
-// connect dials until deadline like libzmq's reconnecting connect (the server may not be up yet).
+// connect dials until deadline like libzmq's reconnecting connect: the server may not be up yet, or may close
+// new connections while it is at its connection cap.
 func (c *client) connect(ctx context.Context, deadline time.Time) error {
-	var last error
 	for {
-		dctx, cancel := context.WithDeadline(ctx, deadline)
-		var d net.Dialer
-		nc, err := d.DialContext(dctx, "tcp", c.addr)
-		cancel()
-		if err == nil {
-			_ = nc.SetDeadline(deadline)
-			zc, err := zmtp.Handshake(nc, zmtp.Options{Type: zmtp.REQ, MaxMessageSize: c.maxReply, MaxFrames: 8})
-			if err != nil {
-				_ = nc.Close()
-				if errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
-					return fmt.Errorf("%w (ZMTP handshake: %v)", ErrTimeout, err)
-				}
-				return fmt.Errorf("%w with %s: %v (is it a ZMQ ROUTER or REP socket without CURVE/PLAIN security?)", ErrHandshake, c.addr, err)
-			}
-			c.conn = zc
-			return nil
+		err := c.dialOnce(ctx, deadline)
+		if err == nil || ctx.Err() != nil || !errors.Is(err, errRedial) {
+			return err
 		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		last = err
 		wait := time.Until(deadline)
 		if wait <= 0 {
-			return fmt.Errorf("%w (connect: %v)", ErrTimeout, last)
+			return fmt.Errorf("%w (%v)", ErrTimeout, err)
 		}
 		t := time.NewTimer(min(wait, reconnectInterval))
 		select {
@@ -195,6 +177,44 @@ func (c *client) connect(ctx context.Context, deadline time.Time) error {
 		case <-t.C:
 		}
 	}
+}
+
+// errRedial marks a failed connection attempt that connect retries: refused, or closed before the handshake
+// ended.
+var errRedial = errors.New("sidechannel: connection failed")
+
+func (c *client) dialOnce(ctx context.Context, deadline time.Time) error {
+	dctx, cancel := context.WithDeadline(ctx, deadline)
+	var d net.Dialer
+	nc, err := d.DialContext(dctx, "tcp", c.addr)
+	cancel()
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return fmt.Errorf("%w: connect: %v", errRedial, err)
+	}
+	_ = nc.SetDeadline(deadline)
+	stop := context.AfterFunc(ctx, func() { _ = nc.SetDeadline(time.Unix(1, 0)) })
+	zc, err := zmtp.Handshake(nc, zmtp.Options{Type: zmtp.REQ, MaxMessageSize: c.maxReply, MaxFrames: 8})
+	stop()
+	if err == nil && ctx.Err() != nil {
+		err = ctx.Err()
+	}
+	if err != nil {
+		_ = nc.Close()
+		switch {
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			return fmt.Errorf("%w (ZMTP handshake: %v)", ErrTimeout, err)
+		case errors.Is(err, zmtp.ErrProtocol), errors.Is(err, zmtp.ErrIncompatible), errors.Is(err, zmtp.ErrPeerError):
+			return fmt.Errorf("%w with %s: %w (is it a ZMQ ROUTER or REP socket without CURVE/PLAIN security?)", ErrHandshake, c.addr, err)
+		}
+		return fmt.Errorf("%w: closed during the ZMTP handshake (server at its connection cap?): %v", errRedial, err)
+	}
+	c.conn = zc
+	return nil
 }
 
 func (c *client) roundTrip(ctx context.Context, p protocol.Profile, req []byte, timeout time.Duration) (Result, error) {
@@ -227,7 +247,7 @@ func (c *client) roundTrip(ctx context.Context, p protocol.Profile, req []byte, 
 		case errors.Is(err, zmtp.ErrTooLarge):
 			return Result{}, fmt.Errorf("sidechannel: reply over MaxReplySize (%d bytes): %w", c.maxReply, err)
 		case errors.Is(err, zmtp.ErrProtocol), errors.Is(err, zmtp.ErrPeerError):
-			return Result{}, fmt.Errorf("%w: %v", ErrHandshake, err)
+			return Result{}, fmt.Errorf("%w: %w", ErrHandshake, err)
 		}
 		// The connection broke before the reply (server restarted, or it dropped us): no reply, retryable.
 		return Result{}, fmt.Errorf("%w: connection lost before the reply (%v)", ErrTimeout, err)

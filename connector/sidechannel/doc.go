@@ -12,9 +12,10 @@
 //	defer srv.Close()
 //	res, err := sidechannel.Fetch(ctx, p, "10.0.0.5:5600", protocol.Rank{}, sidechannel.FetchOptions{})
 //
-// Bad peers: the Server bounds what each peer can cost (ServerConfig: MaxConnections, MaxQueuedReplies,
-// RequestRate, HandshakeTimeout, IdleTimeout, WriteTimeout, MaxRequestSize), forgets a peer entirely when it
-// leaves, rate-limits its log lines about bad input, and counts all of it in Stats.
+// Bad peers: the Server bounds what each peer can cost (ServerConfig: MaxConnections, MaxConnectionsPerHost,
+// MaxQueuedReplies, RequestRate, HandshakeTimeout, IdleTimeout, WriteTimeout, SendBufferSize,
+// MaxRequestSize), forgets a peer entirely when it leaves, rate-limits its log lines about bad input, and
+// counts all of it in Stats. Replies share the served payload instead of copying it per peer.
 //
 // Concurrency: a Server runs a goroutine per connection (two after its handshake); its methods are safe for
 // concurrent use. Each Fetch/FetchAll call uses its own connection on the calling goroutine, so calls may run

@@ -29,12 +29,15 @@ const DefaultHost = "127.0.0.1"
 // Defaults of the per-peer bounds (ServerConfig fields left 0).
 const (
 	DefaultMaxConnections   = 1024
+	DefaultMaxConnsPerHost  = 256
 	DefaultMaxQueuedReplies = 8
 	DefaultRequestRate      = 100 // requests a second per remote host
 	DefaultRequestBurst     = 100
-	DefaultHandshakeTimeout = 10 * time.Second
+	DefaultHandshakeTimeout = 5 * time.Second
 	DefaultIdleTimeout      = 2 * time.Minute
 	DefaultWriteTimeout     = 10 * time.Second
+	DefaultSendBufferSize   = 256 << 10
+	receiveBufferSize       = 64 << 10 // requests are tiny; a pipelining peer's excess waits in its own buffers
 	DefaultLogLimit         = 10
 	DefaultLogInterval      = time.Minute
 )
@@ -65,6 +68,10 @@ type ServerConfig struct {
 	// MaxConnections caps the open connections (all peers); DefaultMaxConnections when 0. A connection
 	// over the cap is closed at once (a libzmq peer reconnects later).
 	MaxConnections int
+	// MaxConnectionsPerHost caps the open connections from one remote IP address; DefaultMaxConnsPerHost
+	// (or MaxConnections if smaller) when 0. vLLM's decode workers open one short-lived connection each per
+	// handshake.
+	MaxConnectionsPerHost int
 	// MaxQueuedReplies bounds the replies waiting to be written on one connection; DefaultMaxQueuedReplies
 	// when 0. A peer that pipelines requests without reading the replies is not read from while its queue
 	// is full, and is disconnected when a reply cannot be written within WriteTimeout.
@@ -82,6 +89,10 @@ type ServerConfig struct {
 	IdleTimeout time.Duration
 	// WriteTimeout bounds writing one reply; DefaultWriteTimeout when 0.
 	WriteTimeout time.Duration
+	// SendBufferSize is each connection's kernel send buffer (SO_SNDBUF): what a peer that does not read can
+	// make the kernel hold for it; DefaultSendBufferSize when 0, the kernel's autotuning (up to
+	// net.ipv4.tcp_wmem's maximum, 4 MiB on Linux by default) when negative. The receive buffer is 64 KiB.
+	SendBufferSize int
 	// LogLimit and LogInterval rate-limit the lines about bad input; DefaultLogLimit and
 	// DefaultLogInterval when 0.
 	LogLimit    int
@@ -95,7 +106,7 @@ type Stats struct {
 	Dropped  uint64 // messages not answered (no REQ envelope, oversized)
 
 	Accepted    uint64 // connections accepted
-	Refused     uint64 // connections closed at once because MaxConnections were open
+	Refused     uint64 // connections closed at once because MaxConnections (or MaxConnectionsPerHost) were open
 	Disconnects uint64 // connections the server closed because of the peer: a failed handshake, a protocol error, an oversized message, an idle or write timeout
 	Throttled   uint64 // requests that waited for the per-host rate limit
 
@@ -112,9 +123,10 @@ type Stats struct {
 // Unlike vLLM's listener it survives bad input: a malformed request or an unknown rank is logged and answered
 // with an empty payload (a vLLM decoder then fails at once with "Failed to decode NixlHandshakePayload"
 // instead of timing out), a message without a REQ envelope is dropped, and a peer that sends an oversized
-// message or bad ZMTP is disconnected. Memory per peer is bounded: MaxConnections, MaxQueuedReplies,
-// RequestRate, HandshakeTimeout, IdleTimeout and WriteTimeout; nothing of a peer is kept after it leaves.
-// It stops when its context is cancelled or Close is called.
+// message or bad ZMTP is disconnected. Memory per peer is bounded: MaxConnections, MaxConnectionsPerHost,
+// MaxQueuedReplies, RequestRate, HandshakeTimeout, IdleTimeout, WriteTimeout and SendBufferSize (kernel
+// memory); nothing of a peer is kept after it leaves. It stops when its context is cancelled or Close is
+// called.
 //
 // Concurrency: each connection has a reading goroutine (and a writing one after its handshake); all
 // methods are safe for concurrent use.
@@ -136,9 +148,9 @@ type Server struct {
 	closing bool
 	wg      sync.WaitGroup // accept loop and peer goroutines
 
-	served, rejected, dropped                  atomic.Uint64
+	served, rejected, dropped                 atomic.Uint64
 	accepted, refused, disconnects, throttled atomic.Uint64
-	open, queued, highWater                    atomic.Int64
+	open, queued, highWater                   atomic.Int64
 
 	stop      chan struct{}
 	done      chan struct{}
@@ -201,6 +213,9 @@ func NewServer(ctx context.Context, p protocol.Profile, cfg ServerConfig) (*Serv
 	if cfg.MaxConnections <= 0 {
 		cfg.MaxConnections = DefaultMaxConnections
 	}
+	if cfg.MaxConnectionsPerHost <= 0 {
+		cfg.MaxConnectionsPerHost = min(DefaultMaxConnsPerHost, cfg.MaxConnections)
+	}
 	if cfg.MaxQueuedReplies <= 0 {
 		cfg.MaxQueuedReplies = DefaultMaxQueuedReplies
 	}
@@ -218,6 +233,9 @@ func NewServer(ctx context.Context, p protocol.Profile, cfg ServerConfig) (*Serv
 	}
 	if cfg.WriteTimeout <= 0 {
 		cfg.WriteTimeout = DefaultWriteTimeout
+	}
+	if cfg.SendBufferSize == 0 {
+		cfg.SendBufferSize = DefaultSendBufferSize
 	}
 	if cfg.LogLimit <= 0 {
 		cfg.LogLimit = DefaultLogLimit
@@ -399,18 +417,18 @@ func (s *Server) admit(nc net.Conn) {
 		host = addr
 	}
 	s.peersMu.Lock()
-	if s.closing || int(s.open.Load()) >= s.cfg.MaxConnections {
+	st := s.hosts[host]
+	if s.closing || int(s.open.Load()) >= s.cfg.MaxConnections || st != nil && st.refs >= s.cfg.MaxConnectionsPerHost {
 		closing := s.closing
 		s.peersMu.Unlock()
 		_ = nc.Close()
 		if !closing {
 			s.refused.Add(1)
-			s.badInput("connection refused: MaxConnections are open", zap.String("peer", addr),
-				zap.Int("max_connections", s.cfg.MaxConnections))
+			s.badInput("connection refused: MaxConnections (or MaxConnectionsPerHost) are open", zap.String("peer", addr),
+				zap.Int("max_connections", s.cfg.MaxConnections), zap.Int("max_connections_per_host", s.cfg.MaxConnectionsPerHost))
 		}
 		return
 	}
-	st := s.hosts[host]
 	if st == nil {
 		st = &hostState{}
 		if s.cfg.RequestRate > 0 {
@@ -419,6 +437,12 @@ func (s *Server) admit(nc net.Conn) {
 		s.hosts[host] = st
 	}
 	st.refs++
+	if tc, ok := nc.(*net.TCPConn); ok {
+		if s.cfg.SendBufferSize > 0 {
+			_ = tc.SetWriteBuffer(s.cfg.SendBufferSize)
+		}
+		_ = tc.SetReadBuffer(receiveBufferSize)
+	}
 	p := &peer{nc: nc, addr: addr, host: host, state: st,
 		slots: make(chan struct{}, s.cfg.MaxQueuedReplies), dead: make(chan struct{})}
 	s.peers[p] = struct{}{}
