@@ -112,7 +112,7 @@ vectors: pydeps vllm-wheels
 	$(VENV_PY) python/gen_vectors.py
 
 # What vLLM's own NixlConnector emits on the CPU platform (needs the release venvs of the real-vLLM tier).
-VECTORS_REAL ?= 0.33.0
+VECTORS_REAL ?= 0.16.0 0.33.0
 vectors-real: pydeps
 	$(VENV_PY) python/gen_vectors_real.py $(VECTORS_REAL)
 

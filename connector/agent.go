@@ -63,25 +63,39 @@ func register(lib *nixl.Library, name string, backends []nixl.BackendSpec, cache
 	if err != nil {
 		return nil, err
 	}
+	reg, err := registerCache(a, cache, g)
+	if err != nil {
+		a.Close()
+		return nil, err
+	}
+	return &registered{agent: a, reg: reg, cache: cache, geom: g}, nil
+}
+
+// registerCache registers every region of cache with agent a in one call.
+func registerCache(a *nixl.Agent, cache Cache, g layout.Geometry) (*nixl.Registration, error) {
+	bases := cache.RegionBases()
 	descs := make([]nixl.Desc, len(bases))
 	for i, b := range bases {
 		descs[i] = nixl.Desc{Addr: b, Len: uint64(g.RegionLen()), DevID: cache.DeviceID()}
 	}
 	var reg *nixl.Registration
+	var err error
 	if r, ok := cache.(Registrar); ok {
 		reg, err = r.Register(a) // e.g. a CUDA cache, which registers with its device context current
 	} else {
 		reg, err = a.RegisterMem(cache.MemType(), descs)
 	}
 	if err != nil {
-		a.Close()
 		return nil, fmt.Errorf("connector: registering the KV cache (%s, %d regions of %d bytes): %w", cache.MemType(), len(descs), g.RegionLen(), err)
 	}
-	return &registered{agent: a, reg: reg, cache: cache, geom: g}, nil
+	return reg, nil
 }
 
 func (r *registered) close() error {
-	err := r.reg.Close()
+	var err error
+	if r.reg != nil { // nil after a failed Prefill.Reregister
+		err = r.reg.Close()
+	}
 	if cerr := r.agent.Close(); err == nil {
 		err = cerr
 	}

@@ -60,7 +60,7 @@ func TestPublishedLayoutLabelApartFromPhysicalOrder(t *testing.T) {
 // role reads it back as the physical order, PrefillConfig.KVCacheLayout takes only the row's names, and a block
 // size of 32 (CPU_ATTN's minimum) moves the bytes like 16 does.
 func TestLayoutNamesPerRowBlockSize32(t *testing.T) {
-	for _, name := range []string{"0.16", "0.28", "0.29", "0.33"} {
+	for _, name := range []string{"0.16", "0.23", "0.28", "0.29", "0.33"} { // eras A, B, C; both name eras
 		t.Run(name, func(t *testing.T) {
 			p, err := protocol.ProfileByName(name)
 			require.NoError(t, err)
@@ -136,4 +136,54 @@ func TestRegistrationGenerationRehandshake(t *testing.T) {
 	pull("g2b", 2, []int{4})
 	pull("g1c", 1, []int{5}) // an older generation (a late request) does not go back
 	require.EqualValues(t, 2, pr.decM.Handshakes.Load())
+}
+
+// movingCache is a DRAM cache whose memory can be replaced (a reallocated staging arena).
+type movingCache struct{ *DRAMCache }
+
+// Reregister after the cache moved: the new generation goes out in kv_transfer_params, the decode role drops
+// its handshake with the old addresses and reads the new memory; held requests block it.
+func TestPrefillReregister(t *testing.T) {
+	p, err := protocol.ProfileByName("0.33")
+	require.NoError(t, err)
+	ctx := ctxT(t, 30*time.Second)
+	g := tinyGeom(t, p, 16)
+	first, err := NewDRAMCache(g, false)
+	require.NoError(t, err)
+	mc := &movingCache{first}
+	pre, err := NewPrefill(PrefillConfig{Profile: p, Library: testLib(t), Cache: mc, Compat: tinyCompat(p)})
+	require.NoError(t, err)
+	defer pre.Close()
+	dc := newCache(t, g)
+	dm := &Metrics{}
+	dec, err := NewDecode(DecodeConfig{Profile: p, Library: testLib(t), Cache: dc, Compat: tinyCompat(p), Metrics: dm})
+	require.NoError(t, err)
+	defer dec.Close()
+
+	kv, err := pre.Prefill(ctx, "before", tinyBlock, func(_ context.Context, b []int) error { fillPattern(mc.DRAMCache, b, 1); return nil })
+	require.NoError(t, err)
+	_, err = pre.Reregister()
+	require.ErrorIs(t, err, ErrBusy, "a held request blocks re-registration")
+	_, err = dec.Pull(ctx, "d-before", kv, []int{1})
+	require.NoError(t, err)
+	requirePattern(t, dc, []int{1}, kv.RemoteBlockIDs[0], 1)
+	require.Eventually(t, func() bool { return pre.Held() == 0 }, 10*time.Second, 5*time.Millisecond)
+
+	// The arena moves: register the new one.
+	second, err := NewDRAMCache(g, false)
+	require.NoError(t, err)
+	mc.DRAMCache = second
+	gen, err := pre.Reregister()
+	require.NoError(t, err)
+	require.EqualValues(t, 2, gen)
+	require.NoError(t, first.Close())
+	t.Cleanup(func() { require.NoError(t, second.Close()) }) // cleanups run after the deferred role Closes
+
+	kv, err = pre.Prefill(ctx, "after", tinyBlock, func(_ context.Context, b []int) error { fillPattern(second, b, 2); return nil })
+	require.NoError(t, err)
+	require.EqualValues(t, 2, kv.RemoteRegistrationGeneration)
+	_, err = dec.Pull(ctx, "d-after", kv, []int{2})
+	require.NoError(t, err)
+	requirePattern(t, dc, []int{2}, kv.RemoteBlockIDs[0], 2)
+	require.EqualValues(t, 2, dm.Handshakes.Load(), "the larger generation made the decode role handshake again")
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -75,8 +76,12 @@ type Prefill struct {
 	payload []byte
 	hold    time.Duration
 	port    int
-	// generation is remote_registration_generation (vLLM 0.33+): 1 for the first registration of the cache.
-	generation int64
+	// generation is remote_registration_generation (vLLM 0.33+): 1 for the first registration of the cache,
+	// bumped by Reregister. hash is the compatibility hash the payload carries.
+	generation atomic.Int64
+	hash       string
+	regMu      sync.Mutex // serialises Reregister and the deregistration in Close
+	regClosed  bool       // guarded by regMu
 
 	mu      sync.Mutex
 	held    map[string]*heldReq
@@ -136,7 +141,8 @@ func NewPrefill(cfg PrefillConfig) (*Prefill, error) {
 	}
 	// vLLM's scheduler counts registrations from 0 and bumps the count when it publishes a changed handshake
 	// payload, so its first kv_transfer_params carry remote_registration_generation 1.
-	p := &Prefill{cfg: cfg, log: log, metrics: metrics, reg: reg, held: map[string]*heldReq{}, pending: map[string]bool{}, generation: 1}
+	p := &Prefill{cfg: cfg, log: log, metrics: metrics, reg: reg, held: map[string]*heldReq{}, pending: map[string]bool{}}
+	p.generation.Store(1)
 	if a, ok := cfg.Cache.(BlockAllocator); ok {
 		p.alloc = a // e.g. a neuron.Stager, whose Stage needs blocks from its own pool
 	} else {
@@ -156,7 +162,7 @@ func NewPrefill(cfg PrefillConfig) (*Prefill, error) {
 		reg.close()
 		return nil, err
 	}
-	md.AttnBackendName = cfg.Compat.AttnBackendName
+	md.AttnBackendName = backendName(cfg.Profile, cfg.Compat.CompatInputs)
 	if cfg.KVCacheLayout != "" {
 		if _, err := cfg.Profile.ParseLayoutName(cfg.KVCacheLayout); err != nil {
 			reg.close()
@@ -174,6 +180,7 @@ func NewPrefill(cfg PrefillConfig) (*Prefill, error) {
 			log.Info("compatibility hash", zap.String("hash", hash), zap.String("inputs", js))
 		}
 	}
+	p.hash = hash
 	if p.payload, err = cfg.Profile.EncodeHandshake(hash, md); err != nil {
 		reg.close()
 		return nil, fmt.Errorf("connector: encoding the handshake: %w", err)
@@ -320,7 +327,7 @@ func (p *Prefill) Prefill(ctx context.Context, requestID string, numTokens int, 
 		RemoteNumTokens: int64(numTokens),
 		TransferMode:    "pull",
 		// vLLM 0.33's value; sent on the rows whose ParamsKeys have it.
-		RemoteRegistrationGeneration: p.generation,
+		RemoteRegistrationGeneration: p.generation.Load(),
 		// P's prefix-cache hits (vLLM 0.31+ sends prefill_stats.num_cached_tokens): the role computes every
 		// prompt in full. A caller with its own prefix cache sets the field before returning the params.
 		RemotePrefillCachedTokens: 0,
@@ -493,9 +500,12 @@ func (p *Prefill) Close() error {
 			err = p.server.Close()
 		}
 		p.wg.Wait()
+		p.regMu.Lock()
+		p.regClosed = true
 		if cerr := p.reg.close(); err == nil {
 			err = cerr
 		}
+		p.regMu.Unlock()
 		// The cache is deregistered and the agent gone, so no decode peer can read the held blocks any more:
 		// give them back to the allocator (a neuron.Stager outlives the role).
 		p.mu.Lock()

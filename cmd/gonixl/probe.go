@@ -134,7 +134,8 @@ type probeReport struct {
 	VLLMVersion string            `json:"vllm_version"`
 	Profile     string            `json:"profile"`
 	LocalHash   string            `json:"local_compatibility_hash,omitempty"`
-	NIXL        string            `json:"nixl,omitempty"` // why the agent names are missing
+	LocalInputs string            `json:"local_hash_inputs,omitempty"` // the factor dict, as vLLM json.dumps it
+	NIXL        string            `json:"nixl,omitempty"`              // why the agent names are missing
 	Ranks       []probeRankReport `json:"ranks"`
 }
 
@@ -194,6 +195,7 @@ func runProbe(ctx context.Context, env *cmdEnv, args []string) error {
 		if rep.LocalHash, err = p.CompatHash(in); err != nil {
 			return usagef("hash inputs: %v", err)
 		}
+		rep.LocalInputs, _ = p.FactorsJSON(in)
 	}
 
 	// A throwaway agent (no progress thread, no memory) only parses the peer's NIXL metadata.
@@ -255,7 +257,7 @@ func runProbe(ctx context.Context, env *cmdEnv, args []string) error {
 	for _, rr := range rep.Ranks {
 		if rr.HashMatch != nil && !*rr.HashMatch {
 			return &quietError{msg: fmt.Sprintf("rank %d,%d: compatibility hash mismatch: the peer sent %s, this configuration gives %s; "+
-				"a vLLM decode worker would refuse it (check --vllm-version, --model and the other hash inputs)", rr.PP, rr.TP, rr.CompatibilityHash, rep.LocalHash)}
+				"a vLLM decode worker would refuse it (check --vllm-version, --model and the other hash inputs: %s)", rr.PP, rr.TP, rr.CompatibilityHash, rep.LocalHash, rep.LocalInputs)}
 		}
 		if *engineID != "" && rr.Metadata.EngineID != *engineID {
 			return &quietError{msg: fmt.Sprintf("rank %d,%d: engine_id is %q, not --engine-id %q", rr.PP, rr.TP, rr.Metadata.EngineID, *engineID)}

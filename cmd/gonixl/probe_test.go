@@ -89,7 +89,7 @@ func TestProbe(t *testing.T) {
 			other.Model = "test/other"
 			r = runCLI(t, append([]string{"probe", addr, "--vllm-version", v, "--no-nixl"}, hashArgs(other)...)...)
 			require.Contains(t, r.stdout, "MISMATCH")
-			requireOneLine(t, r, exitError, "compatibility hash mismatch")
+			requireOneLine(t, r, exitError, "compatibility hash mismatch", `"model": "test/other"`) // + our hash inputs
 
 			r = runCLI(t, "probe", addr, "--vllm-version", v, "--no-nixl", "--engine-id", "someone-else")
 			requireOneLine(t, r, exitError, "someone-else")

@@ -36,6 +36,13 @@ func seedHex(f *testing.F, add func(b []byte)) {
 			add(b)
 		}
 	}
+	for _, rv := range loadRealVectors(f) { // what vLLM's own connector sent
+		b, _ := hex.DecodeString(rv.Handshake.PayloadHex)
+		add(b)
+		if hp, err := DecodeHandshakePayload(b); err == nil {
+			add(hp.AgentMetadataBytes)
+		}
+	}
 }
 
 func FuzzDecodeMetadata(f *testing.F) {
@@ -119,6 +126,11 @@ func FuzzDecodeParams(f *testing.F) {
 			for i := range Profiles {
 				f.Add([]byte(c.JSON), uint8(i))
 			}
+		}
+	}
+	for _, rv := range loadRealVectors(f) {
+		for i := range Profiles {
+			f.Add([]byte(rv.KVTransferParams), uint8(i))
 		}
 	}
 	f.Add([]byte(PrefillRequestParams), uint8(0))

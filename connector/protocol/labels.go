@@ -50,16 +50,18 @@ var (
 	// host tensor of the backend's logical shape (initialize_host_xfer_buffer: torch.empty(kv_cache.shape)),
 	// whose token-major bytes go out under the device's label.
 	quirkHostMirror = LabelQuirk{"HND", layout.NHD, `kv_buffer_device="cpu" host-buffer mirror (initialize_host_xfer_buffer allocates the logical (.., block_size, heads, head_dim) shape)`}
-	// Up to 0.19 TRITON_ATTN and FLEX_ATTENTION have no get_kv_cache_stride_order: their cache keeps the
-	// logical token-major shape while NixlConnector publishes "HND".
-	quirkNoStrideOrder = LabelQuirk{"HND", layout.NHD, "TRITON_ATTN / FLEX_ATTENTION backends (no get_kv_cache_stride_order before 0.20; FLEX_ATTENTION still none)"}
+	// Up to 0.19 TRITON_ATTN, and up to 0.22 FLEX_ATTENTION, have no get_kv_cache_stride_order: their cache keeps
+	// the logical token-major shape (.., block_size, heads, head_dim) while NixlConnector publishes "HND".
+	quirkTritonNoStrideOrder = LabelQuirk{"HND", layout.NHD, "TRITON_ATTN (no get_kv_cache_stride_order before 0.20)"}
+	quirkFlexNoStrideOrder   = LabelQuirk{"HND", layout.NHD, "FLEX_ATTENTION (no get_kv_cache_stride_order before 0.23)"}
 	// Up to 0.21 CPU_ATTN's cache shape is head-major whatever the label; with VLLM_KV_CACHE_LAYOUT=NHD it is
 	// published as "NHD" (from 0.22 CPU_ATTN requires "HND" via get_required_kv_cache_layout).
 	quirkCPUForcedNHD = LabelQuirk{"NHD", layout.HND, "CPU_ATTN with VLLM_KV_CACHE_LAYOUT=NHD (cpu_attn.get_kv_cache_shape is (2, num_blocks, heads, block_size, head_dim))"}
 
-	quirksV016 = []LabelQuirk{quirkHostMirror, quirkNoStrideOrder, quirkCPUForcedNHD}
-	quirksV020 = []LabelQuirk{quirkHostMirror, quirkCPUForcedNHD}
-	quirksV022 = []LabelQuirk{quirkHostMirror}
+	quirksV016 = []LabelQuirk{quirkHostMirror, quirkTritonNoStrideOrder, quirkFlexNoStrideOrder, quirkCPUForcedNHD}
+	quirksV020 = []LabelQuirk{quirkHostMirror, quirkFlexNoStrideOrder, quirkCPUForcedNHD}
+	quirksV022 = []LabelQuirk{quirkHostMirror, quirkFlexNoStrideOrder}
+	quirksV023 = []LabelQuirk{quirkHostMirror}
 )
 
 // LayoutName returns the kv_cache_layout name this row's vLLM publishes for a cache whose blocks are in order o

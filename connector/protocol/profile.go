@@ -303,7 +303,7 @@ var Profiles = []Profile{
 		SideChannelPort:   5600,
 		HandshakeTimeout:  5 * time.Second,
 		Labels:            labelsV016,
-		LabelQuirks:       quirksV022,
+		LabelQuirks:       quirksV023,
 		Defaults:          defaultsV022,
 	},
 	{

@@ -39,21 +39,36 @@ type realVectors struct {
 	} `json:"handshake"`
 	KVTransferParams string `json:"kv_transfer_params"`
 	Tokens           int64  `json:"tokens"`
+	// Notification is what vLLM's decode worker (TP 1) sent after reading one request.
+	Notification *struct {
+		Text      string `json:"text"`
+		Hex       string `json:"hex"`
+		RequestID string `json:"request_id"`
+	} `json:"notification"`
 }
 
 // The real thing agrees with the profile rows: the handshake decodes with the row's schema, its hash is the one
 // DefaultCompatInputs gives for the release on the CPU platform (nothing but the model named), its
 // kv_cache_layout is the row's name for HND blocks, and request_finished's kv_transfer_params carry the row's
 // keys in the row's order with vLLM's values (registration generation 1).
-func TestRealVectors(t *testing.T) {
+func loadRealVectors(tb testing.TB) []realVectors {
+	tb.Helper()
 	files, err := filepath.Glob(filepath.Join(testenv.RepoRoot(), "testdata", "vllm", "*", "real.json"))
-	require.NoError(t, err)
-	require.NotEmpty(t, files, "no real vectors: run python/gen_vectors_real.py")
+	require.NoError(tb, err)
+	require.NotEmpty(tb, files, "no real vectors: run python/gen_vectors_real.py (make vectors-real)")
+	out := make([]realVectors, 0, len(files))
 	for _, f := range files {
 		b, err := os.ReadFile(f)
-		require.NoError(t, err)
+		require.NoError(tb, err)
 		var rv realVectors
-		require.NoError(t, json.Unmarshal(b, &rv), f)
+		require.NoError(tb, json.Unmarshal(b, &rv), f)
+		out = append(out, rv)
+	}
+	return out
+}
+
+func TestRealVectors(t *testing.T) {
+	for _, rv := range loadRealVectors(t) {
 		t.Run(rv.VLLMVersion, func(t *testing.T) {
 			p, err := ProfileFor(rv.VLLMVersion)
 			require.NoError(t, err)
@@ -101,9 +116,22 @@ func TestRealVectors(t *testing.T) {
 			kv, err := p.DecodeParams([]byte(rv.KVTransferParams))
 			require.NoError(t, err)
 			assert.Equal(t, rv.EngineID, kv.RemoteEngineID)
-			assert.Equal(t, rv.Tokens, kv.RemoteNumTokens)
+			if kv.Has["remote_num_tokens"] { // 0.21+
+				assert.Equal(t, rv.Tokens, kv.RemoteNumTokens)
+			}
 			if kv.Has["remote_registration_generation"] {
 				assert.EqualValues(t, 1, kv.RemoteRegistrationGeneration, "vLLM's first registration")
+			}
+			// vLLM's decode notification: "<remote_request_id>:1" for a TP-1 decode reading a TP-1 prefill (D's
+			// TP size up to 0.28, the expected consumers from 0.29), and gonixl's decode role sends the same bytes.
+			if n := rv.Notification; assert.NotNil(t, n, "run gen_vectors_real.py with notifications") {
+				got, err := p.DecodeNotification(unhex(t, n.Hex))
+				require.NoError(t, err)
+				assert.Equal(t, n.RequestID, got.RequestID)
+				assert.Equal(t, 1, got.Count)
+				ours, err := p.EncodeNotification(Notification{RequestID: n.RequestID, Count: 1})
+				require.NoError(t, err)
+				assert.Equal(t, n.Text, string(ours))
 			}
 			// What gonixl's prefill role writes for the same request has vLLM's bytes, key for key.
 			ours, err := p.EncodeParams(kv)
