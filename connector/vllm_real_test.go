@@ -454,55 +454,40 @@ func goDecodeVLLMPrefill(t *testing.T, lib *nixl.Library, py, version string, p 
 	}
 	assert.EqualValues(t, 1, m.Handshakes.Load(), "one handshake with vLLM's side channel")
 
-	// Leases: gonixl's decode sends "HB:" heartbeats to the prefill agents while its READs run, and vLLM's
-	// prefill extends the lease. The profile's 5 s interval is longer than a READ on one host, so this case
-	// shortens it (a test knob) and reads a large request.
+	// Leases: gonixl's decode keeps a waiting request alive (Decode.KeepAlive: "HB:" heartbeats from the
+	// moment it has the params, as vLLM's decode does for a waiting request), and vLLM's prefill extends the
+	// lease: the request is read after twice vLLM's lease and released on gonixl's notification, not at expiry.
+	// vLLM heartbeats every kv_lease_duration // 6 s; the lease here is 5 s, so gonixl beats every second (the
+	// profile's interval is for vLLM's default 30 s lease).
 	if p.Leases {
 		hp := p
-		hp.HeartbeatInterval = 100 * time.Microsecond
+		hp.HeartbeatInterval = time.Second
 		hm := &connector.Metrics{}
-		hc, err := connector.NewDRAMCache(realGeomN(t, p, 4*realBlocks), false)
-		require.NoError(t, err)
-		t.Cleanup(func() { require.NoError(t, hc.Close()) })
-		hdec, err := connector.NewDecode(connector.DecodeConfig{Profile: hp, Library: lib, Cache: hc, Compat: compat, Metrics: hm})
+		hdec, err := connector.NewDecode(connector.DecodeConfig{Profile: hp, Library: lib, Cache: c, Compat: compat, Metrics: hm})
 		require.NoError(t, err)
 		t.Cleanup(func() { require.NoError(t, hdec.Close()) })
-		const tokens = (4*realBlocks - 24) * realBlockSize // 232 blocks: 116 MiB with 0.33's layout
-		// gonixl's decode heartbeats only while its READs are in flight: try a few requests until one READ
-		// carried heartbeats.
-		var (
-			fin event
-			res connector.Result
-		)
-		for attempt := 0; attempt < 3 && hm.Heartbeats.Load() == 0; attempt++ {
-			id := fmt.Sprintf("hb-%d", attempt)
-			d.send(map[string]any{"cmd": "prefill", "req_id": id, "num_tokens": tokens, "seed": 7 + attempt})
-			ev := d.next(ctx, "params", id)
-			kv, err := p.DecodeParams(ev.Params)
-			require.NoError(t, err)
-			local := make([]int, len(kv.RemoteBlockIDs[0]))
-			for j := range local {
-				local[j] = 1 + j
-			}
-			// vLLM extends a lease to now + kv_lease_duration·2/3 only when that is later than the current
-			// expiry: read after a third of the lease has passed.
-			time.Sleep(time.Duration(lease) * time.Second / 2)
-			res, err = hdec.Pull(ctx, "gonixl-"+id, kv, local)
-			require.NoError(t, err)
-			assert.Equal(t, ev.Hashes, blockHashes(hc, local))
-			fin = d.next(ctx, "finished_sending", id)
-			assert.Zero(t, fin.Expired)
+		d.send(map[string]any{"cmd": "prefill", "req_id": "hb", "num_tokens": 100, "seed": 7})
+		ev := d.next(ctx, "params", "hb")
+		kv, err := p.DecodeParams(ev.Params)
+		require.NoError(t, err)
+		stop, err := hdec.KeepAlive(ctx, kv)
+		require.NoError(t, err)
+		time.Sleep(2 * lease * time.Second)
+		local := make([]int, len(kv.RemoteBlockIDs[0]))
+		for j := range local {
+			local[j] = 1 + j
 		}
-		if hm.Heartbeats.Load() == 0 {
-			// gonixl's decode heartbeats only between posting its READs and their completion; on one host UCX
-			// moves the bytes inside the post, so there may be no window (reported on issue 11).
-			t.Logf("gonixl's decode sent no heartbeat: its READs (the last %v) completed before the first tick", res.Transfer)
-		} else {
-			assert.Positive(t, fin.HBsRecv, "vLLM's prefill handled none of gonixl's %d heartbeats", hm.Heartbeats.Load())
-			assert.Positive(t, fin.Extended, "vLLM's prefill extended no lease on gonixl's %d heartbeats", hm.Heartbeats.Load())
-			t.Logf("gonixl sent %d heartbeats during a %v READ of %d bytes; vLLM's prefill handled %d and extended the lease %d times",
-				hm.Heartbeats.Load(), res.Transfer, res.Bytes, fin.HBsRecv, fin.Extended)
-		}
+		res, err := hdec.Pull(ctx, "gonixl-hb", kv, local)
+		stop()
+		require.NoError(t, err, "vLLM's prefill let the lease expire although gonixl heartbeated")
+		assert.Equal(t, ev.Hashes, blockHashes(c, local))
+		fin := d.next(ctx, "finished_sending", "hb")
+		assert.Zero(t, fin.Expired, "vLLM released the request at expiry despite gonixl's heartbeats")
+		assert.Positive(t, hm.Heartbeats.Load(), "gonixl's decode sent no heartbeat")
+		assert.Positive(t, fin.HBsRecv, "vLLM's prefill handled none of gonixl's %d heartbeats", hm.Heartbeats.Load())
+		assert.Positive(t, fin.Extended, "vLLM's prefill extended no lease on gonixl's %d heartbeats", hm.Heartbeats.Load())
+		t.Logf("gonixl kept request hb alive for %d s with %d heartbeats; vLLM's prefill handled %d and extended the lease %d times; READ %v",
+			2*lease, hm.Heartbeats.Load(), fin.HBsRecv, fin.Extended, res.Transfer)
 	}
 
 	// Expiry: a request gonixl never reads is released by vLLM's prefill at its lease (0.22+) or abort timeout.

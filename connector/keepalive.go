@@ -1,0 +1,80 @@
+package connector
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strconv"
+	"sync"
+
+	"github.com/gonixl/gonixl/connector/protocol"
+	"github.com/gonixl/gonixl/nixl"
+)
+
+// KeepAlive renews the prefill side's lease on a request's blocks from the moment the decode worker has its
+// kv_transfer_params until it pulls them, as vLLM's decode worker does for a request that waits (its scheduler
+// heartbeats every request from arrival, not only during the READ). It handshakes with the prefill engine
+// (cached and shared with Pull), sends an "HB:" heartbeat at once and then every Profile.HeartbeatInterval to
+// each prefill agent the request is read from, until stop is called, ctx ends or the role is closed.
+//
+// Call stop once Pull has returned or the request is dropped; it is idempotent. On rows without leases
+// (vLLM before 0.22, where unread blocks wait for the abort timeout) KeepAlive only handshakes.
+func (d *Decode) KeepAlive(ctx context.Context, kv protocol.KVTransferParams) (stop func(), err error) {
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return func() {}, fmt.Errorf("connector: keep-alive for %s: the decode role is closed: %w", kv.RemoteRequestID, nixl.ErrClosed)
+	}
+	d.pulls.Add(1) // Close waits for the heartbeats to stop before it closes the agent
+	d.mu.Unlock()
+	agents, err := d.keepAliveAgents(ctx, kv)
+	p := d.cfg.Profile
+	if err != nil || !p.Leases || p.HeartbeatInterval <= 0 {
+		d.pulls.Done()
+		return func() {}, err
+	}
+	if msg, err := p.EncodeHeartbeat([]string{kv.RemoteRequestID}); err == nil {
+		for _, a := range agents {
+			if d.reg.agent.SendNotification(a, msg) == nil {
+				d.metrics.Heartbeats.Add(1)
+			}
+		}
+	}
+	stopHB := d.heartbeat(agents, kv.RemoteRequestID)
+	var once sync.Once
+	end := func() { once.Do(func() { stopHB(); d.pulls.Done() }) }
+	stopOnClose := context.AfterFunc(d.closing, end)
+	stopOnCtx := context.AfterFunc(ctx, end)
+	return func() { stopOnClose(); stopOnCtx(); end() }, nil
+}
+
+// keepAliveAgents validates what KeepAlive needs of kv and returns the prefill agents the request is read
+// from (handshaking if needed).
+func (d *Decode) keepAliveAgents(ctx context.Context, kv protocol.KVTransferParams) ([]string, error) {
+	if err := kv.ValidateForDecode(); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrBadParams, err)
+	}
+	if kv.RemoteHost == "" || kv.RemotePort <= 0 || kv.RemotePort > 65535 || kv.RemoteRequestID == "" {
+		return nil, fmt.Errorf("%w: remote_host %q, remote_port %d, remote_request_id %q do not name a request on a side channel",
+			ErrBadParams, kv.RemoteHost, kv.RemotePort, kv.RemoteRequestID)
+	}
+	prefillTP := kv.TPSize
+	if prefillTP <= 0 {
+		prefillTP = 1 // vLLM assumes 1 when tp_size is absent
+	}
+	addr := "tcp://" + net.JoinHostPort(kv.RemoteHost, strconv.Itoa(kv.RemotePort))
+	d.advanceGeneration(kv.RemoteEngineID, kv.RemoteRegistrationGeneration)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(d.closing, cancel)()
+	re, _, err := d.remote(ctx, kv.RemoteEngineID, addr, prefillTP)
+	if err != nil {
+		return nil, err
+	}
+	defer d.put(re)
+	agents := make([]string, len(re.sources))
+	for i, src := range re.sources {
+		agents[i] = src.agent
+	}
+	return agents, nil
+}
