@@ -21,12 +21,19 @@ import (
 // this process: one batch-copy call of the same block copies (x_batchcopy) and one big copy of the same
 // bytes (x_bigcopy). The host-buffered path (hostbuf_*) READs into pinned DRAM of this process in 8 slices
 // and copies each slice to the GPU with one batch-copy call while the next slice's READ runs.
+// GONIXL_BENCH_SWEEP=1 adds variants: the peer's DRAM page-locked for CUDA (peer-pinned), a peer without a
+// CUDA context, NIXL's defaults, and a sweep of UCX settings for 2 MiB contiguous runs (README's Measured
+// section has one run's figures).
 func BenchmarkDRAMToVRAM(b *testing.B) {
 	dev := gpu(b)
 	lib := loadNIXL(b)
 	rma := map[string]string{nixl.UCXRMAPipeline: "y"}
 	def := nixl.DefaultUCXOptions()
-	withThreads := func(n, split int) nixl.UCXOptions { o := nixl.DefaultUCXOptions(); o.NumThreads, o.SplitBatchSize = n, split; return o }
+	withThreads := func(n, split int) nixl.UCXOptions {
+		o := nixl.DefaultUCXOptions()
+		o.NumThreads, o.SplitBatchSize = n, split
+		return o
+	}
 	variants := []dramVRAMVariant{
 		{name: "gonixl-defaults", opts: def, peer: benchpeer.Options{Device: true}},
 		{name: "peer-pinned", opts: def, peer: benchpeer.Options{Device: true, Pin: true}},
