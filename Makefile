@@ -32,7 +32,13 @@ export GONIXL_DYNAMO_PYTHON := $(DYNAMO_VENV)/bin/python
 export GONIXL_PYTHON := $(VENV_PY)
 export VLLM_WHEEL_DIR
 
-.PHONY: all build vet lint nixl pydeps vllm-wheels dynamo deps fabric-deps test test-pure test-go demo fuzz bench vectors vectors-real clean help
+# The real-vLLM tier (connector/vllm_real_test.go) runs vLLM's own NixlConnector, one venv per release
+# (vllm from PyPI, NIXL's Python API; several GB each), cached outside the repo by scripts/vllm-venv.sh.
+GONIXL_VLLM_VENVS ?= $(HOME)/.cache/gonixl/venvs
+export GONIXL_VLLM_VENVS
+export GONIXL_VLLM_VERSIONS := $(VLLM_VERSIONS)
+
+.PHONY: all build vet lint nixl pydeps vllm-wheels vllm-venvs interop dynamo fabric-deps deps test test-pure test-go demo fuzz bench vectors vectors-real clean help
 
 all: build
 
@@ -46,6 +52,7 @@ help:
 	@echo "make fuzz   - run every fuzz target for FUZZTIME (default $(FUZZTIME)) each"
 	@echo "make bench  - run the benchmarks (ratios against in-run baselines)"
 	@echo "make lint   - go vet and staticcheck"
+	@echo "make interop VLLM=<version> - run vLLM's own NixlConnector (that release, CPU) against gonixl's roles"
 
 build:
 	$(GO) build ./...
@@ -84,13 +91,23 @@ dynamo: $(DYNAMO_VENV)/.complete
 $(DYNAMO_VENV)/.complete: python/dynamo-requirements.txt scripts/install-dynamo.sh
 	@DYNAMO_VERSION=$(DYNAMO_VERSION) DYNAMO_VENV=$(DYNAMO_VENV) DYNAMO_LOCK=python/dynamo-requirements.txt PYTHON=$(PYTHON) bash scripts/install-dynamo.sh
 
-deps: nixl pydeps vllm-wheels dynamo
 
 # The LIBFABRIC plugin's libraries besides libfabric (CUDA runtime from PyPI, hwloc from Debian, a libcuda
 # stand-in where the loader knows no libcuda.so.1) in ~/.cache/gonixl; LIBFABRIC_DIR=... adds a libfabric >= 2.7. Prints the
 # LD_LIBRARY_PATH to export. Not part of `make test`: no registry reachable here carries libfabric >= 2.7.
 fabric-deps:
 	@NIXL_CUDA=$(NIXL_CUDA) bash scripts/fabric-deps.sh $(shell /sbin/ldconfig -p 2>/dev/null | grep -q 'libcuda.so.1 ' || echo --cuda-stub)
+
+vllm-venvs:
+	@for v in $(VLLM_VERSIONS); do NIXL_VERSION=$(NIXL_VERSION) PYTHON=$(PYTHON) bash scripts/vllm-venv.sh $$v || exit 1; done
+
+deps: nixl pydeps vllm-wheels vllm-venvs dynamo
+
+# The real-vLLM tier against any release: make interop VLLM=0.29.0 (creates its venv if needed).
+interop: nixl
+	@test -n "$(VLLM)" || { echo "usage: make interop VLLM=<version>" >&2; exit 2; }
+	@NIXL_VERSION=$(NIXL_VERSION) PYTHON=$(PYTHON) bash scripts/vllm-venv.sh $(VLLM)
+	GONIXL_VLLM_VERSIONS="$(VLLM)" $(GO) test -count=1 -timeout 20m -run '^TestVLLMReal$$' -v ./connector/
 
 # Pure-Go packages must build and pass without cgo.
 test-pure:
@@ -117,7 +134,7 @@ vectors: pydeps vllm-wheels
 	$(VENV_PY) python/gen_vectors.py
 
 # What vLLM's own NixlConnector emits on the CPU platform (needs the release venvs of the real-vLLM tier).
-VECTORS_REAL ?= 0.33.0
+VECTORS_REAL ?= 0.16.0 0.33.0
 vectors-real: pydeps
 	$(VENV_PY) python/gen_vectors_real.py $(VECTORS_REAL)
 

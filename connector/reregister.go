@@ -26,9 +26,11 @@ func (p *Prefill) Reregister() (int64, error) {
 	if p.regClosed {
 		return 0, errors.New("connector: Reregister after Close")
 	}
+	// Hold p.mu throughout, so no prefill starts (and publishes the old generation) while the cache is
+	// registered again; the notification loop waits too, which is fine for a rare operation.
 	p.mu.Lock()
+	defer p.mu.Unlock()
 	busy := len(p.held) + len(p.pending)
-	p.mu.Unlock()
 	if busy > 0 {
 		return 0, fmt.Errorf("%w: %d requests held or being prefilled; Abort them or wait before registering the cache again", ErrBusy, busy)
 	}

@@ -13,6 +13,10 @@ with Qwen3-0.6B's geometry (a config.json, no weights) and block size 32, and re
   kv_transfer_params: request_finished's dict for a 70-token prefill, json.dumps'd (as vLLM's API returns it;
              the scheduler's own additions such as remote_prefill_cached_tokens are not part of it)
   model:     the hash inputs of the model side (model path string as given, dtype, KV heads, head size, layers)
+  notification: the NIXL notification vLLM's decode worker sends after READing a request, as a NIXL agent on
+             the prefill side receives it: vLLM's decode (the driver, --role decode) pulls from the interop
+             tests' Python prefill peer (python/vllm_prefill_peer.py, which only serves blocks and collects
+             notifications), so the bytes are vLLM's
 
 Usage: python/gen_vectors_real.py [--driver PATH] 0.33.0 [0.16.0 ...]   (the repo's venv python: msgspec, pyzmq)
 Releases whose venv is missing are skipped with a message; the agent metadata blob differs on every run.
@@ -129,11 +133,58 @@ def record(release: str, driver: Path, timeout: float) -> dict | None:
     }
 
 
+def record_notification(release: str, driver: Path, timeout: float) -> dict | None:
+    """vLLM's decode worker READs one request from the Python prefill peer; returns the notification it sent."""
+    py = VENVS / f"vllm-{release}" / "bin" / "python"
+    if not py.exists():
+        return None
+    profile = json.loads((OUT / release / "vectors.json").read_text())["profile"]
+    rid = "cmpl-vectors-1"
+    peer = subprocess.Popen([sys.executable, str(HERE / "vllm_prefill_peer.py"), "--profile", profile,
+                             "--layers", str(QWEN3_06B["num_hidden_layers"]), "--heads", str(QWEN3_06B["num_key_value_heads"]),
+                             "--head-dim", str(QWEN3_06B["head_dim"]), "--block-size", str(BLOCK_SIZE),
+                             "--model", str(MODEL_DIR), "--attn", "CPU_ATTN", "--tokens", str(TOKENS), "--seed", "3",
+                             "--num-blocks", "16", "--request-id", rid, "--timeout", str(timeout)],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(json.loads(x)) for x in peer.stdout if x.startswith("{")],
+                     daemon=True).start()
+    env = dict(os.environ, VLLM_TARGET_DEVICE="cpu")
+    dec = None
+    try:
+        first = lines.get(timeout=120)
+        dec = subprocess.Popen([str(py), str(driver), "--role", "decode", "--model", str(MODEL_DIR),
+                                "--block-size", str(BLOCK_SIZE), "--num-blocks", "16"],
+                               stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True,
+                               env=env)
+        dec.stdin.write(json.dumps({"cmd": "pull", "req_id": "d-vectors-1", "num_tokens": TOKENS,
+                                    "kv_transfer_params": first["kv_transfer_params"]}) + "\n")
+        dec.stdin.flush()
+        done = lines.get(timeout=timeout + 30)
+    finally:
+        if dec is not None:
+            try:
+                dec.stdin.write(json.dumps({"cmd": "quit"}) + "\n")
+                dec.stdin.flush()
+                dec.wait(timeout=60)
+            except Exception:
+                dec.kill()
+        try:
+            peer.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            peer.kill()
+    if not done.get("notified"):
+        raise RuntimeError(f"vllm {release}: the decode worker sent no notification ({done})")
+    return {"text": done["msg"], "hex": done["msg"].encode().hex(), "request_id": rid, "heartbeats": done["heartbeats"]}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("releases", nargs="+")
     ap.add_argument("--driver", default=str(HERE / "vllm_real_driver.py"))
     ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument("--no-notifications", dest="notifications", action="store_false",
+                    help="skip the decode-side run (vLLM's decode worker reading from the Python prefill peer)")
     args = ap.parse_args()
     rc = 0
     for release in args.releases:
@@ -145,6 +196,13 @@ def main() -> int:
             continue
         if doc is None:
             continue
+        if args.notifications:
+            try:
+                doc["notification"] = record_notification(release, Path(args.driver), args.timeout)
+            except Exception as e:
+                print(f"vllm {release}: notification: {e}", file=sys.stderr)
+                rc = 1
+                continue
         path = OUT / release / "real.json"
         path.write_text(json.dumps(doc, indent=1) + "\n")
         print(f"wrote {path}")

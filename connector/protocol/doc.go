@@ -7,7 +7,9 @@
 // from the version string the peer's OpenAI server reports at GET /version, or with ProfileByName:
 //
 //	p, err := protocol.ProfileFor("0.33.0")
-//	hash, err := p.CompatHash(protocol.CompatInputs{VLLMVersion: "0.33.0", Model: "Qwen/Qwen3-0.6B", ...})
+//	in := p.DefaultCompatInputs("0.33.0", protocol.PlatformCUDA) // vLLM's defaults: HMA, FLASH_ATTN, "auto", pull
+//	in.Model, in.Dtype, in.NumKVHeads, in.HeadSize, in.NumHiddenLayers = "Qwen/Qwen3-0.6B", "torch.bfloat16", 8, 128, 28
+//	hash, err := p.CompatHash(in)
 //	payload, err := p.EncodeHandshake(hash, meta)          // prefill side: what the side channel serves
 //	meta, err := p.OpenHandshake(payload, protocol.HandshakeCheck{LocalHash: hash, EnforceHash: true})
 //
@@ -29,10 +31,19 @@
 //     The handshake payload {compatibility_hash, agent_metadata_bytes} is the same.
 //   - Compatibility hash: both hash vllm_version, nixl_connector_version (2 vs 15), model, dtype, num_kv_heads,
 //     head_size, num_hidden_layers, attn_backend_name, cache_dtype; 0.16 adds cross_layers_blocks, 0.33 adds
-//     is_hma_enabled, speculative_config and transfer_mode.
+//     is_hma_enabled, speculative_config and transfer_mode. Each row carries vLLM's defaults for what a user
+//     does not set (Profile.Defaults): is_hma_enabled false in 0.18–0.21 (any connector turns HMA off), true
+//     from 0.22 (NixlConnector supports HMA); the backend is the platform's (FLASH_ATTN on CUDA, CPU_ATTN on
+//     CPU); cache_dtype "auto"; transfer_mode "pull". A hash mismatch (with HandshakeCheck.LocalInputs) lists
+//     our factor dict and which single default-able input would have matched.
 //   - kv_transfer_params: 0.16 remote_block_ids is a flat list and P returns 8 keys; 0.33 has one list per
 //     KV-cache group and adds dcp_size, pp_size, remote_num_tokens, remote_blocks_expiry_time,
-//     remote_registration_generation and transfer_mode.
+//     remote_registration_generation (1 after vLLM's first registration, larger after each re-registration)
+//     and transfer_mode; its scheduler appends remote_prefill_cached_tokens (0.31+).
+//   - kv_cache_layout: "HND" (or "NHD") up to 0.28; vLLM's KVCacheLayout enum names from 0.29, "LBHNC" (HND
+//     blocks, what NixlConnector requires) or "LBNHC" (NHD). vLLM compares the names exactly; Profile.Labels
+//     maps each row's names to the block order (LayoutName, ParseLayoutName) and LabelQuirks lists the
+//     configurations whose label is not their bytes' order.
 //   - Notifications: both "<remote_request_id>:<n>"; n is D's TP size up to 0.28 (P derives the count) and
 //     the number of expected consumers from 0.29. From 0.22, "HB:<id>,<id>" heartbeats renew 30 s leases
 //     (sent every 5 s, extending to now+20 s); up to 0.21 P frees unread blocks after 480 s instead.

@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/gonixl/gonixl/connector/protocol"
+	"github.com/gonixl/gonixl/layout"
 )
 
 // Pick the profile from the version string the vLLM peer reports at GET /version.
@@ -74,4 +75,34 @@ func ExampleProfile_EncodeNotification() {
 	// cmpl-8f0c-0-1a2b3c4d:1
 	// HB:reqA,reqB
 	// true [reqA reqB]
+}
+
+// Name the vLLM version, the peer's platform and the model; the rest is vLLM's defaults for that release. This
+// is the hash vLLM 0.33.0's own NixlConnector computed on its CPU platform for this model path
+// (testdata/vllm/0.33.0/real.json).
+func ExampleProfile_DefaultCompatInputs() {
+	p, _ := protocol.ProfileFor("0.33.0")
+	in := p.DefaultCompatInputs("0.33.0", protocol.PlatformCPU)
+	in.Model, in.Dtype, in.NumKVHeads, in.HeadSize, in.NumHiddenLayers = "/tmp/gonixl-vectors/Qwen3-0.6B", "torch.bfloat16", 8, 128, 28
+	h, _ := p.CompatHash(in)
+	js, _ := p.FactorsJSON(in)
+	fmt.Println(h)
+	fmt.Println(js)
+	// Output:
+	// 2d8da8e0df0904611923335cad81e46a9114503c6e2d960994864ca23c9f5984
+	// {"attn_backend_name": "CPU_ATTN", "cache_dtype": "auto", "dtype": "torch.bfloat16", "head_size": 128, "is_hma_enabled": true, "model": "/tmp/gonixl-vectors/Qwen3-0.6B", "nixl_connector_version": 15, "num_hidden_layers": 28, "num_kv_heads": 8, "speculative_config": null, "transfer_mode": "pull", "vllm_version": "0.33.0"}
+}
+
+// Each row names the block orders as its vLLM release does; vLLM compares the names exactly.
+func ExampleProfile_ParseLayoutName() {
+	for _, v := range []string{"0.16.0", "0.33.0"} {
+		p, _ := protocol.ProfileFor(v)
+		name, _ := p.LayoutName(layout.HND)
+		o, _ := p.ParseLayoutName(name)
+		_, err := p.ParseLayoutName("HND")
+		fmt.Println(v, name, o, err == nil)
+	}
+	// Output:
+	// 0.16.0 HND HND true
+	// 0.33.0 LBHNC HND false
 }

@@ -39,6 +39,12 @@ type realVectors struct {
 	} `json:"handshake"`
 	KVTransferParams string `json:"kv_transfer_params"`
 	Tokens           int64  `json:"tokens"`
+	// Notification is what vLLM's decode worker (TP 1) sent after reading one request.
+	Notification *struct {
+		Text      string `json:"text"`
+		Hex       string `json:"hex"`
+		RequestID string `json:"request_id"`
+	} `json:"notification"`
 }
 
 // The real thing agrees with the profile rows: the handshake decodes with the row's schema, its hash is the one
@@ -110,9 +116,22 @@ func TestRealVectors(t *testing.T) {
 			kv, err := p.DecodeParams([]byte(rv.KVTransferParams))
 			require.NoError(t, err)
 			assert.Equal(t, rv.EngineID, kv.RemoteEngineID)
-			assert.Equal(t, rv.Tokens, kv.RemoteNumTokens)
+			if kv.Has["remote_num_tokens"] { // 0.21+
+				assert.Equal(t, rv.Tokens, kv.RemoteNumTokens)
+			}
 			if kv.Has["remote_registration_generation"] {
 				assert.EqualValues(t, 1, kv.RemoteRegistrationGeneration, "vLLM's first registration")
+			}
+			// vLLM's decode notification: "<remote_request_id>:1" for a TP-1 decode reading a TP-1 prefill (D's
+			// TP size up to 0.28, the expected consumers from 0.29), and gonixl's decode role sends the same bytes.
+			if n := rv.Notification; assert.NotNil(t, n, "run gen_vectors_real.py with notifications") {
+				got, err := p.DecodeNotification(unhex(t, n.Hex))
+				require.NoError(t, err)
+				assert.Equal(t, n.RequestID, got.RequestID)
+				assert.Equal(t, 1, got.Count)
+				ours, err := p.EncodeNotification(Notification{RequestID: n.RequestID, Count: 1})
+				require.NoError(t, err)
+				assert.Equal(t, n.Text, string(ours))
 			}
 			// What gonixl's prefill role writes for the same request has vLLM's bytes, key for key.
 			ours, err := p.EncodeParams(kv)

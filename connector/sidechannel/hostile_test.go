@@ -543,3 +543,37 @@ func TestClientRetriesAtConnectionCap(t *testing.T) {
 	require.NoError(t, r.err)
 	assert.NotEmpty(t, r.res.Payload)
 }
+
+// Close does not wait for a peer's write deadline: it closes every connection, blocked writers included.
+func TestCloseWithBlockedWriters(t *testing.T) {
+	p, err := protocol.ProfileByName("0.33")
+	require.NoError(t, err)
+	srv, err := NewServer(context.Background(), p, ServerConfig{
+		Payloads:         map[protocol.Rank][]byte{{}: make([]byte, 1<<20)},
+		WriteTimeout:     time.Hour,
+		SendBufferSize:   64 << 10,
+		RequestRate:      -1,
+		MaxQueuedReplies: 2,
+	})
+	require.NoError(t, err)
+	req, err := p.EncodeRequest(protocol.Rank{})
+	require.NoError(t, err)
+	var burst []byte
+	for i := 0; i < 20; i++ {
+		burst = append(burst, 0x01, 0x00, 0x00, byte(len(req)))
+		burst = append(burst, req...)
+	}
+	for i := 0; i < 5; i++ {
+		c := dialZMTP(t, srv, zmtp.DEALER)
+		_, err := c.NetConn().Write(burst)
+		require.NoError(t, err)
+	}
+	waitFor(t, "queues full", func() bool { return srv.Stats().Queued == 5*2 })
+	start := time.Now()
+	require.NoError(t, srv.Close())
+	assert.Less(t, time.Since(start), patience, "Close waited for the write deadline")
+	st := srv.Stats()
+	assert.Equal(t, 0, st.Open)
+	assert.Equal(t, 0, st.Queued)
+	assert.Equal(t, uint64(0), st.Disconnects, "closing is not the peers' fault")
+}

@@ -42,8 +42,10 @@ func servePayloads(t *testing.T, p protocol.Profile, hash string, pps, tps int) 
 	return out
 }
 
+// fastOpts are the client options of tests that expect an answer (a payload or a rejection): no test waits
+// for this timeout, so it is generous enough for a loaded machine.
 func fastOpts() FetchOptions {
-	return FetchOptions{Timeout: 300 * time.Millisecond, Attempts: 2, Backoff: 10 * time.Millisecond}
+	return FetchOptions{Timeout: 10 * time.Second, Attempts: 2, Backoff: 10 * time.Millisecond}
 }
 
 func TestServerAndClientEveryProfile(t *testing.T) {
@@ -164,7 +166,7 @@ func TestServerStopsOnContextCancel(t *testing.T) {
 	cancel()
 	select {
 	case <-srv.Done():
-	case <-time.After(2 * time.Second):
+	case <-time.After(30 * time.Second):
 		t.Fatal("server did not stop after its context was cancelled")
 	}
 	require.NoError(t, srv.Close())
@@ -202,7 +204,7 @@ func TestFetchTimeoutIsBounded(t *testing.T) {
 	el := time.Since(start)
 	require.ErrorIs(t, err, ErrTimeout)
 	assert.GreaterOrEqual(t, el, 300*time.Millisecond, "three attempts of 100 ms")
-	assert.Less(t, el, 15*time.Second, "three attempts, not more (generous: a loaded machine)")
+	assert.Less(t, el, 30*time.Second, "bounded (three attempts of 100 ms; generous for a loaded machine)")
 
 	// The context bounds it too.
 	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Millisecond)

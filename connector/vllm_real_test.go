@@ -1,0 +1,643 @@
+package connector_test
+
+// The real-vLLM tier: vLLM's OWN NixlConnector — its scheduler side (side channel, what to send and when to
+// free) and its worker side (NIXL registration, handshake, READ, notifications, heartbeats, lease expiry) —
+// on vLLM's CPU platform with the real NIXL wheel, driven by python/vllm_real_driver.py the way vLLM's engine
+// drives it, against gonixl's public Prefill and Decode roles, in both directions. The releases are those of
+// GONIXL_VLLM_VERSIONS (default: the oldest and newest supported, 0.16.0 and 0.33.0), each in the venv
+// scripts/vllm-venv.sh made under GONIXL_VLLM_VENVS (default ~/.cache/gonixl/venvs); `make test` creates
+// them, `make interop VLLM=<version>` runs one release.
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/gonixl/gonixl/connector"
+	"github.com/gonixl/gonixl/connector/protocol"
+	"github.com/gonixl/gonixl/internal/testenv"
+	"github.com/gonixl/gonixl/layout"
+	"github.com/gonixl/gonixl/nixl"
+)
+
+// The model: Qwen3-0.6B's attention geometry (8 KV heads of 128, bf16) from a config.json the test writes (no
+// weights), with 4 layers instead of 28 to keep the caches small; vLLM's CPU_ATTN backend needs a block size
+// that is a multiple of 32.
+const (
+	realLayers    = 4
+	realKVHeads   = 8
+	realHeadDim   = 128
+	realBlockSize = 32
+	realBlocks    = 64
+)
+
+const qwen3Config = `{"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 1024,
+ "intermediate_size": 3072, "num_attention_heads": 16, "num_key_value_heads": %d, "head_dim": %d,
+ "num_hidden_layers": %d, "vocab_size": 151936, "max_position_embeddings": 40960, "rms_norm_eps": 1e-06,
+ "rope_theta": 1000000, "torch_dtype": "bfloat16", "tie_word_embeddings": true, "hidden_act": "silu",
+ "attention_bias": false, "bos_token_id": 151643, "eos_token_id": 151645}`
+
+// vllmVersions are the releases the tier runs.
+func vllmVersions() []string {
+	if v := strings.Fields(os.Getenv("GONIXL_VLLM_VERSIONS")); len(v) > 0 {
+		return v
+	}
+	return []string{"0.16.0", "0.33.0"}
+}
+
+// vllmPython returns the interpreter of a release's venv, or fails (CI) / skips the test.
+func vllmPython(t *testing.T, version string) string {
+	t.Helper()
+	root := os.Getenv("GONIXL_VLLM_VENVS")
+	if root == "" {
+		home, _ := os.UserHomeDir()
+		root = filepath.Join(home, ".cache", "gonixl", "venvs")
+	}
+	venv := filepath.Join(root, "vllm-"+version)
+	if _, err := os.Stat(filepath.Join(venv, ".gonixl-complete")); err != nil {
+		testenv.Missing(t, "the vLLM "+version+" venv ("+venv+")", "run `make vllm-venvs` or `scripts/vllm-venv.sh "+version+"`")
+	}
+	return filepath.Join(venv, "bin", "python")
+}
+
+// realModel writes the model folder; its path is vLLM's model name, hashed as "model".
+func realModel(t *testing.T) string {
+	dir := filepath.Join(t.TempDir(), "qwen3-0.6b-4l")
+	require.NoError(t, os.MkdirAll(dir, 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "config.json"), []byte(fmt.Sprintf(qwen3Config, realKVHeads, realHeadDim, realLayers)), 0o644))
+	return dir
+}
+
+// realCompat is what a user states: the vLLM release and platform of the peer (gonixl fills vLLM's defaults:
+// HMA, attention backend, cache dtype, transfer mode) and the model's values.
+func realCompat(p protocol.Profile, version, model string) connector.Compat {
+	in := p.DefaultCompatInputs(version, protocol.PlatformCPU)
+	in.Model, in.Dtype = model, "torch.bfloat16"
+	in.NumKVHeads, in.HeadSize, in.NumHiddenLayers = realKVHeads, realHeadDim, realLayers
+	return connector.Compat{CompatInputs: in}
+}
+
+func realGeom(t *testing.T, p protocol.Profile) layout.Geometry { return realGeomN(t, p, realBlocks) }
+
+func realGeomN(t *testing.T, p protocol.Profile, numBlocks int) layout.Geometry {
+	plan, err := connector.PlanFor(p)
+	require.NoError(t, err)
+	g := layout.Geometry{NumLayers: realLayers, NumBlocks: numBlocks, BlockSize: realBlockSize, NumKVHeads: realKVHeads,
+		HeadDim: realHeadDim, DType: layout.BF16, Order: layout.HND, Plan: plan}
+	require.NoError(t, g.Validate())
+	return g
+}
+
+// blockHashes is the driver's hashes(): per block, sha256 over the block's bytes in every region, in order.
+func blockHashes(c *connector.DRAMCache, blocks []int) []string {
+	g := c.Geometry()
+	bl := int(g.BlockLen())
+	out := make([]string, len(blocks))
+	for i, b := range blocks {
+		h := sha256.New()
+		for r := 0; r < g.NumRegions(); r++ {
+			h.Write(c.Region(r)[b*bl : (b+1)*bl])
+		}
+		out[i] = hex.EncodeToString(h.Sum(nil))
+	}
+	return out
+}
+
+// randomFill is a FillFunc writing random bytes into every region of the blocks.
+func randomFill(c *connector.DRAMCache) connector.FillFunc {
+	return func(_ context.Context, blocks []int) error {
+		bl := int(c.Geometry().BlockLen())
+		for r := 0; r < c.Geometry().NumRegions(); r++ {
+			for _, b := range blocks {
+				if _, err := rand.Read(c.Region(r)[b*bl : (b+1)*bl]); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}
+}
+
+// lockedBuffer keeps the tail of a child's stderr; safe to read while the child runs.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  []byte
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.b = append(l.b, p...)
+	if len(l.b) > 1<<20 {
+		l.b = append([]byte(nil), l.b[len(l.b)-(1<<19):]...)
+	}
+	return len(p), nil
+}
+
+func (l *lockedBuffer) tail(n int) string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.b) > n {
+		return string(l.b[len(l.b)-n:])
+	}
+	return string(l.b)
+}
+
+// event is one JSON line of the driver.
+type event struct {
+	Event      string          `json:"event"`
+	Error      string          `json:"error"`
+	ReqID      string          `json:"req_id"`
+	Version    string          `json:"version"`
+	EngineID   string          `json:"engine_id"`
+	Hash       *string         `json:"compat_hash"`
+	Layout     string          `json:"kv_cache_layout"`
+	Backend    string          `json:"backend"`
+	Regions    int             `json:"num_regions"`
+	BlockLen   int64           `json:"block_len"`
+	ImportS    float64         `json:"import_s"`
+	Params     json.RawMessage `json:"kv_transfer_params"`
+	Hashes     []string        `json:"hashes"`
+	Blocks     []int           `json:"blocks"`
+	OK         bool            `json:"ok"`
+	Seconds    float64         `json:"seconds"`
+	AfterS     float64         `json:"after_s"`
+	Expired    int             `json:"expired"`
+	Extended   int             `json:"lease_extended"`
+	HBs        int             `json:"heartbeats"`
+	HBsRecv    int             `json:"heartbeats_received"`
+	RankHashes [][]string      `json:"rank_hashes"`
+	LoadErrs   []int           `json:"load_errors"`
+	raw        string
+}
+
+// driver is one vLLM instance (python/vllm_real_driver.py) in its own process.
+type driver struct {
+	t       *testing.T
+	cmd     *exec.Cmd
+	stdin   io.WriteCloser
+	events  chan event
+	stderr  *lockedBuffer
+	pending []event
+	ready   event
+}
+
+func startDriver(t *testing.T, ctx context.Context, python, role, model string, numBlocks int, args ...string) *driver {
+	t.Helper()
+	d := launchDriver(t, ctx, python, role, model, numBlocks, args...)
+	d.ready = d.next(ctx, "ready", "")
+	return d
+}
+
+func launchDriver(t *testing.T, ctx context.Context, python, role, model string, numBlocks int, args ...string) *driver {
+	t.Helper()
+	script := filepath.Join(testenv.RepoRoot(), "python", "vllm_real_driver.py")
+	cmd := exec.CommandContext(ctx, python, append([]string{script, "--role", role, "--model", model,
+		"--block-size", fmt.Sprint(realBlockSize), "--num-blocks", fmt.Sprint(numBlocks)}, args...)...)
+	cmd.Env = append(os.Environ(), "VLLM_TARGET_DEVICE=cpu", "PYTHONUNBUFFERED=1")
+	d := &driver{t: t, cmd: cmd, events: make(chan event, 64), stderr: &lockedBuffer{}}
+	cmd.Stderr = d.stderr
+	var err error
+	d.stdin, err = cmd.StdinPipe()
+	require.NoError(t, err)
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	readDone := make(chan struct{})
+	go func() {
+		defer close(readDone)
+		defer close(d.events)
+		sc := bufio.NewScanner(stdout)
+		sc.Buffer(make([]byte, 1<<20), 16<<20)
+		for sc.Scan() {
+			var e event
+			if json.Unmarshal(sc.Bytes(), &e) == nil {
+				e.raw = sc.Text()
+				d.events <- e
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		_, _ = io.WriteString(d.stdin, `{"cmd":"quit"}`+"\n")
+		_ = d.stdin.Close()
+		exited := make(chan struct{})
+		go func() {
+			for range d.events { // drain until the driver closes stdout
+			}
+			<-readDone
+			close(exited)
+		}()
+		select {
+		case <-exited:
+		case <-time.After(30 * time.Second):
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+		_ = cmd.Wait()
+	})
+	return d
+}
+
+func (d *driver) send(cmd map[string]any) {
+	d.t.Helper()
+	b, err := json.Marshal(cmd)
+	require.NoError(d.t, err)
+	_, err = d.stdin.Write(append(b, '\n'))
+	require.NoError(d.t, err, "driver stdin: %s", d.stderr.tail(4000))
+}
+
+// next returns the next event of the kind (and request id, when given); an "error" event fails the test.
+func (d *driver) next(ctx context.Context, kind, reqID string) event {
+	d.t.Helper()
+	match := func(e event) bool { return e.Event == kind && (reqID == "" || e.ReqID == reqID) }
+	for i, e := range d.pending {
+		if match(e) {
+			d.pending = append(d.pending[:i], d.pending[i+1:]...)
+			return e
+		}
+	}
+	for {
+		select {
+		case e, ok := <-d.events:
+			if !ok {
+				require.FailNow(d.t, "vLLM driver exited", "waiting for %q: %s", kind, d.stderr.tail(3000))
+			}
+			if e.Event == "error" {
+				require.FailNow(d.t, "vLLM driver error", "%s\n%s", e.Error, d.stderr.tail(3000))
+			}
+			if match(e) {
+				return e
+			}
+			d.pending = append(d.pending, e)
+		case <-ctx.Done():
+			require.FailNow(d.t, "timed out", "waiting for %q %s: %s", kind, reqID, d.stderr.tail(3000))
+		}
+	}
+}
+
+var (
+	realLibOnce sync.Once
+	realLib     *nixl.Library
+	realLibErr  error
+)
+
+func realNIXL(t *testing.T) *nixl.Library {
+	t.Helper()
+	dir := testenv.RequireNIXLLibDir(t)
+	realLibOnce.Do(func() { realLib, realLibErr = nixl.Load(nixl.LoadOptions{LibDir: dir}) })
+	require.NoError(t, realLibErr)
+	return realLib
+}
+
+// TestVLLMReal runs vLLM's own NixlConnector against gonixl's roles, per release, both directions at once
+// (one vLLM process per direction).
+func TestVLLMReal(t *testing.T) {
+	lib := realNIXL(t)
+	for _, v := range vllmVersions() {
+		t.Run(v, func(t *testing.T) {
+			py := vllmPython(t, v)
+			p, err := protocol.ProfileFor(v)
+			require.NoError(t, err)
+			model := realModel(t)
+			t.Run("vllm-decode-gonixl-prefill", func(t *testing.T) {
+				t.Parallel()
+				vllmDecodeGoPrefill(t, lib, py, v, p, model)
+			})
+			t.Run("gonixl-decode-vllm-prefill", func(t *testing.T) {
+				t.Parallel()
+				goDecodeVLLMPrefill(t, lib, py, v, p, model)
+			})
+		})
+	}
+}
+
+// (a) vLLM decode ← gonixl prefill.
+func vllmDecodeGoPrefill(t *testing.T, lib *nixl.Library, py, version string, p protocol.Profile, model string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	// vLLM's decode heartbeats every kv_lease_duration // 6 s: 1 s with a 6 s lease.
+	d := startDriver(t, ctx, py, "decode", model, realBlocks, "--lease", "6")
+	t.Logf("vLLM %s decode ready (import and setup %.1f s): backend %s, kv_cache_layout %q, %d regions of %d-byte blocks",
+		d.ready.Version, d.ready.ImportS, d.ready.Backend, d.ready.Layout, d.ready.Regions, d.ready.BlockLen)
+	require.Equal(t, version, d.ready.Version)
+	compat := realCompat(p, version, model)
+	if d.ready.Hash != nil {
+		want, err := p.CompatHash(compat.CompatInputs)
+		require.NoError(t, err)
+		require.Equal(t, *d.ready.Hash, want, "gonixl's compatibility hash for %+v must be vLLM's", compat.CompatInputs)
+	}
+	g := realGeom(t, p)
+	require.Equal(t, d.ready.Regions, g.NumRegions(), "registered regions")
+	require.Equal(t, d.ready.BlockLen, g.BlockLen(), "bytes per block and region")
+
+	newPrefill := func(hold time.Duration) (*connector.Prefill, *connector.DRAMCache, *connector.Metrics) {
+		c, err := connector.NewDRAMCache(g, false)
+		require.NoError(t, err)
+		t.Cleanup(func() { require.NoError(t, c.Close()) })
+		m := &connector.Metrics{}
+		pre, err := connector.NewPrefill(connector.PrefillConfig{Profile: p, Library: lib, Cache: c, Compat: compat,
+			Metrics: m, HoldTimeout: hold, EngineID: fmt.Sprintf("gonixl-prefill-%s-%d", version, time.Now().UnixNano())})
+		require.NoError(t, err)
+		t.Cleanup(func() { require.NoError(t, pre.Close()) })
+		return pre, c, m
+	}
+	pre, c, m := newPrefill(0) // vLLM's defaults: lease or abort timeout
+	pull := func(id string, kv protocol.KVTransferParams, tokens int, hold time.Duration) event {
+		raw, err := p.EncodeParams(kv)
+		require.NoError(t, err)
+		d.send(map[string]any{"cmd": "pull", "req_id": "vllm-" + id, "num_tokens": tokens,
+			"kv_transfer_params": json.RawMessage(raw), "hold_s": hold.Seconds()})
+		return d.next(ctx, "pulled", "vllm-"+id)
+	}
+
+	// Two requests, block size 32: 100 tokens (4 blocks, the last partial) and 600 (19 blocks).
+	for i, tokens := range []int{100, 600} {
+		id := fmt.Sprintf("req-%d", i)
+		kv, err := pre.Prefill(ctx, id, tokens, randomFill(c))
+		require.NoError(t, err)
+		want := blockHashes(c, int64sToInts(kv.RemoteBlockIDs[0]))
+		res := pull(id, kv, tokens, 0)
+		require.True(t, res.OK, "vLLM's worker reported the READ failed: %s", res.raw)
+		require.Empty(t, res.LoadErrs)
+		require.Len(t, res.Hashes, (tokens+realBlockSize-1)/realBlockSize)
+		assert.Equal(t, want, res.Hashes, "vLLM received other bytes than gonixl's blocks held")
+		// vLLM's notification frees the blocks, not the expiry.
+		require.Eventually(t, func() bool { return pre.Held() == 0 }, time.Minute, 10*time.Millisecond)
+		assert.EqualValues(t, i+1, m.Notifications.Load())
+		assert.Zero(t, m.RequestsExpired.Load())
+		assert.Zero(t, m.BadMessages.Load())
+		t.Logf("request %s: vLLM %s read %d blocks in %.3f s (after scheduling)", id, version, len(res.Hashes), res.Seconds)
+	}
+
+	// Leases: vLLM's decode holds the request (waiting in its queue) for longer than gonixl's hold and sends
+	// heartbeats meanwhile; gonixl's prefill counts them and they keep the blocks alive until the READ.
+	pre2, c2, m2 := newPrefill(3 * time.Second)
+	if p.Leases {
+		kv, err := pre2.Prefill(ctx, "hb", 64, randomFill(c2))
+		require.NoError(t, err)
+		want := blockHashes(c2, int64sToInts(kv.RemoteBlockIDs[0]))
+		res := pull("hb", kv, 64, 6*time.Second)
+		require.True(t, res.OK, res.raw)
+		assert.Equal(t, want, res.Hashes)
+		assert.Positive(t, res.HBs, "vLLM's decode sent no heartbeat")
+		assert.Positive(t, m2.Heartbeats.Load(), "gonixl's prefill counted no heartbeat")
+		require.Eventually(t, func() bool { return pre2.Held() == 0 }, time.Minute, 10*time.Millisecond)
+		assert.Zero(t, m2.RequestsExpired.Load(), "the heartbeats did not extend the lease")
+		assert.EqualValues(t, 1, m2.Notifications.Load())
+		t.Logf("vLLM sent %d heartbeats while holding the request 6 s; gonixl counted %d", res.HBs, m2.Heartbeats.Load())
+	}
+	// Expiry: a request vLLM never reads is freed by gonixl at its hold timeout.
+	_, err := pre2.Prefill(ctx, "never-read", 64, randomFill(c2))
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return pre2.Held() == 0 }, time.Minute, 10*time.Millisecond)
+	assert.EqualValues(t, 1, m2.RequestsExpired.Load())
+}
+
+// (b) gonixl decode ← vLLM prefill.
+func goDecodeVLLMPrefill(t *testing.T, lib *nixl.Library, py, version string, p protocol.Profile, model string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	const lease = 5 // kv_lease_duration of vLLM's prefill (releases with leases)
+	d := startDriver(t, ctx, py, "prefill", model, 4*realBlocks, "--lease", fmt.Sprint(lease))
+	t.Logf("vLLM %s prefill ready (import and setup %.1f s): backend %s, kv_cache_layout %q", d.ready.Version, d.ready.ImportS, d.ready.Backend, d.ready.Layout)
+	require.Equal(t, version, d.ready.Version)
+	compat := realCompat(p, version, model)
+	g := realGeom(t, p)
+	c, err := connector.NewDRAMCache(g, false)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, c.Close()) })
+	m := &connector.Metrics{}
+	dec, err := connector.NewDecode(connector.DecodeConfig{Profile: p, Library: lib, Cache: c, Compat: compat, Metrics: m})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, dec.Close()) })
+
+	next := 1
+	for i, tokens := range []int{100, 600} {
+		id := fmt.Sprintf("req-%d", i)
+		d.send(map[string]any{"cmd": "prefill", "req_id": id, "num_tokens": tokens, "seed": i + 1})
+		ev := d.next(ctx, "params", id)
+		kv, err := p.DecodeParams(ev.Params)
+		require.NoError(t, err, "vLLM's kv_transfer_params: %s", ev.Params)
+		require.Len(t, kv.RemoteBlockIDs, 1)
+		nb := len(kv.RemoteBlockIDs[0])
+		require.Equal(t, (tokens+realBlockSize-1)/realBlockSize, nb)
+		local := make([]int, nb)
+		for j := range local {
+			local[j] = next + j
+		}
+		next += nb
+		res, err := dec.Pull(ctx, "gonixl-"+id, kv, local)
+		require.NoError(t, err)
+		assert.Equal(t, nb, res.Blocks)
+		assert.Equal(t, ev.Hashes, blockHashes(c, local), "gonixl received other bytes than vLLM's blocks held")
+		// gonixl's notification makes vLLM's worker report the request done sending, before the lease / timeout.
+		fin := d.next(ctx, "finished_sending", id)
+		assert.Zero(t, fin.Expired, "vLLM released the request at expiry, not on gonixl's notification")
+		t.Logf("request %s: gonixl read %d blocks (%d bytes) in %v; vLLM released it %.3f s after publishing",
+			id, res.Blocks, res.Bytes, res.Transfer, fin.AfterS)
+	}
+	assert.EqualValues(t, 1, m.Handshakes.Load(), "one handshake with vLLM's side channel")
+
+	// Leases: gonixl's decode sends "HB:" heartbeats to the prefill agents while its READs run, and vLLM's
+	// prefill extends the lease. The profile's 5 s interval is longer than a READ on one host, so this case
+	// shortens it (a test knob) and reads a large request.
+	if p.Leases {
+		hp := p
+		hp.HeartbeatInterval = 100 * time.Microsecond
+		hm := &connector.Metrics{}
+		hc, err := connector.NewDRAMCache(realGeomN(t, p, 4*realBlocks), false)
+		require.NoError(t, err)
+		t.Cleanup(func() { require.NoError(t, hc.Close()) })
+		hdec, err := connector.NewDecode(connector.DecodeConfig{Profile: hp, Library: lib, Cache: hc, Compat: compat, Metrics: hm})
+		require.NoError(t, err)
+		t.Cleanup(func() { require.NoError(t, hdec.Close()) })
+		const tokens = (4*realBlocks - 24) * realBlockSize // 232 blocks: 116 MiB with 0.33's layout
+		// gonixl's decode heartbeats only while its READs are in flight: try a few requests until one READ
+		// carried heartbeats.
+		var (
+			fin event
+			res connector.Result
+		)
+		for attempt := 0; attempt < 3 && hm.Heartbeats.Load() == 0; attempt++ {
+			id := fmt.Sprintf("hb-%d", attempt)
+			d.send(map[string]any{"cmd": "prefill", "req_id": id, "num_tokens": tokens, "seed": 7 + attempt})
+			ev := d.next(ctx, "params", id)
+			kv, err := p.DecodeParams(ev.Params)
+			require.NoError(t, err)
+			local := make([]int, len(kv.RemoteBlockIDs[0]))
+			for j := range local {
+				local[j] = 1 + j
+			}
+			// vLLM extends a lease to now + kv_lease_duration·2/3 only when that is later than the current
+			// expiry: read after a third of the lease has passed.
+			time.Sleep(time.Duration(lease) * time.Second / 2)
+			res, err = hdec.Pull(ctx, "gonixl-"+id, kv, local)
+			require.NoError(t, err)
+			assert.Equal(t, ev.Hashes, blockHashes(hc, local))
+			fin = d.next(ctx, "finished_sending", id)
+			assert.Zero(t, fin.Expired)
+		}
+		if hm.Heartbeats.Load() == 0 {
+			// gonixl's decode heartbeats only between posting its READs and their completion; on one host UCX
+			// moves the bytes inside the post, so there may be no window (reported on issue 11).
+			t.Logf("gonixl's decode sent no heartbeat: its READs (the last %v) completed before the first tick", res.Transfer)
+		} else {
+			assert.Positive(t, fin.HBsRecv, "vLLM's prefill handled none of gonixl's %d heartbeats", hm.Heartbeats.Load())
+			assert.Positive(t, fin.Extended, "vLLM's prefill extended no lease on gonixl's %d heartbeats", hm.Heartbeats.Load())
+			t.Logf("gonixl sent %d heartbeats during a %v READ of %d bytes; vLLM's prefill handled %d and extended the lease %d times",
+				hm.Heartbeats.Load(), res.Transfer, res.Bytes, fin.HBsRecv, fin.Extended)
+		}
+	}
+
+	// Expiry: a request gonixl never reads is released by vLLM's prefill at its lease (0.22+) or abort timeout.
+	cmd := map[string]any{"cmd": "prefill", "req_id": "never-read", "num_tokens": 64, "seed": 9}
+	wait := float64(lease)
+	if !p.Leases {
+		cmd["abort_timeout"] = 4 // VLLM_NIXL_ABORT_REQUEST_TIMEOUT, read by this release when the request finishes
+		wait = 4
+	}
+	d.send(cmd)
+	d.next(ctx, "params", "never-read")
+	fin := d.next(ctx, "finished_sending", "never-read")
+	assert.Equal(t, 1, fin.Expired, "vLLM should release the unread request at expiry")
+	assert.GreaterOrEqual(t, fin.AfterS, wait-0.5)
+}
+
+func int64sToInts(v []int64) []int {
+	out := make([]int, len(v))
+	for i, x := range v {
+		out[i] = int(x)
+	}
+	return out
+}
+
+// TestVLLMRealHeteroTP: vLLM's decode with tensor parallelism 2 — two worker processes, one per rank, joined
+// by torch.distributed (gloo) as vLLM's executor joins them, rank 0 running the scheduler side — reads from
+// gonixl's prefill with TP 1: each vLLM rank handshakes with gonixl's single rank and READs its half of the
+// KV heads of every block, and gonixl frees the blocks once both ranks notified.
+func TestVLLMRealHeteroTP(t *testing.T) {
+	lib := realNIXL(t)
+	for _, v := range vllmVersions() {
+		t.Run(v, func(t *testing.T) {
+			py := vllmPython(t, v)
+			p, err := protocol.ProfileFor(v)
+			require.NoError(t, err)
+			model := realModel(t)
+			t.Run("vllm-decode-tp2-gonixl-prefill-tp1", func(t *testing.T) {
+				ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+				defer cancel()
+				d := startTP2(t, ctx, py, "decode", model)
+				compat := realCompat(p, v, model)
+				g := realGeom(t, p)
+				c, err := connector.NewDRAMCache(g, false)
+				require.NoError(t, err)
+				t.Cleanup(func() { require.NoError(t, c.Close()) })
+				m := &connector.Metrics{}
+				pre, err := connector.NewPrefill(connector.PrefillConfig{Profile: p, Library: lib, Cache: c, Compat: compat, Metrics: m,
+					EngineID: fmt.Sprintf("gonixl-prefill-tp1-%s-%d", v, time.Now().UnixNano())})
+				require.NoError(t, err)
+				t.Cleanup(func() { require.NoError(t, pre.Close()) })
+				const tokens = 300
+				kv, err := pre.Prefill(ctx, "tp", tokens, randomFill(c))
+				require.NoError(t, err)
+				raw, err := p.EncodeParams(kv)
+				require.NoError(t, err)
+				d.send(map[string]any{"cmd": "pull", "req_id": "vllm-tp", "num_tokens": tokens, "kv_transfer_params": json.RawMessage(raw)})
+				res := d.next(ctx, "pulled", "vllm-tp")
+				require.True(t, res.OK, res.raw)
+				require.Len(t, res.RankHashes, 2)
+				blocks := int64sToInts(kv.RemoteBlockIDs[0])
+				for r := range 2 {
+					assert.Equal(t, headHalfHashes(c, blocks, r), res.RankHashes[r], "vLLM rank %d received other bytes than its heads of gonixl's blocks", r)
+				}
+				require.Eventually(t, func() bool { return pre.Held() == 0 }, time.Minute, 10*time.Millisecond)
+				assert.EqualValues(t, 2, m.Notifications.Load(), "one notification per vLLM rank")
+				assert.Zero(t, m.RequestsExpired.Load())
+				t.Logf("vLLM %s decode TP 2 read %d blocks from gonixl's prefill TP 1 in %.3f s", v, len(blocks), res.Seconds)
+			})
+			t.Run("gonixl-decode-tp1-vllm-prefill-tp2", func(t *testing.T) {
+				ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+				defer cancel()
+				d := startTP2(t, ctx, py, "prefill", model)
+				c, err := connector.NewDRAMCache(realGeom(t, p), false)
+				require.NoError(t, err)
+				t.Cleanup(func() { require.NoError(t, c.Close()) })
+				m := &connector.Metrics{}
+				dec, err := connector.NewDecode(connector.DecodeConfig{Profile: p, Library: lib, Cache: c, Compat: realCompat(p, v, model), Metrics: m})
+				require.NoError(t, err)
+				t.Cleanup(func() { require.NoError(t, dec.Close()) })
+				d.send(map[string]any{"cmd": "prefill", "req_id": "tp", "num_tokens": 300, "seed": 5})
+				ev := d.next(ctx, "params", "tp")
+				kv, err := p.DecodeParams(ev.Params)
+				require.NoError(t, err)
+				require.Equal(t, 2, kv.TPSize)
+				local := make([]int, len(kv.RemoteBlockIDs[0]))
+				for j := range local {
+					local[j] = 3 + j
+				}
+				res, err := dec.Pull(ctx, "gonixl-tp", kv, local)
+				require.NoError(t, err)
+				require.Len(t, ev.RankHashes, 2)
+				for r := range 2 {
+					assert.Equal(t, ev.RankHashes[r], headHalfHashes(c, local, r), "gonixl's heads of vLLM rank %d differ from that rank's blocks", r)
+				}
+				fin := d.next(ctx, "finished_sending", "tp")
+				assert.Zero(t, fin.Expired, "vLLM released the request at expiry, not on gonixl's notifications")
+				t.Logf("gonixl decode TP 1 read %d blocks (%d bytes) from vLLM %s prefill TP 2 in %v; vLLM released it %.3f s after publishing",
+					res.Blocks, res.Bytes, v, res.Transfer, fin.AfterS)
+			})
+		})
+	}
+}
+
+// startTP2 starts the two ranks of a vLLM instance with TP 2 (they join each other's process group before
+// saying ready) and returns rank 0, which runs the scheduler side and takes the commands.
+func startTP2(t *testing.T, ctx context.Context, py, role, model string) *driver {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	distPort := l.Addr().(*net.TCPAddr).Port
+	require.NoError(t, l.Close())
+	engineID := fmt.Sprintf("vllm-%s-tp2-%d", role, time.Now().UnixNano()) // one engine id for all its ranks
+	ranks := make([]*driver, 2)
+	for r := range ranks {
+		ranks[r] = launchDriver(t, ctx, py, role, model, realBlocks, "--engine-id", engineID,
+			"--tp-size", "2", "--tp-rank", fmt.Sprint(r), "--dist-port", fmt.Sprint(distPort), "--lease", "30")
+	}
+	for _, rd := range ranks {
+		rd.ready = rd.next(ctx, "ready", "")
+	}
+	return ranks[0]
+}
+
+// headHalfHashes: per block, sha256 over every region of the half of the block's bytes that holds TP rank r's
+// KV heads (heads are outermost within a block in the HND layouts of this tier).
+func headHalfHashes(c *connector.DRAMCache, blocks []int, r int) []string {
+	g := c.Geometry()
+	bl := int(g.BlockLen())
+	half := bl / 2
+	out := make([]string, len(blocks))
+	for i, b := range blocks {
+		h := sha256.New()
+		for reg := 0; reg < g.NumRegions(); reg++ {
+			h.Write(c.Region(reg)[b*bl+r*half : b*bl+(r+1)*half])
+		}
+		out[i] = hex.EncodeToString(h.Sum(nil))
+	}
+	return out
+}
