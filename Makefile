@@ -38,7 +38,7 @@ GONIXL_VLLM_VENVS ?= $(HOME)/.cache/gonixl/venvs
 export GONIXL_VLLM_VENVS
 export GONIXL_VLLM_VERSIONS := $(VLLM_VERSIONS)
 
-.PHONY: all build vet lint nixl pydeps vllm-wheels vllm-venvs interop dynamo fabric-deps deps test test-pure test-go demo fuzz bench vectors vectors-real clean help
+.PHONY: all build vet lint nixl pydeps vllm-wheels vllm-venvs interop bench-vllm dynamo deps fabric-deps test test-pure test-go demo fuzz bench vectors vectors-real clean help
 
 all: build
 
@@ -54,6 +54,7 @@ help:
 	@echo "make lint   - go vet, staticcheck, and a check that the generated enum strings are current"
 	@echo "make generate - regenerate the enum strings (stringer, version pinned in each //go:generate line)"
 	@echo "make interop VLLM=<version> - run vLLM's own NixlConnector (that release, CPU) against gonixl's roles"
+	@echo "make bench-vllm [VLLM=0.33.0 RUNS=6] - the same request read by vLLM's decode and by gonixl's, side by side (x_vllm)"
 
 build:
 	$(GO) build ./...
@@ -115,6 +116,13 @@ interop: nixl
 	@test -n "$(VLLM)" || { echo "usage: make interop VLLM=<version>" >&2; exit 2; }
 	@NIXL_VERSION=$(NIXL_VERSION) PYTHON=$(PYTHON) bash scripts/vllm-venv.sh $(VLLM)
 	GONIXL_VLLM_VERSIONS="$(VLLM)" $(GO) test -count=1 -timeout 20m -run '^TestVLLMReal$$' -v ./connector/
+
+# Side by side with vLLM itself: one vLLM prefill worker, read alternately by vLLM's own decode worker and by
+# gonixl's decode role; prints handshake and READ times and x_vllm (VLLM=0.33.0 by default, RUNS=6).
+bench-vllm: nixl
+	@NIXL_VERSION=$(NIXL_VERSION) PYTHON=$(PYTHON) bash scripts/vllm-venv.sh $(or $(VLLM),0.33.0)
+	GONIXL_VLLM_SIDE_BY_SIDE=1 GONIXL_VLLM_SIDE_BY_SIDE_RUNS=$(or $(RUNS),6) GONIXL_VLLM_VERSIONS="$(or $(VLLM),0.33.0)" \
+	  $(GO) test -count=1 -timeout 20m -run '^TestVLLMSideBySide$$' -v ./connector/
 
 # Pure-Go packages must build and pass without cgo.
 test-pure:

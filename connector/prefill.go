@@ -79,6 +79,14 @@ type PrefillConfig struct {
 	Logger *zap.Logger
 	// Metrics receives counters; nil = a private Metrics (see Prefill.Metrics).
 	Metrics *Metrics
+	// DeviceContext, when set, is a device context (e.g. a CUDA device's retained primary context) that the
+	// agent is created and registered in and that the notification loop holds current on its OS thread for
+	// the role's lifetime. A prefill worker whose DRAM is read by a decode worker's GPU on the same host needs
+	// one: UCX serves such a READ by a rendezvous through cuda_copy / cuda_ipc run by the target side's
+	// progress, which needs a current CUDA context there; without one it falls back to a software emulation
+	// over TCP (README's Measured section). Across hosts an RDMA NIC reads the DRAM without it. Close the role
+	// before the device: the loop holds the context until Close returns.
+	DeviceContext DeviceContext
 
 	// clock replaces time.Now for holds, leases and expiry (tests inject a fake clock); nil = time.Now.
 	clock func() time.Time
@@ -167,8 +175,12 @@ func newPrefill(cfg PrefillConfig) (*Prefill, error) {
 			host = h
 		}
 	}
-	reg, err := register(cfg.Library, fmt.Sprintf("%s-pp%d-tp%d", cfg.EngineID, cfg.Rank.PP, cfg.Rank.TP), cfg.Backends,
-		resolveDataDevice(cfg.DataDevice, host), cfg.Cache, true, log)
+	var reg *registered
+	err := withDevice(cfg.DeviceContext, func() (err error) {
+		reg, err = register(cfg.Library, fmt.Sprintf("%s-pp%d-tp%d", cfg.EngineID, cfg.Rank.PP, cfg.Rank.TP), cfg.Backends,
+			resolveDataDevice(cfg.DataDevice, host), cfg.Cache, true, log)
+		return err
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -247,7 +259,14 @@ func newPrefill(cfg PrefillConfig) (*Prefill, error) {
 	p.port = srv.Port()
 	p.shared = cfg.SideChannel
 	p.wg.Add(1)
-	go p.loop(ctx)
+	go func() {
+		ran := false
+		err := withDevice(cfg.DeviceContext, func() error { ran = true; p.loop(ctx); return nil })
+		if !ran {
+			p.log.Warn("the notification loop runs without the device context (reads into a GPU on this host may fall back to a slow path)", zap.Error(err))
+			p.loop(ctx)
+		}
+	}()
 	log.Info("prefill worker ready", zap.String("side_channel", srv.Endpoint()), zap.String("vllm_profile", cfg.Profile.Name),
 		zap.String("geometry", reg.geom.String()), zap.String("nixl_agent", reg.agent.Name()))
 	return p, nil
@@ -415,6 +434,14 @@ const (
 	busyPoll = 50 * time.Microsecond
 	idlePoll = time.Millisecond
 )
+
+// withDevice runs fn inside dc.Do, or directly when dc is nil.
+func withDevice(dc DeviceContext, fn func() error) error {
+	if dc == nil {
+		return fn()
+	}
+	return dc.Do(fn)
+}
 
 // loop drives the agent's progress, drains NIXL notifications (completions and heartbeats) and frees expired
 // requests.

@@ -7,6 +7,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/gonixl/gonixl/connector/protocol"
+	"github.com/gonixl/gonixl/nixl"
 )
 
 // ErrBusy is returned by Prefill.Reregister while requests are held for decode peers or being prefilled.
@@ -39,7 +40,11 @@ func (p *Prefill) Reregister() (int64, error) {
 	if err := p.reg.reg.Close(); err != nil {
 		return 0, fmt.Errorf("connector: deregistering the KV cache: %w", err)
 	}
-	reg, err := registerCache(p.reg.agent, p.cfg.Cache, p.reg.geom)
+	var reg *nixl.Registration
+	err := withDevice(p.cfg.DeviceContext, func() (err error) {
+		reg, err = registerCache(p.reg.agent, p.cfg.Cache, p.reg.geom)
+		return err
+	})
 	if err != nil {
 		p.reg.reg = nil
 		return 0, err

@@ -184,6 +184,9 @@ type event struct {
 	HBsRecv    int             `json:"heartbeats_received"`
 	RankHashes [][]string      `json:"rank_hashes"`
 	LoadErrs   []int           `json:"load_errors"`
+	HandshakeS float64         `json:"handshake_s"` // vLLM's decode: its handshakes since the last pull (TestVLLMSideBySide)
+	ReadS      float64         `json:"read_s"`      // vLLM's decode: first READ posted to the last seen done
+	Xfers      int             `json:"xfers"`       // vLLM's decode: READ requests posted
 	raw        string
 }
 

@@ -34,6 +34,7 @@ func (r runner) Run() int {
 const childEnv = "GONIXL_CUDA_CHILD"
 
 func TestMain(m *testing.M) {
+	benchpeer.PinHost = peerPin
 	benchpeer.MaybeServe(peerDevice) // BenchmarkDRAMToVRAM's DRAM peer process
 	if os.Getenv(childEnv) == "badptr" {
 		os.Exit(badPointerChild())
@@ -116,5 +117,21 @@ func peerDevice(run func() error) error {
 		return err
 	}
 	defer dev.Close()
+	peerDev = dev
 	return dev.Do(run)
+}
+
+// peerDev is the benchmark peer's device (set by peerDevice).
+var peerDev *cuda.Device
+
+// peerPin page-locks the benchmark peer's DRAM for CUDA, as a prefill worker holding a context can.
+func peerPin(addr uintptr, size uint64) (func() error, error) {
+	if peerDev == nil {
+		return nil, errors.New("the peer pins its DRAM only inside its device context")
+	}
+	hr, err := peerDev.RegisterHost(addr, size)
+	if err != nil {
+		return nil, err
+	}
+	return hr.Close, nil
 }

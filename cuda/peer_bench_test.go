@@ -21,36 +21,66 @@ import (
 // this process: one batch-copy call of the same block copies (x_batchcopy) and one big copy of the same
 // bytes (x_bigcopy). The host-buffered path (hostbuf_*) READs into pinned DRAM of this process in 8 slices
 // and copies each slice to the GPU with one batch-copy call while the next slice's READ runs.
+// GONIXL_BENCH_SWEEP=1 adds variants: the peer's DRAM page-locked for CUDA (peer-pinned), a peer without a
+// CUDA context, NIXL's defaults, and a sweep of UCX settings for 2 MiB contiguous runs (README's Measured
+// section has one run's figures).
 func BenchmarkDRAMToVRAM(b *testing.B) {
 	dev := gpu(b)
 	lib := loadNIXL(b)
 	rma := map[string]string{nixl.UCXRMAPipeline: "y"}
-	variants := []struct {
-		name     string
-		opts     nixl.UCXOptions
-		peerCUDA bool // the DRAM peer holds a CUDA context, as a prefill worker on a GPU host does
-	}{
-		{"gonixl-defaults", nixl.DefaultUCXOptions(), true},
-		{"gonixl-defaults/peer-without-cuda", nixl.DefaultUCXOptions(), false},
-		{"rma-pipeline", nixl.UCXOptions{Engine: rma}, true},
-		{"nixl-defaults", nixl.UCXOptions{}, true},
+	def := nixl.DefaultUCXOptions()
+	withThreads := func(n, split int) nixl.UCXOptions {
+		o := nixl.DefaultUCXOptions()
+		o.NumThreads, o.SplitBatchSize = n, split
+		return o
+	}
+	variants := []dramVRAMVariant{
+		{name: "gonixl-defaults", opts: def, peer: benchpeer.Options{Device: true}},
+		{name: "peer-pinned", opts: def, peer: benchpeer.Options{Device: true, Pin: true}},
+		{name: "gonixl-defaults/peer-without-cuda", opts: def},
+		{name: "rma-pipeline", opts: nixl.UCXOptions{Engine: rma}, peer: benchpeer.Options{Device: true}},
+		{name: "nixl-defaults", opts: nixl.UCXOptions{}, peer: benchpeer.Options{Device: true}},
+		// The 2 MiB sweep (one level each, so -test.bench '^BenchmarkDRAMToVRAM$/^ucx=/^block=2048KiB/^contiguous$'
+		// selects them): UCX settings that could lift a large contiguous run (README's Measured section).
+		{name: "pinned+unmerged", opts: def, peer: benchpeer.Options{Device: true, Pin: true}, unmerged: true},
+		{name: "pinned+frag16m", opts: def, peer: benchpeer.Options{Device: true, Pin: true}, env: []string{"UCX_RNDV_FRAG_SIZE", "host:512K,cuda:16M"}},
+		{name: "pinned+frag1m", opts: def, peer: benchpeer.Options{Device: true, Pin: true}, env: []string{"UCX_RNDV_FRAG_SIZE", "host:512K,cuda:1M"}},
+		{name: "pinned+fragalloc512", opts: def, peer: benchpeer.Options{Device: true, Pin: true}, env: []string{"UCX_RNDV_FRAG_ALLOC_COUNT", "host:128,cuda:512"}},
+		{name: "pinned+fraghost", opts: def, peer: benchpeer.Options{Device: true, Pin: true}, env: []string{"UCX_RNDV_FRAG_MEM_TYPES", "host"}},
+		{name: "pinned+rails4", opts: def, peer: benchpeer.Options{Device: true, Pin: true}, env: []string{"UCX_MAX_RNDV_RAILS", "4"}},
+		{name: "pinned+threads4x1", opts: withThreads(4, 1), peer: benchpeer.Options{Device: true, Pin: true}},
+		{name: "pinned+nopool", opts: nixl.UCXOptions{Engine: rma}, peer: benchpeer.Options{Device: true, Pin: true}},
+		{name: "pinned+unmerged+threads16x1", opts: withThreads(16, 1), peer: benchpeer.Options{Device: true, Pin: true}, unmerged: true},
+		{name: "nocuda+retainctx", opts: def, env: []string{"UCX_CUDA_COPY_RETAIN_PRIMARY_CTX", "y"}},
 	}
 	if os.Getenv("GONIXL_BENCH_SWEEP") == "" {
 		variants = variants[:1]
 	}
 	for _, v := range variants {
 		b.Run("ucx="+v.name, func(b *testing.B) {
+			for i := 0; i+1 < len(v.env); i += 2 {
+				b.Setenv(v.env[i], v.env[i+1]) // this process and the peer (started below) read it
+			}
 			params, err := v.opts.Params()
 			require.NoError(b, err)
-			benchDRAMToVRAM(b, dev, lib, params, v.peerCUDA)
+			benchDRAMToVRAM(b, dev, lib, params, v)
 		})
 	}
 }
 
-func benchDRAMToVRAM(b *testing.B, dev *cuda.Device, lib *nixl.Library, params map[string]string, peerCUDA bool) {
+// dramVRAMVariant is one configuration of BenchmarkDRAMToVRAM.
+type dramVRAMVariant struct {
+	name     string
+	opts     nixl.UCXOptions
+	peer     benchpeer.Options // Device: the DRAM peer holds a CUDA context, as a prefill worker on a GPU host does; Pin: its DRAM is page-locked for CUDA
+	env      []string          // UCX_* variables (name, value, ...) for both processes
+	unmerged bool              // post one descriptor per block (nixl.WithoutDescMerge): the pool takes them in parallel
+}
+
+func benchDRAMToVRAM(b *testing.B, dev *cuda.Device, lib *nixl.Library, params map[string]string, v dramVRAMVariant) {
 	const total = 128 << 20
 	b.Logf("UCX params %v; batch copies: cuMemcpyBatchAsync ABI %d (0 = per-copy loop)", params, shared.drv.BatchCopyABI())
-	peer := benchpeer.Start(b, lib, 2*total, params, peerCUDA)
+	peer := benchpeer.StartWith(b, lib, 2*total, params, v.peer)
 	a, err := lib.NewAgent(fmt.Sprintf("vram-bench-%d", time.Now().UnixNano()), nixl.AgentConfig{
 		Backends: []nixl.BackendSpec{{Plugin: "UCX", Params: params}}})
 	require.NoError(b, err)
@@ -118,7 +148,11 @@ func benchDRAMToVRAM(b *testing.B, dev *cuda.Device, lib *nixl.Library, params m
 				}
 				big := []cuda.Copy{{Dst: vram.Ptr(), Src: uint64(src.Addr()), Len: total}}
 				var xf *nixl.Xfer
-				require.NoError(b, dev.Do(func() (err error) { xf, err = a.MakeXfer(nixl.Read, vp, li, rp, ri); return err }))
+				var xo []nixl.Option
+				if v.unmerged {
+					xo = append(xo, nixl.WithoutDescMerge())
+				}
+				require.NoError(b, dev.Do(func() (err error) { xf, err = a.MakeXfer(nixl.Read, vp, li, rp, ri, xo...); return err }))
 				defer xf.Close()
 				const slices = 8
 				per := (n + slices - 1) / slices

@@ -189,7 +189,9 @@ def main():
 
         while True:
             try:
-                cmd = cmds.get(timeout=0.005)
+                # While a READ is pending, step without waiting (as vLLM's engine steps while it has requests),
+                # so the step loop adds no latency to the transfer timings.
+                cmd = cmds.get_nowait() if waiting else cmds.get(timeout=0.005)
             except queue.Empty:
                 cmd = None
             if cmd is not None:
@@ -264,9 +266,11 @@ def main():
                     continue
                 req = c["req"]
                 ok = rid not in failed
+                t_recv = time.perf_counter()
+                timing = eng.take_timings(c["t_sched"])
                 rank_hashes = group.call(("hash", c["blocks"]), lambda: hashes(regions, c["blocks"]))
                 emit(event="pulled", req_id=rid, ok=ok, blocks=c["blocks"], hashes=rank_hashes[0], rank_hashes=rank_hashes,
-                     seconds=round(time.perf_counter() - c["t_sched"], 3),
+                     seconds=round(t_recv - c["t_sched"], 6), **timing,
                      heartbeats=eng.heartbeats_sent() - c["hb0"],
                      load_errors=sorted(eng.load_errors))
                 free.extend(c["blocks"])
@@ -331,6 +335,7 @@ class Engine:
         self.hb = hb
         self._hb_sent = 0
         cw = worker.connector_worker
+        self._observe_timings(cw)
         # Count the heartbeats vLLM's worker sends (observation only: wraps its send_notif).
         if hasattr(cw, "_send_heartbeats"):
             wrapper = cw.nixl_wrapper
@@ -357,6 +362,49 @@ class Engine:
                 return out
 
             cw._handle_heartbeat = handle_heartbeat
+
+    def _observe_timings(self, cw):
+        """Times vLLM's handshakes and READs (observation only: wraps its _nixl_handshake and its NIXL wrapper's
+        transfer and check_xfer_state), for the side-by-side comparison (connector/vllm_sidebyside_test.go)."""
+        self._hs = []  # seconds of each handshake
+        self._posts = []  # (time, handle) of each READ posted
+        self._done = {}  # handle -> time its state was first seen DONE
+        if hasattr(cw, "_nixl_handshake"):
+            handshake = cw._nixl_handshake
+
+            def timed_handshake(*a, **kw):
+                t = time.perf_counter()
+                try:
+                    return handshake(*a, **kw)
+                finally:
+                    self._hs.append(time.perf_counter() - t)
+
+            cw._nixl_handshake = timed_handshake
+        w = cw.nixl_wrapper
+        transfer, check = w.transfer, w.check_xfer_state
+
+        def timed_transfer(handle, *a, **kw):
+            self._posts.append((time.perf_counter(), handle))
+            return transfer(handle, *a, **kw)
+
+        def timed_check(handle, *a, **kw):
+            st = check(handle, *a, **kw)
+            if st == "DONE" and handle not in self._done:
+                self._done[handle] = time.perf_counter()
+            return st
+
+        w.transfer, w.check_xfer_state = timed_transfer, timed_check
+
+    def take_timings(self, since):
+        """The handshakes and READs since the last call: handshake_s (their sum), read_s (first post to the
+        last completion seen), xfers (READ requests posted)."""
+        posts = [(t, h) for t, h in self._posts if t >= since]
+        read_s = 0.0
+        if posts and all(h in self._done for _, h in posts):
+            read_s = max(self._done[h] for _, h in posts) - min(t for t, _ in posts)
+        out = {"handshake_s": round(sum(self._hs), 6), "read_s": round(read_s, 6), "xfers": len(posts)}
+        self._hs, self._posts, self._done = [], [], {}
+        return out
 
     def heartbeats_sent(self):
         return self._hb_sent

@@ -126,6 +126,8 @@ func orchestrate() error {
 	where := fs.String("cache", "auto", "decode KV cache: auto (GPU memory when a CUDA GPU is present, else DRAM), gpu, dram, or hostbuf (NIXL into pinned DRAM, then copied to GPU memory)")
 	gpu := fs.Bool("gpu", false, "same as -cache gpu")
 	timeout := fs.Duration("timeout", 5*time.Minute, "bound on the whole run")
+	cudaCtx := fs.String("prefill-cuda-context", "auto", "the prefill worker's -cuda-context: auto (hold a CUDA context when a driver and device are present: needed for reads into a GPU on this host at PCIe speed), on, off")
+	pin := fs.Bool("prefill-cuda-pin-staging", true, "the prefill worker's -cuda-pin-staging (page-lock its staging arena for CUDA while it holds a context)")
 	fs.Parse(os.Args[1:])
 	var sizes []int
 	maxLen := 0
@@ -155,7 +157,8 @@ func orchestrate() error {
 	}
 	fmt.Print("starting prefill worker (Neuron KV tensors → pinned DRAM staging → NIXL) ... ")
 	t0 := time.Now()
-	pre, err := start(ctx, "prefill", append([]string{"serve-prefill", "-max-seq", strconv.Itoa(maxLen), "-batch-rows", strconv.Itoa(*concurrency)}, common...), os.Stderr)
+	pre, err := start(ctx, "prefill", append([]string{"serve-prefill", "-max-seq", strconv.Itoa(maxLen), "-batch-rows", strconv.Itoa(*concurrency),
+		"-cuda-context", *cudaCtx, "-cuda-pin-staging=" + strconv.FormatBool(*pin)}, common...), os.Stderr)
 	if err != nil {
 		return err
 	}

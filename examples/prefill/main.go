@@ -1,6 +1,9 @@
 // Command prefill is a Go prefill worker wire-compatible with vLLM's NixlConnector: its KV cache lives on a
 // Neuron device (gonixl's fake libnrt when no Trainium is present) and is staged through NIXL-registered DRAM
 // for the decode peer to READ. It serves vLLM's OpenAI-compatible /v1/completions with kv_transfer_params.
+// With -cuda-context auto (the default) it holds GPU 0's primary CUDA context when a CUDA driver and device are
+// present, so that a decode worker on the same host reads into GPU memory through UCX's cuda_copy / cuda_ipc
+// instead of a software emulation over TCP (README: "A CUDA context on the prefill side").
 package main
 
 import (

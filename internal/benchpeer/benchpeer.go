@@ -26,7 +26,21 @@ const (
 	envDevice = "GONIXL_BENCH_PEER_DEVICE"
 	envSize   = "GONIXL_BENCH_PEER_BYTES"
 	envParams = "GONIXL_BENCH_PEER_UCX"
+	envPin    = "GONIXL_BENCH_PEER_PIN"
 )
+
+// PinHost, when set (by a package with a GPU, before MaybeServe), page-locks the peer's DRAM buffer for CUDA
+// when Start asked for it (Options.Pin), as a prefill worker holding a CUDA context can do with its staging
+// arena. It returns the function that unpins it.
+var PinHost func(addr uintptr, size uint64) (unpin func() error, err error)
+
+// Options are Start's choices for the peer.
+type Options struct {
+	// Device runs the peer inside MaybeServe's device function (a CUDA context current).
+	Device bool
+	// Pin page-locks the peer's buffer for CUDA (PinHost; needs Device).
+	Pin bool
+}
 
 // Hello is the peer's one line on stdout: its agent, NIXL metadata and registered DRAM buffer.
 type Hello struct {
@@ -91,6 +105,16 @@ func serve(sizeS, paramsS string) error {
 		return err
 	}
 	defer m.Close()
+	if os.Getenv(envPin) != "" {
+		if PinHost == nil {
+			return fmt.Errorf("%s set but this binary has no benchpeer.PinHost", envPin)
+		}
+		unpin, err := PinHost(uintptr(m.Addr()), uint64(n))
+		if err != nil {
+			return err
+		}
+		defer unpin()
+	}
 	b := m.Bytes()
 	for i := range b {
 		b[i] = Pattern(uint64(i))
@@ -143,6 +167,12 @@ type Peer struct {
 // run inside MaybeServe's device function.
 func Start(tb testing.TB, lib *nixl.Library, size int64, ucxParams map[string]string, withDevice bool) *Peer {
 	tb.Helper()
+	return StartWith(tb, lib, size, ucxParams, Options{Device: withDevice})
+}
+
+// StartWith is Start with Options.
+func StartWith(tb testing.TB, lib *nixl.Library, size int64, ucxParams map[string]string, o Options) *Peer {
+	tb.Helper()
 	pj, err := json.Marshal(ucxParams)
 	if err != nil {
 		tb.Fatal(err)
@@ -152,8 +182,11 @@ func Start(tb testing.TB, lib *nixl.Library, size int64, ucxParams map[string]st
 	cmd := exec.Command(os.Args[0], "-test.run=^$", "-test.bench=^$")
 	cmd.Env = append(os.Environ(), envSize+"="+strconv.FormatInt(size, 10), envParams+"="+string(pj),
 		"NIXL_LIB_DIR="+lib.Dir(), "NIXL_PLUGIN_DIR="+lib.PluginDir())
-	if withDevice {
+	if o.Device {
 		cmd.Env = append(cmd.Env, envDevice+"=1")
+	}
+	if o.Pin {
+		cmd.Env = append(cmd.Env, envPin+"=1")
 	}
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()

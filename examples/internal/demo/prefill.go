@@ -18,6 +18,7 @@ import (
 
 	"github.com/gonixl/gonixl/connector"
 	"github.com/gonixl/gonixl/connector/protocol"
+	"github.com/gonixl/gonixl/cuda"
 	"github.com/gonixl/gonixl/layout"
 	"github.com/gonixl/gonixl/neuron"
 	"github.com/gonixl/gonixl/neuron/neurontest"
@@ -41,6 +42,14 @@ type PrefillConfig struct {
 	DataDevice  string        // connector.PrefillConfig.DataDevice ("" = loopback, as the side channel)
 	Library     *nixl.Library
 	Logger      *zap.Logger
+	// CUDAContext: "auto" ("" too: hold GPU 0's primary context when a CUDA driver and device are present),
+	// "on" (fail without one) or "off". See openCUDAContext for why a host-memory prefill worker wants one.
+	CUDAContext string
+	// NoPinStaging leaves the staging arena pageable for CUDA while a context is held (by default it is
+	// page-locked with cuMemHostRegister, so UCX's cuda_copy reads it at pinned speed).
+	NoPinStaging bool
+	// cudaLoad is where the CUDA driver is looked for (tests point it at nothing).
+	cudaLoad cuda.LoadOptions
 	// Ready is called with the HTTP base URL once the server listens.
 	Ready func(url string)
 }
@@ -58,6 +67,8 @@ type PrefillServer struct {
 	rows    chan int
 	seq     atomic.Int64
 	fakeDir string
+	cudaDev *cuda.Device           // held primary context (nil: none)
+	pinned  *cuda.HostRegistration // the staging arena, page-locked for CUDA
 }
 
 // OpenNeuron opens the Neuron runtime at path, or the real libnrt.so.1 when present, or else builds the fake
@@ -159,9 +170,22 @@ func NewPrefillServer(ctx context.Context, cfg PrefillConfig) (s *PrefillServer,
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	if s.cudaDev, err = openCUDAContext(cfg.CUDAContext, cfg.cudaLoad, log); err != nil {
+		return nil, err
+	}
+	var devCtx connector.DeviceContext
+	if s.cudaDev != nil {
+		devCtx = s.cudaDev
+		if !cfg.NoPinStaging {
+			if s.pinned, err = pinArena(s.cudaDev, s.stager); err != nil {
+				return nil, fmt.Errorf("page-locking the staging arena for CUDA (-cuda-pin-staging=false skips it): %w", err)
+			}
+		}
+	}
 	if s.role, err = connector.NewPrefill(connector.PrefillConfig{
 		VLLMVersion: cfg.VLLMVersion, Model: cfg.Model, Library: cfg.Library, Cache: s.stager, Backends: cfg.Backends,
 		Port: cfg.SideChannel, HoldTimeout: cfg.HoldTimeout, Logger: log, KVCacheLayout: cfg.Label, DataDevice: cfg.DataDevice,
+		DeviceContext: devCtx,
 	}); err != nil {
 		return nil, err
 	}
@@ -181,6 +205,12 @@ func (s *PrefillServer) Close() {
 		s.role.Close()
 		s.role = nil
 	}
+	if s.pinned != nil {
+		if err := s.pinned.Close(); err != nil {
+			s.log.Warn("unpinning the staging arena", zap.Error(err))
+		}
+		s.pinned = nil
+	}
 	if s.stager != nil {
 		s.stager.Close()
 		s.stager = nil
@@ -197,7 +227,16 @@ func (s *PrefillServer) Close() {
 		os.RemoveAll(s.fakeDir)
 		s.fakeDir = ""
 	}
+	if s.cudaDev != nil {
+		if err := s.cudaDev.Close(); err != nil {
+			s.log.Warn("releasing the CUDA context", zap.Error(err))
+		}
+		s.cudaDev = nil
+	}
 }
+
+// CUDADevice returns the CUDA device whose primary context the worker holds, or nil.
+func (s *PrefillServer) CUDADevice() *cuda.Device { return s.cudaDev }
 
 // compute writes what a model's prefill would leave in the NxDI KV tensors for one request: every layer's K
 // and V, heads × positions [0, tokens) of batch row `row`, in one batched device write.

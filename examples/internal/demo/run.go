@@ -27,6 +27,8 @@ func RunPrefill(ctx context.Context, args []string) error {
 	maxSeq := fs.Int("max-seq", 3072, "NxDI KV cache length per row (longest prompt)")
 	nrt := fs.String("nrt-lib", "", "libnrt path (default: libnrt.so.1 if installed, else gonixl's fake libnrt)")
 	label := fs.String("kv-layout-label", "", "kv_cache_layout label to publish when it differs from -kv-layout (a vLLM 0.16 decode worker with kv_buffer_device=cpu: -kv-layout NHD -kv-layout-label HND)")
+	cudaCtx := fs.String("cuda-context", CUDAContextAuto, "hold GPU 0's primary CUDA context: auto (when a CUDA driver and device are present), on, off. A decode worker on this host reading into GPU memory needs it: UCX then moves the bytes by cuda_copy / cuda_ipc instead of a software emulation over TCP")
+	pin := fs.Bool("cuda-pin-staging", true, "with a CUDA context, page-lock the staging arena for CUDA (cuMemHostRegister)")
 	log, lib, order, err := c.parse(fs, args)
 	if err != nil {
 		return err
@@ -34,7 +36,7 @@ func RunPrefill(ctx context.Context, args []string) error {
 	defer log.Sync()
 	s, err := NewPrefillServer(ctx, PrefillConfig{VLLMVersion: c.VLLMVersion, Model: Qwen3_0_6B, NumBlocks: c.NumBlocks, BatchRows: *rows,
 		MaxSeq: *maxSeq, Order: order, NRTPath: *nrt, Label: *label, Backends: c.BackendSpecs(), Library: lib, Logger: log, SideChannel: *side,
-		DataDevice: c.DataDevice})
+		DataDevice: c.DataDevice, CUDAContext: *cudaCtx, NoPinStaging: !*pin})
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil // stopped during start-up: a clean stop
@@ -43,7 +45,14 @@ func RunPrefill(ctx context.Context, args []string) error {
 	}
 	defer s.Close()
 	return Serve(ctx, *addr, s.Handler(), func(url string) {
-		fmt.Fprintf(os.Stdout, "READY %s side-channel=%d engine=%s\n", url, s.Role().Port(), s.Role().EngineID())
+		cudaInfo := "none"
+		if d := s.CUDADevice(); d != nil {
+			cudaInfo = fmt.Sprintf("%q", d.Props().Name)
+			if s.pinned != nil {
+				cudaInfo += ",staging-pinned"
+			}
+		}
+		fmt.Fprintf(os.Stdout, "READY %s side-channel=%d engine=%s cuda-context=%s\n", url, s.Role().Port(), s.Role().EngineID(), cudaInfo)
 	})
 }
 
