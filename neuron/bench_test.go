@@ -25,12 +25,11 @@ func benchSetup(b *testing.B, workers int, device bool, agent *nixl.Agent) (*Sta
 	}
 	nb := benchTokens/16 + 1
 	g := layout.Geometry{NumLayers: 28, NumBlocks: nb, BlockSize: 16, NumKVHeads: 8, HeadDim: 128, DType: layout.BF16, Order: layout.HND, Plan: layout.PlanSplitKV}
-	s := newStager(b, StagerConfig{Geometry: g, Source: src, Workers: workers, Agent: agent, Lock: LockBestEffort})
-	ids, err := s.Reserve(nb - 1)
-	if err != nil {
-		b.Fatal(err)
+	s := newStager(b, StagerConfig{Geometry: g, Source: src, Workers: workers, Lock: LockBestEffort})
+	if agent != nil {
+		registerArena(b, agent, s)
 	}
-	return s, Request{ID: "bench", Tokens: benchTokens, BlockIDs: ids}, c
+	return s, Request{ID: "bench", Tokens: benchTokens, BlockIDs: blockRange(1, nb-1)}, c
 }
 
 // hostCopyNs is the in-run baseline: the best of a few plain copies of the request's bytes (every layer's K

@@ -3,8 +3,6 @@ package neuron
 import (
 	"errors"
 	"fmt"
-
-	"github.com/gonixl/gonixl/layout"
 )
 
 // Status is an NRT_STATUS code returned by libnrt (nrt_status.h; the numbering is stable and only appended to).
@@ -35,11 +33,6 @@ var (
 	ErrBadArgument = errors.New("neuron: bad argument")
 	// ErrTooLarge: a requested size is beyond what this package or the machine can hold.
 	ErrTooLarge = errors.New("neuron: size too large")
-	// ErrNoBlocks: the block pool cannot satisfy a reservation.
-	// It wraps layout.ErrNoBlocks (= connector.ErrNoBlocks), so callers need not know which pool ran out.
-	ErrNoBlocks = fmt.Errorf("neuron: %w", layout.ErrNoBlocks)
-	// ErrNotReserved: a block id is not currently reserved (double release, or staging into free blocks).
-	ErrNotReserved = errors.New("neuron: block not reserved")
 )
 
 // statusInfo is one row of the NRT_STATUS table: the C name, the sentinel it maps to and a hint on what to do.

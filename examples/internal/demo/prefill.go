@@ -151,9 +151,10 @@ func NewPrefillServer(ctx context.Context, cfg PrefillConfig) (s *PrefillServer,
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	// The arena is registered by the prefill role (Agent nil here); the Stager's pool hands out the blocks.
+	// The Stager is the role's cache and its fill function; the role registers the arena, allocates the
+	// blocks and holds them for the decode peer.
 	if s.stager, err = neuron.NewStager(neuron.StagerConfig{Geometry: g, SchedulerBlocks: cfg.NumBlocks, Source: src,
-		Lock: neuron.LockBestEffort, Pool: neuron.PoolOptions{LeaseTimeout: -1}, Logger: log}); err != nil {
+		Lock: neuron.LockBestEffort, Logger: log}); err != nil {
 		return nil, err
 	}
 	if err := ctx.Err(); err != nil {
@@ -262,10 +263,11 @@ func (s *PrefillServer) completions(w http.ResponseWriter, r *http.Request) {
 	var stage time.Duration
 	var out protocol.KVTransferParams
 	if err == nil {
+		fill := s.stager.Fill(row, tokens)
 		out, err = s.role.Prefill(r.Context(), id, tokens, func(ctx context.Context, blocks []int) error {
 			t := time.Now()
 			defer func() { stage = time.Since(t) }()
-			return s.stager.Stage(ctx, neuron.Request{ID: id, Row: row, Tokens: tokens, BlockIDs: blocks})
+			return fill(ctx, blocks)
 		})
 	}
 	s.rows <- row
