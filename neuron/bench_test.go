@@ -20,7 +20,7 @@ func benchSetup(b *testing.B, workers int, device bool, agent *nixl.Agent) (*Sta
 	c := newTestCache(spec)
 	var src Source = c.host(b)
 	if device {
-		rt := openFake(b, Options{})
+		rt := openFake(b, LoadOptions{})
 		src = c.device(b, rt)
 	}
 	nb := benchTokens/16 + 1

@@ -5,7 +5,7 @@
 //
 // # libnrt
 //
-// Open loads libnrt.so.1 — from Options.Path, else $GONIXL_NRT_LIB, else the loader path, else
+// Load loads libnrt.so.1 — from LoadOptions.Path, else $GONIXL_NRT_LIB, else the loader path, else
 // /opt/aws/neuron/lib — resolves the C functions (declared in this package; no Neuron SDK is needed to
 // build) and calls nrt_init. Optional functions (nrt_tensor_read_batch, nrt_get_status_as_str) are used when
 // present. NRT_STATUS codes become *Error values matching sentinels such as ErrTimeout or ErrResource with

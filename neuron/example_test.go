@@ -28,7 +28,7 @@ var (
 )
 
 // Staging a prefill request from (fake) Neuron device tensors into the host arena a decode peer reads.
-// With a real Trainium the only change is Options.Path (or nothing: libnrt.so.1 is found by itself). In a
+// With a real Trainium the only change is LoadOptions.Path (or nothing: libnrt.so.1 is found by itself). In a
 // server the Stager is the prefill role's Cache (the role registers it with NIXL, allocates the blocks and
 // holds them for the decode peer) and Fill is what it runs: role.Prefill(ctx, id, 20, st.Fill(row, 20)).
 func Example() {
@@ -39,7 +39,7 @@ func Example() {
 		fmt.Println(err)
 		return
 	}
-	rt, err := neuron.Open(neuron.Options{Path: lib})
+	rt, err := neuron.Load(neuron.LoadOptions{Path: lib})
 	if err != nil {
 		fmt.Println(err)
 		return

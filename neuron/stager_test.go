@@ -284,7 +284,7 @@ func TestStageExactBytes(t *testing.T) {
 				for _, workers := range []int{1, 4} {
 					name := fmt.Sprintf("%v/%v/kT=%v/workers=%d", order, plan, kT, workers)
 					t.Run(name, func(t *testing.T) {
-						rt := openFake(t, Options{})
+						rt := openFake(t, LoadOptions{})
 						c := newTestCache(smallSpec(kT))
 						s := newStager(t, StagerConfig{Geometry: smallGeometry(order, plan), Source: c.device(t, rt), FirstHead: 1, Workers: workers})
 						fillArena(s, 0xAA)
@@ -300,7 +300,7 @@ func TestStageExactBytes(t *testing.T) {
 }
 
 func TestStageHostSourceMatchesDevice(t *testing.T) {
-	rt := openFake(t, Options{})
+	rt := openFake(t, LoadOptions{})
 	c := newTestCache(smallSpec(false))
 	g := smallGeometry(layout.HND, layout.PlanSplitKV)
 	sd := newStager(t, StagerConfig{Geometry: g, Source: c.device(t, rt), FirstHead: 1})
@@ -348,7 +348,7 @@ func TestStageValidation(t *testing.T) {
 func TestStageFaultThenRetry(t *testing.T) {
 	for _, workers := range []int{1, 4} {
 		t.Run(fmt.Sprint("workers=", workers), func(t *testing.T) {
-			rt := openFake(t, Options{})
+			rt := openFake(t, LoadOptions{})
 			c := newTestCache(smallSpec(false))
 			s := newStager(t, StagerConfig{Geometry: smallGeometry(layout.NHD, layout.PlanSplitKV), Source: c.device(t, rt), FirstHead: 1, Workers: workers})
 			req := Request{ID: "r", Row: 1, Tokens: 15, BlockIDs: blockRange(1, 4)}
@@ -368,7 +368,7 @@ func TestStageFaultThenRetry(t *testing.T) {
 }
 
 func TestStageCancelled(t *testing.T) {
-	rt := openFake(t, Options{})
+	rt := openFake(t, LoadOptions{})
 	c := newTestCache(smallSpec(false))
 	s := newStager(t, StagerConfig{Geometry: smallGeometry(layout.NHD, layout.PlanSplitKV), Source: c.device(t, rt), FirstHead: 1, Workers: 2})
 	// 200 ms per device read: far longer than the deadline plus Go's timer latency while threads sit in C.
@@ -383,7 +383,7 @@ func TestStageCancelled(t *testing.T) {
 // TestFillCompleteOnReturn stages through Fill (the connector's FillFunc) with random device latency: the
 // moment it returns, every byte of the request is in place.
 func TestFillCompleteOnReturn(t *testing.T) {
-	rt := openFake(t, Options{})
+	rt := openFake(t, LoadOptions{})
 	c := newTestCache(smallSpec(false))
 	s := newStager(t, StagerConfig{Geometry: smallGeometry(layout.HND, layout.PlanSplitKV), Source: c.device(t, rt), FirstHead: 1, Workers: 3})
 	setCtl(t, rt, "read_delay_us", 200)
@@ -419,7 +419,7 @@ func TestStableBasesAcrossRequests(t *testing.T) {
 func TestNIXLReadOfStagedBlocks(t *testing.T) {
 	for _, plan := range []layout.RegionPlan{layout.PlanSplitKV, layout.PlanKVHalves} {
 		t.Run(plan.String(), func(t *testing.T) {
-			rt := openFake(t, Options{})
+			rt := openFake(t, LoadOptions{})
 			c := newTestCache(smallSpec(true))
 			g := smallGeometry(layout.HND, plan)
 			prefill, decode := newAgent(t, "prefill"), newAgent(t, "decode")
@@ -535,7 +535,7 @@ func TestStagerConfigErrors(t *testing.T) {
 }
 
 func TestDeviceSourceFromNxDIState(t *testing.T) {
-	rt := openFake(t, Options{})
+	rt := openFake(t, LoadOptions{})
 	c := newTestCache(smallSpec(false))
 	dev := c.device(t, rt)
 	state := map[string]*Tensor{}
@@ -561,7 +561,7 @@ func TestDeviceSourceFromNxDIState(t *testing.T) {
 }
 
 func TestSourceShapeChecks(t *testing.T) {
-	rt := openFake(t, Options{})
+	rt := openFake(t, LoadOptions{})
 	spec := smallSpec(false)
 	n, _ := spec.TensorBytes()
 	wrong, err := rt.Allocate(PlacementDevice, 0, uint64(n)+2, "wrong")

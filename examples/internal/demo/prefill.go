@@ -64,8 +64,8 @@ type PrefillServer struct {
 // libnrt into a temporary folder (returned, for removal) and opens that. When ctx ends during the build the
 // compiler is stopped, the folder removed and ctx's error returned.
 func OpenNeuron(ctx context.Context, path string, log *zap.Logger) (*neuron.Runtime, string, error) {
-	if path == "" && neuron.Available(neuron.Options{}) {
-		rt, err := neuron.Open(neuron.Options{Logger: log})
+	if path == "" && neuron.Available(neuron.LoadOptions{}) {
+		rt, err := neuron.Load(neuron.LoadOptions{Logger: log})
 		return rt, "", err
 	}
 	dir := ""
@@ -80,7 +80,7 @@ func OpenNeuron(ctx context.Context, path string, log *zap.Logger) (*neuron.Runt
 		}
 		log.Info("no Neuron runtime found: using gonixl's fake libnrt over host memory", zap.String("path", path))
 	}
-	rt, err := neuron.Open(neuron.Options{Path: path, Logger: log})
+	rt, err := neuron.Load(neuron.LoadOptions{Path: path, Logger: log})
 	if err != nil && dir != "" {
 		os.RemoveAll(dir)
 	}
