@@ -28,17 +28,7 @@ import (
 )
 
 func main() {
-	if len(os.Args) > 1 && (os.Args[1] == "serve-prefill" || os.Args[1] == "serve-decode") {
-		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-		defer stop()
-		run := demo.RunPrefill
-		if os.Args[1] == "serve-decode" {
-			run = demo.RunDecode
-		}
-		if err := run(ctx, os.Args[2:]); err != nil {
-			fmt.Fprintln(os.Stderr, os.Args[1]+":", err)
-			os.Exit(1)
-		}
+	if demo.ServeSubcommand(os.Args[1:]) {
 		return
 	}
 	if err := orchestrate(); err != nil {
