@@ -26,16 +26,7 @@ func TestDescMerge(t *testing.T) {
 	a, b := mk("merge-a"), mk("merge-b")
 	const blk, n = 4096, 64
 	ma, mb := hostMem(t, 2*blk*n), hostMem(t, 2*blk*n)
-	ra, err := a.RegisterMem(nixl.DRAM, []nixl.Desc{ma.Desc()})
-	require.NoError(t, err)
-	defer ra.Close()
-	rb, err := b.RegisterMem(nixl.DRAM, []nixl.Desc{mb.Desc()})
-	require.NoError(t, err)
-	defer rb.Close()
-	md, err := b.LocalMetadata()
-	require.NoError(t, err)
-	_, err = a.LoadRemoteMetadata(md)
-	require.NoError(t, err)
+	connectDRAM(t, a, b, ma, mb)
 
 	list := func(base uint64, stride, length uint64) []nixl.Desc {
 		d := make([]nixl.Desc, n)
@@ -111,16 +102,7 @@ func TestLayoutPlansPostedDescs(t *testing.T) {
 				}
 				return out
 			}
-			ra, err := a.RegisterMem(nixl.DRAM, []nixl.Desc{ma.Desc()})
-			require.NoError(t, err)
-			defer ra.Close()
-			rb, err := b.RegisterMem(nixl.DRAM, []nixl.Desc{mb.Desc()})
-			require.NoError(t, err)
-			defer rb.Close()
-			md, err := b.LocalMetadata()
-			require.NoError(t, err)
-			_, err = a.LoadRemoteMetadata(md)
-			require.NoError(t, err)
+			connectDRAM(t, a, b, ma, mb)
 			defer a.InvalidateRemoteMetadata(b.Name())
 
 			p, err := layout.NewReadPlan(g, 1, 0, g, 1, 1)

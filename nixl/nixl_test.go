@@ -78,6 +78,23 @@ func hostMem(t testing.TB, size int64) *nixl.HostMem {
 	return m
 }
 
+// connectDRAM registers ma with a and mb with b until the test ends, and loads b's metadata into a.
+func connectDRAM(t testing.TB, a, b *nixl.Agent, ma, mb *nixl.HostMem) {
+	t.Helper()
+	for _, side := range []struct {
+		agent *nixl.Agent
+		mem   *nixl.HostMem
+	}{{a, ma}, {b, mb}} {
+		r, err := side.agent.RegisterMem(nixl.DRAM, []nixl.Desc{side.mem.Desc()})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = r.Close() })
+	}
+	md, err := b.LocalMetadata()
+	require.NoError(t, err)
+	_, err = a.LoadRemoteMetadata(md)
+	require.NoError(t, err)
+}
+
 func fill(b []byte, seed byte) {
 	for i := range b {
 		b[i] = byte(i*31) ^ seed
@@ -380,16 +397,7 @@ func TestTelemetryAndCost(t *testing.T) {
 	}
 	a, b := mk("tel-a"), mk("tel-b")
 	ma, mb := hostMem(t, 1<<20), hostMem(t, 1<<20)
-	ra, err := a.RegisterMem(nixl.DRAM, []nixl.Desc{ma.Desc()})
-	require.NoError(t, err)
-	defer ra.Close()
-	rb, err := b.RegisterMem(nixl.DRAM, []nixl.Desc{mb.Desc()})
-	require.NoError(t, err)
-	defer rb.Close()
-	md, err := b.LocalMetadata()
-	require.NoError(t, err)
-	_, err = a.LoadRemoteMetadata(md)
-	require.NoError(t, err)
+	connectDRAM(t, a, b, ma, mb)
 	x, err := a.CreateXfer(nixl.Read, nixl.DRAM, []nixl.Desc{ma.Desc()}, nixl.DRAM, []nixl.Desc{mb.Desc()}, b.Name())
 	require.NoError(t, err)
 	defer x.Close()
