@@ -1,8 +1,6 @@
 package nixl_test
 
 import (
-	"fmt"
-	"os"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -17,13 +15,7 @@ import (
 // list, e.g. vLLM's K halves) or indices out of order are not merged. CreateXfer lists are posted as given.
 func TestDescMerge(t *testing.T) {
 	l := loadLib(t)
-	mk := func(n string) *nixl.Agent {
-		a, err := l.NewAgent(fmt.Sprintf("%s-%d", n, os.Getpid()), nixl.AgentConfig{CaptureTelemetry: true, Backends: []nixl.BackendSpec{{Plugin: "UCX"}}})
-		require.NoError(t, err)
-		t.Cleanup(func() { a.Close() })
-		return a
-	}
-	a, b := mk("merge-a"), mk("merge-b")
+	a, b := telemetryAgent(t, l, "merge-a"), telemetryAgent(t, l, "merge-b")
 	const blk, n = 4096, 64
 	ma, mb := hostMem(t, 2*blk*n), hostMem(t, 2*blk*n)
 	connectDRAM(t, a, b, ma, mb)
@@ -80,13 +72,7 @@ func TestDescMerge(t *testing.T) {
 // plan says.
 func TestLayoutPlansPostedDescs(t *testing.T) {
 	l := loadLib(t)
-	mk := func(n string) *nixl.Agent {
-		a, err := l.NewAgent(fmt.Sprintf("%s-%d", n, os.Getpid()), nixl.AgentConfig{CaptureTelemetry: true, Backends: []nixl.BackendSpec{{Plugin: "UCX"}}})
-		require.NoError(t, err)
-		t.Cleanup(func() { a.Close() })
-		return a
-	}
-	a, b := mk("plans-a"), mk("plans-b")
+	a, b := telemetryAgent(t, l, "plans-a"), telemetryAgent(t, l, "plans-b")
 	for _, plan := range []layout.RegionPlan{layout.PlanSplitKV, layout.PlanKVHalves, layout.PlanPackedKV} {
 		t.Run(plan.String(), func(t *testing.T) {
 			g := layout.Geometry{NumLayers: 28, NumBlocks: 80, BlockSize: 16, NumKVHeads: 1, HeadDim: 8, DType: layout.BF16, Order: layout.HND, Plan: plan}

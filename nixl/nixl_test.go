@@ -78,6 +78,15 @@ func hostMem(t testing.TB, size int64) *nixl.HostMem {
 	return m
 }
 
+// telemetryAgent is a UCX agent that captures telemetry, named name-<pid>, closed when the test ends.
+func telemetryAgent(t testing.TB, l *nixl.Library, name string) *nixl.Agent {
+	t.Helper()
+	a, err := l.NewAgent(fmt.Sprintf("%s-%d", name, os.Getpid()), nixl.AgentConfig{CaptureTelemetry: true, Backends: []nixl.BackendSpec{{Plugin: "UCX"}}})
+	require.NoError(t, err)
+	t.Cleanup(func() { a.Close() })
+	return a
+}
+
 // connectDRAM registers ma with a and mb with b until the test ends, and loads b's metadata into a.
 func connectDRAM(t testing.TB, a, b *nixl.Agent, ma, mb *nixl.HostMem) {
 	t.Helper()
@@ -389,13 +398,7 @@ func TestLeakedHandleIsReportedAndReleased(t *testing.T) {
 
 func TestTelemetryAndCost(t *testing.T) {
 	l := loadLib(t)
-	mk := func(n string) *nixl.Agent {
-		a, err := l.NewAgent(fmt.Sprintf("%s-%d", n, os.Getpid()), nixl.AgentConfig{CaptureTelemetry: true, Backends: []nixl.BackendSpec{{Plugin: "UCX"}}})
-		require.NoError(t, err)
-		t.Cleanup(func() { a.Close() })
-		return a
-	}
-	a, b := mk("tel-a"), mk("tel-b")
+	a, b := telemetryAgent(t, l, "tel-a"), telemetryAgent(t, l, "tel-b")
 	ma, mb := hostMem(t, 1<<20), hostMem(t, 1<<20)
 	connectDRAM(t, a, b, ma, mb)
 	x, err := a.CreateXfer(nixl.Read, nixl.DRAM, []nixl.Desc{ma.Desc()}, nixl.DRAM, []nixl.Desc{mb.Desc()}, b.Name())
