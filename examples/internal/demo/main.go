@@ -37,3 +37,12 @@ func serve(name, role string, args []string) {
 		os.Exit(1)
 	}
 }
+
+// GBps is the throughput of bytes moved in msec milliseconds, in GB/s (0 for no time), as the examples'
+// summaries print it.
+func GBps(bytes int64, msec float64) float64 {
+	if msec <= 0 {
+		return 0
+	}
+	return float64(bytes) / (msec / 1000) / 1e9
+}
