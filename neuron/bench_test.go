@@ -116,22 +116,7 @@ func BenchmarkStageAndNIXLRead(b *testing.B) {
 	prefill, decode := newAgent(b, "bprefill"), newAgent(b, "bdecode")
 	s, req, c := benchSetup(b, 0, true, prefill)
 	g := s.Geometry()
-	dmem, err := nixl.AllocHost(g.TotalBytes(), nixl.HostOptions{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer dmem.Close()
-	dbases := make([]uint64, g.NumRegions())
-	var dregs []nixl.Desc
-	for r := range dbases {
-		dbases[r] = dmem.Addr() + uint64(g.RegionOffset(r))
-		dregs = append(dregs, nixl.Desc{Addr: dbases[r], Len: uint64(g.RegionLen())})
-	}
-	reg, err := decode.RegisterMem(nixl.DRAM, dregs)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer reg.Close()
+	_, dbases := peerArena(b, decode, g)
 	md, err := prefill.LocalMetadata()
 	if err != nil {
 		b.Fatal(err)

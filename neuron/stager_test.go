@@ -223,16 +223,36 @@ func smallGeometry(order layout.BlockOrder, plan layout.RegionPlan) layout.Geome
 	return layout.Geometry{NumLayers: 4, NumBlocks: 32, BlockSize: 4, NumKVHeads: 2, HeadDim: 8, DType: layout.BF16, Order: order, Plan: plan}
 }
 
-// registerArena registers s's regions with agent as DRAM until the test ends.
+// registerArena registers s's regions with agent as DRAM until the test ends (what the prefill role does).
 func registerArena(tb testing.TB, agent *nixl.Agent, s *Stager) {
+	registerRegions(tb, agent, s.Geometry(), s.RegionBases())
+}
+
+// registerRegions registers the regions of geometry g at bases with agent as DRAM until the test ends.
+func registerRegions(tb testing.TB, agent *nixl.Agent, g layout.Geometry, bases []uint64) {
 	tb.Helper()
 	var descs []nixl.Desc
-	for _, base := range s.RegionBases() {
-		descs = append(descs, nixl.Desc{Addr: base, Len: uint64(s.Geometry().RegionLen())})
+	for _, base := range bases {
+		descs = append(descs, nixl.Desc{Addr: base, Len: uint64(g.RegionLen())})
 	}
 	reg, err := agent.RegisterMem(nixl.DRAM, descs)
 	require.NoError(tb, err)
 	tb.Cleanup(func() { require.NoError(tb, reg.Close()) })
+}
+
+// peerArena is a decode peer's own DRAM cache of geometry g, registered with agent; it returns the memory
+// and the region bases. Both go when the test ends.
+func peerArena(tb testing.TB, agent *nixl.Agent, g layout.Geometry) (*nixl.HostMem, []uint64) {
+	tb.Helper()
+	mem, err := nixl.AllocHost(g.TotalBytes(), nixl.HostOptions{})
+	require.NoError(tb, err)
+	tb.Cleanup(func() { require.NoError(tb, mem.Close()) })
+	bases := make([]uint64, g.NumRegions())
+	for r := range bases {
+		bases[r] = mem.Addr() + uint64(g.RegionOffset(r))
+	}
+	registerRegions(tb, agent, g, bases)
+	return mem, bases
 }
 
 func newStager(tb testing.TB, cfg StagerConfig) *Stager {
@@ -430,18 +450,7 @@ func TestNIXLReadOfStagedBlocks(t *testing.T) {
 			reqs := stageBatch(t, s)
 
 			// The decode peer's own cache of the same geometry.
-			dmem, err := nixl.AllocHost(g.TotalBytes(), nixl.HostOptions{})
-			require.NoError(t, err)
-			defer dmem.Close()
-			dbases := make([]uint64, g.NumRegions())
-			var dregs []nixl.Desc
-			for r := range dbases {
-				dbases[r] = dmem.Addr() + uint64(g.RegionOffset(r))
-				dregs = append(dregs, nixl.Desc{Addr: dbases[r], Len: uint64(g.RegionLen())})
-			}
-			reg, err := decode.RegisterMem(nixl.DRAM, dregs)
-			require.NoError(t, err)
-			defer reg.Close()
+			dmem, dbases := peerArena(t, decode, g)
 
 			md, err := prefill.LocalMetadata()
 			require.NoError(t, err)
