@@ -237,114 +237,32 @@ func (d *Decode) pull(ctx context.Context, requestID string, kv protocol.KVTrans
 		log.Warn("pull failed", zap.Error(err))
 		return res, err
 	}
-	if err := kv.ValidateForDecode(); err != nil {
-		return fail(fmt.Errorf("%w: %v", ErrBadParams, err))
+	req, err := d.validate(kv, localBlocks)
+	if err != nil {
+		return fail(err)
 	}
-	if len(kv.RemoteBlockIDs) != 1 {
-		return fail(fmt.Errorf("%w: %d KV-cache groups; gonixl serves models with one group", ErrBadParams, len(kv.RemoteBlockIDs)))
-	}
-	if kv.RemoteHost == "" || kv.RemotePort <= 0 || kv.RemotePort > 65535 {
-		return fail(fmt.Errorf("%w: remote_host %q / remote_port %d do not name a side channel", ErrBadParams, kv.RemoteHost, kv.RemotePort))
-	}
-	if kv.RemoteRequestID == "" {
-		return fail(fmt.Errorf("%w: remote_request_id is empty (the prefill side could never match the notification)", ErrBadParams))
-	}
-	remoteIDs := kv.RemoteBlockIDs[0]
-	if err := d.reg.geom.CheckBlockIDs(localBlocks, 0); err != nil {
-		return fail(fmt.Errorf("%w: local blocks: %v", ErrBadParams, err))
-	}
-	prefillTP := kv.TPSize
-	if prefillTP <= 0 {
-		prefillTP = 1 // vLLM assumes 1 when tp_size is absent
-	}
-	addr := "tcp://" + net.JoinHostPort(kv.RemoteHost, strconv.Itoa(kv.RemotePort))
 	d.advanceGeneration(kv.RemoteEngineID, kv.RemoteRegistrationGeneration)
-	re, hsTook, err := d.remote(ctx, kv.RemoteEngineID, addr, prefillTP)
+	re, hsTook, err := d.remote(ctx, kv.RemoteEngineID, req.addr, req.prefillTP)
 	if err != nil {
 		return fail(err)
 	}
 	defer d.put(re)
 	res.Handshake = hsTook
-	ids := make([]int, len(remoteIDs))
-	for i, v := range remoteIDs {
-		ids[i] = int(v)
-	}
-	if err := re.plan.Remote.CheckBlockIDs(ids, 0); err != nil {
-		return fail(fmt.Errorf("%w: remote block ids against the prefill engine's %d blocks: %v", ErrBadParams, re.plan.Remote.NumBlocks, err))
-	}
-	if r := re.plan.BlockSizeRatio(); len(localBlocks) != (len(ids)+r-1)/r {
-		return fail(fmt.Errorf("%w: %d remote blocks need %d local blocks (block size ratio %d), got %d", ErrBadParams,
-			len(ids), (len(ids)+r-1)/r, r, len(localBlocks)))
-	}
-	localIdx, remoteIdx, err := re.plan.Indices(localBlocks, ids, nil, nil)
-	if err != nil {
-		return fail(fmt.Errorf("%w: %v", ErrBadParams, err))
-	}
-	count := re.plan.NotifsExpected()
-	if d.cfg.Profile.Notif == protocol.NotifDecodeTPSize {
-		count = d.cfg.TPSize
-	}
-	notif, err := d.cfg.Profile.EncodeNotification(protocol.Notification{RequestID: kv.RemoteRequestID, Count: count})
-	if err != nil {
-		return fail(fmt.Errorf("%w: %v", ErrBadParams, err))
+	if err := d.planPull(re, &req); err != nil {
+		return fail(err)
 	}
 	if hp, ok := d.cfg.Cache.(HostBufferedPipeline); ok && re.plan.BlockSizeRatio() == 1 && len(localBlocks) > 1 {
-		if readErr, copyErr := d.pullSliced(ctx, re, hp, localBlocks, ids, notif, kv.RemoteRequestID, &res); readErr != nil {
+		if readErr, copyErr := d.pullSliced(ctx, re, hp, req, &res); readErr != nil {
 			d.forget(re) // pullSliced closed its requests
-			return fail(fmt.Errorf("connector: READ of %d blocks from %s: %w", len(ids), kv.RemoteEngineID, readErr))
+			return fail(req.readError(readErr))
 		} else if copyErr != nil {
 			return fail(copyErr)
 		}
-		return d.pulled(log, res, len(ids)), nil
+		return d.pulled(log, res, len(req.remote)), nil
 	}
-	xfers := make([]*nixl.Xfer, 0, len(re.sources))
-	defer func() {
-		for _, x := range xfers {
-			_ = x.Close()
-		}
-	}()
-	start := time.Now()
-	err = d.do(func() error {
-		for _, src := range re.sources {
-			x, err := d.reg.agent.MakeXfer(nixl.Read, src.local, localIdx, src.remote, remoteIdx, d.reg.xferOpts(notif)...)
-			if err != nil {
-				return err
-			}
-			xfers = append(xfers, x)
-			if _, err := x.Post(); err != nil {
-				return err
-			}
-			res.Bytes += int64(len(localIdx)) * src.pairLen
-		}
-		return nil
-	})
-	if err == nil {
-		agents := make([]string, len(re.sources))
-		for i, src := range re.sources {
-			agents[i] = src.agent
-		}
-		stopHB := d.heartbeat(agents, kv.RemoteRequestID)
-		for _, x := range xfers {
-			if err = x.Wait(ctx); err != nil {
-				break
-			}
-		}
-		stopHB()
+	if err := d.read(ctx, re, req, &res, log); err != nil {
+		return fail(err)
 	}
-	res.Transfer = time.Since(start)
-	if err != nil {
-		// The peer may be gone: release (cancel) the requests first, then drop the handshake, so the next
-		// request handshakes again. Other pulls may still use this engine's lists: they are closed when the
-		// last of them returns (put), never under a live transfer.
-		for _, x := range xfers {
-			if cerr := x.Close(); cerr != nil {
-				log.Warn("releasing the failed READ", zap.Error(cerr))
-			}
-		}
-		d.forget(re)
-		return fail(fmt.Errorf("connector: READ of %d blocks from %s: %w", len(ids), kv.RemoteEngineID, err))
-	}
-	res.Blocks = len(ids)
 	if hb, ok := d.cfg.Cache.(HostBuffered); ok {
 		t := time.Now()
 		if err := hb.CopyToDevice(ctx, localBlocks); err != nil {
@@ -352,14 +270,153 @@ func (d *Decode) pull(ctx context.Context, requestID string, kv protocol.KVTrans
 		}
 		res.Copy = time.Since(t)
 	}
-	d.metrics.Requests.Add(1)
-	d.metrics.Bytes.Add(res.Bytes)
-	d.metrics.Observe("transfer", res.Transfer)
-	log.Debug("pulled", zap.Int("blocks", res.Blocks), zap.Int64("bytes", res.Bytes), zap.Duration("transfer", res.Transfer), zap.Float64("gbps", res.GBps()))
-	return res, nil
+	return d.pulled(log, res, len(req.remote)), nil
 }
 
-// pulled records a pulled request of blocks blocks (sliced host-buffered path).
+// read posts the request's READs and awaits them, filling res's Bytes, Transfer (post to completion) and
+// Blocks. After a failure it releases the requests and drops the handshake: the peer may be gone, so the
+// next request handshakes again. Other pulls may still use this engine's lists: they are closed when the
+// last of them returns (put), never under a live transfer.
+func (d *Decode) read(ctx context.Context, re *remoteEngine, req pullRequest, res *Result, log *zap.Logger) error {
+	start := time.Now()
+	xfers, err := d.post(re, req, res)
+	defer closeXfers(xfers, nil)
+	if err == nil {
+		err = d.await(ctx, re, req, xfers)
+	}
+	res.Transfer = time.Since(start)
+	if err != nil {
+		closeXfers(xfers, log) // cancel the requests before dropping the handshake
+		d.forget(re)
+		return req.readError(err)
+	}
+	res.Blocks = len(req.remote)
+	return nil
+}
+
+// pullRequest is one pull: checked against the request and the local cache by validate, then against the
+// prefill engine's plan, and turned into descriptor indices and a notification, by planPull.
+type pullRequest struct {
+	kv        protocol.KVTransferParams
+	local     []int  // local block ids, checked against the local cache
+	remote    []int  // remote block ids, checked against the prefill engine's cache by planPull
+	addr      string // the prefill engine's side channel
+	prefillTP int
+
+	localIdx, remoteIdx []int  // descriptor indices of the whole request (planPull)
+	notif               []byte // the encoded notification (planPull)
+}
+
+// readError wraps a failed READ of the request.
+func (r *pullRequest) readError(err error) error {
+	return fmt.Errorf("connector: READ of %d blocks from %s: %w", len(r.remote), r.kv.RemoteEngineID, err)
+}
+
+// validate checks what can be checked before a handshake: kv_transfer_params' fields and the local block
+// ids (against the local cache, once: nothing checks them again).
+func (d *Decode) validate(kv protocol.KVTransferParams, localBlocks []int) (pullRequest, error) {
+	if err := kv.ValidateForDecode(); err != nil {
+		return pullRequest{}, fmt.Errorf("%w: %v", ErrBadParams, err)
+	}
+	if len(kv.RemoteBlockIDs) != 1 {
+		return pullRequest{}, fmt.Errorf("%w: %d KV-cache groups; gonixl serves models with one group", ErrBadParams, len(kv.RemoteBlockIDs))
+	}
+	if kv.RemoteHost == "" || kv.RemotePort <= 0 || kv.RemotePort > 65535 {
+		return pullRequest{}, fmt.Errorf("%w: remote_host %q / remote_port %d do not name a side channel", ErrBadParams, kv.RemoteHost, kv.RemotePort)
+	}
+	if kv.RemoteRequestID == "" {
+		return pullRequest{}, fmt.Errorf("%w: remote_request_id is empty (the prefill side could never match the notification)", ErrBadParams)
+	}
+	if err := d.reg.geom.CheckBlockIDs(localBlocks, 0); err != nil {
+		return pullRequest{}, fmt.Errorf("%w: local blocks: %v", ErrBadParams, err)
+	}
+	req := pullRequest{kv: kv, local: localBlocks, prefillTP: kv.TPSize,
+		addr: "tcp://" + net.JoinHostPort(kv.RemoteHost, strconv.Itoa(kv.RemotePort))}
+	if req.prefillTP <= 0 {
+		req.prefillTP = 1 // vLLM assumes 1 when tp_size is absent
+	}
+	req.remote = make([]int, len(kv.RemoteBlockIDs[0]))
+	for i, v := range kv.RemoteBlockIDs[0] {
+		req.remote[i] = int(v)
+	}
+	return req, nil
+}
+
+// planPull checks the remote block ids against the handshaken prefill engine (once) and the local block
+// count against the block size ratio, then computes the request's descriptor indices and notification.
+func (d *Decode) planPull(re *remoteEngine, req *pullRequest) error {
+	ids := req.remote
+	if err := re.plan.Remote.CheckBlockIDs(ids, 0); err != nil {
+		return fmt.Errorf("%w: remote block ids against the prefill engine's %d blocks: %v", ErrBadParams, re.plan.Remote.NumBlocks, err)
+	}
+	if r := re.plan.BlockSizeRatio(); len(req.local) != (len(ids)+r-1)/r {
+		return fmt.Errorf("%w: %d remote blocks need %d local blocks (block size ratio %d), got %d", ErrBadParams,
+			len(ids), (len(ids)+r-1)/r, r, len(req.local))
+	}
+	req.localIdx, req.remoteIdx = re.plan.AppendIndices(nil, nil, req.local, ids)
+	count := re.plan.NotifsExpected()
+	if d.cfg.Profile.Notif == protocol.NotifDecodeTPSize {
+		count = d.cfg.TPSize
+	}
+	notif, err := d.cfg.Profile.EncodeNotification(protocol.Notification{RequestID: req.kv.RemoteRequestID, Count: count})
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrBadParams, err)
+	}
+	req.notif = notif
+	return nil
+}
+
+// post makes and posts one READ per prefill rank read, each notifying its rank on completion, and adds the
+// bytes posted to res. It returns the requests made, posted or not, for the caller to close.
+func (d *Decode) post(re *remoteEngine, req pullRequest, res *Result) ([]*nixl.Xfer, error) {
+	xfers := make([]*nixl.Xfer, 0, len(re.sources))
+	err := d.do(func() error {
+		for _, src := range re.sources {
+			x, err := d.reg.agent.MakeXfer(nixl.Read, src.local, req.localIdx, src.remote, req.remoteIdx, d.reg.xferOpts(req.notif)...)
+			if err != nil {
+				return err
+			}
+			xfers = append(xfers, x)
+			if _, err := x.Post(); err != nil {
+				return err
+			}
+			res.Bytes += int64(len(req.localIdx)) * src.pairLen
+		}
+		return nil
+	})
+	return xfers, err
+}
+
+// await waits for posted READs, renewing the request's lease on the prefill side meanwhile (heartbeat).
+func (d *Decode) await(ctx context.Context, re *remoteEngine, req pullRequest, xfers []*nixl.Xfer) error {
+	defer d.heartbeat(re.agents(), req.kv.RemoteRequestID)()
+	for _, x := range xfers {
+		if err := x.Wait(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// closeXfers releases requests (Close is idempotent), logging failures when log is set.
+func closeXfers(xfers []*nixl.Xfer, log *zap.Logger) {
+	for _, x := range xfers {
+		if err := x.Close(); err != nil && log != nil {
+			log.Warn("releasing the failed READ", zap.Error(err))
+		}
+	}
+}
+
+// agents are the NIXL agent names of the prefill ranks read.
+func (re *remoteEngine) agents() []string {
+	agents := make([]string, len(re.sources))
+	for i, src := range re.sources {
+		agents[i] = src.agent
+	}
+	return agents
+}
+
+// pulled records a pulled request of blocks blocks.
 func (d *Decode) pulled(log *zap.Logger, res Result, blocks int) Result {
 	res.Blocks = blocks
 	d.metrics.Requests.Add(1)

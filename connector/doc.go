@@ -27,7 +27,9 @@
 //
 // Cache is what the roles register and publish: DRAMCache here, a neuron.Stager (Neuron KV staged through
 // pinned DRAM) or a cuda.KVCache (GPU memory) from the device packages, which this package never imports.
-// Optional interfaces add what a device needs: BlockAllocator (the cache hands out the blocks), Registrar
+// A role owns the rest: it allocates blocks (BlockPool), holds them for the decode peer on one clock (the
+// profile's lease or abort timeout, PrefillConfig.HoldTimeout) and registers the cache; a device only fills
+// blocks (Prefill's FillFunc, e.g. neuron.Stager.Fill). Optional interfaces add what a device needs: Registrar
 // (the cache registers itself), DeviceContext (NIXL calls run with the device context current) and
 // HostBuffered (a host-buffered decode cache copied to the device after each READ; HostBufferedPipeline
 // copies each READ slice while the next ones run).

@@ -18,8 +18,8 @@ const hostBufferedSlices = 8
 // every source once all READs are done. It fills res.Bytes, res.Transfer (post to the last READ's completion)
 // and res.Copy (the copies' tail after that). It applies only with a block size ratio of 1. A failed READ or
 // notification is readErr (the handshake is then dropped); a failed copy is copyErr.
-func (d *Decode) pullSliced(ctx context.Context, re *remoteEngine, hb HostBufferedPipeline, localBlocks, ids []int,
-	notif []byte, remoteRequestID string, res *Result) (readErr, copyErr error) {
+func (d *Decode) pullSliced(ctx context.Context, re *remoteEngine, hb HostBufferedPipeline, req pullRequest, res *Result) (readErr, copyErr error) {
+	localBlocks, ids := req.local, req.remote
 	n := len(localBlocks)
 	per := max(1, (n+hostBufferedSlices-1)/hostBufferedSlices)
 	type slice struct {
@@ -39,10 +39,7 @@ func (d *Decode) pullSliced(ctx context.Context, re *remoteEngine, hb HostBuffer
 	err := d.do(func() error {
 		for a := 0; a < n; a += per {
 			b := min(a+per, n)
-			li, ri, err := re.plan.Indices(localBlocks[a:b], ids[a:b], nil, nil)
-			if err != nil {
-				return fmt.Errorf("%w: %v", ErrBadParams, err)
-			}
+			li, ri := re.plan.AppendIndices(nil, nil, localBlocks[a:b], ids[a:b])
 			s := slice{blocks: localBlocks[a:b]}
 			for _, src := range re.sources {
 				x, err := d.reg.agent.MakeXfer(nixl.Read, src.local, li, src.remote, ri, opts...)
@@ -60,12 +57,9 @@ func (d *Decode) pullSliced(ctx context.Context, re *remoteEngine, hb HostBuffer
 		}
 		return nil
 	})
-	agents := make([]string, len(re.sources))
-	for i, src := range re.sources {
-		agents[i] = src.agent
-	}
+	agents := re.agents()
 	if err == nil {
-		stopHB := d.heartbeat(agents, remoteRequestID)
+		stopHB := d.heartbeat(agents, req.kv.RemoteRequestID)
 	wait:
 		for _, s := range slices {
 			for _, x := range s.xfers {
@@ -84,7 +78,7 @@ func (d *Decode) pullSliced(ctx context.Context, re *remoteEngine, hb HostBuffer
 		return err, nil
 	}
 	for _, a := range agents {
-		if err := d.reg.agent.SendNotification(a, notif); err != nil {
+		if err := d.reg.agent.SendNotification(a, req.notif); err != nil {
 			return fmt.Errorf("notifying prefill agent %s: %w", a, err), nil
 		}
 	}

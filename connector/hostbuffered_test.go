@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gonixl/gonixl/connector/protocol"
+	"github.com/gonixl/gonixl/nixl"
 )
 
 // hostBufferedDRAM is a decode cache with kv_buffer_device="cpu" semantics: NIXL fills the DRAM arena and the
@@ -47,17 +48,30 @@ func (h *hostBufferedDRAM) CopyToDevice(ctx context.Context, blockIDs []int) err
 
 var _ HostBuffered = (*hostBufferedDRAM)(nil)
 
+// newHostBufferedDRAM is a host-buffered tiny 16-block cache with its "device" copy.
+func newHostBufferedDRAM(t testing.TB, p protocol.Profile) *hostBufferedDRAM {
+	hb := &hostBufferedDRAM{DRAMCache: newCache(t, tinyGeom(t, p, 16))}
+	hb.device = make([]byte, len(hb.Bytes()))
+	return hb
+}
+
+// tinyPrefill is a prefill role over a tiny 16-block DRAM cache, closed when the test ends.
+func tinyPrefill(t testing.TB, p protocol.Profile, l *nixl.Library) (*Prefill, *DRAMCache) {
+	t.Helper()
+	pc := newCache(t, tinyGeom(t, p, 16))
+	pre, err := NewPrefill(PrefillConfig{Profile: p, Library: l, Cache: pc, Compat: tinyCompat(p)})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, pre.Close()) })
+	return pre, pc
+}
+
 // A host-buffered decode cache gets exactly one CopyToDevice per pulled request, with the local block ids,
 // after the READ; its time is reported; a failing copy fails the pull with the copy's error.
 func TestPullHostBuffered(t *testing.T) {
 	p, _ := protocol.ProfileByName("0.33")
 	l := testLib(t)
-	pc := newCache(t, tinyGeom(t, p, 16))
-	pre, err := NewPrefill(PrefillConfig{Profile: p, Library: l, Cache: pc, Compat: tinyCompat(p)})
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, pre.Close()) })
-	hb := &hostBufferedDRAM{DRAMCache: newCache(t, tinyGeom(t, p, 16))}
-	hb.device = make([]byte, len(hb.Bytes()))
+	pre, pc := tinyPrefill(t, p, l)
+	hb := newHostBufferedDRAM(t, p)
 	m := &Metrics{}
 	d, err := NewDecode(DecodeConfig{Profile: p, Library: l, Cache: hb, Compat: tinyCompat(p), Metrics: m})
 	require.NoError(t, err)
@@ -96,7 +110,7 @@ func TestPullHostBuffered(t *testing.T) {
 
 // hostBufferedPipe is hostBufferedDRAM with started (here: immediate) copies, so the role pulls in slices.
 type hostBufferedPipe struct {
-	hostBufferedDRAM
+	*hostBufferedDRAM
 	waits int
 }
 
@@ -119,12 +133,8 @@ var _ HostBufferedPipeline = (*hostBufferedPipe)(nil)
 func TestPullHostBufferedSlices(t *testing.T) {
 	p, _ := protocol.ProfileByName("0.33")
 	l := testLib(t)
-	pc := newCache(t, tinyGeom(t, p, 16))
-	pre, err := NewPrefill(PrefillConfig{Profile: p, Library: l, Cache: pc, Compat: tinyCompat(p)})
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, pre.Close()) })
-	hb := &hostBufferedPipe{hostBufferedDRAM: hostBufferedDRAM{DRAMCache: newCache(t, tinyGeom(t, p, 16))}}
-	hb.device = make([]byte, len(hb.Bytes()))
+	pre, pc := tinyPrefill(t, p, l)
+	hb := &hostBufferedPipe{hostBufferedDRAM: newHostBufferedDRAM(t, p)}
 	d, err := NewDecode(DecodeConfig{Profile: p, Library: l, Cache: hb, Compat: tinyCompat(p)})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, d.Close()) })

@@ -25,8 +25,8 @@ func NewBlockPool(numBlocks int) *BlockPool {
 	return p
 }
 
-// ErrNoBlocks is wrapped by the errors of a pool that cannot satisfy an allocation: BlockPool's, neuron's
-// (both wrap layout.ErrNoBlocks, which this is), and so Prefill's. It is transient: HTTP servers answer 503
+// ErrNoBlocks is wrapped by the errors of a pool that cannot satisfy an allocation: BlockPool's (it is
+// layout.ErrNoBlocks), and so Prefill's. It is transient: HTTP servers answer 503
 // with Retry-After.
 var ErrNoBlocks = layout.ErrNoBlocks
 

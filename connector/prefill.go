@@ -101,7 +101,6 @@ type Prefill struct {
 	metrics *Metrics
 	reg     *registered
 	pool    *BlockPool
-	alloc   BlockAllocator
 	server  *sidechannel.Server // owned side channel
 	shared  *sidechannel.Server // or one shared by the engine's workers
 	payload []byte
@@ -188,12 +187,7 @@ func newPrefill(cfg PrefillConfig) (*Prefill, error) {
 	// payload, so its first kv_transfer_params carry remote_registration_generation 1.
 	p := &Prefill{cfg: cfg, log: log, metrics: metrics, reg: reg, held: map[string]*heldReq{}, pending: map[string]bool{}}
 	p.generation.Store(1)
-	if a, ok := cfg.Cache.(BlockAllocator); ok {
-		p.alloc = a // e.g. a neuron.Stager, whose Stage needs blocks from its own pool
-	} else {
-		p.pool = NewBlockPool(reg.geom.NumBlocks)
-		p.alloc = poolAllocator{p.pool}
-	}
+	p.pool = NewBlockPool(reg.geom.NumBlocks)
 	p.now = cfg.clock
 	if p.now == nil {
 		p.now = time.Now
@@ -300,19 +294,6 @@ func (p *Prefill) Agent() *nixl.Agent { return p.reg.agent }
 // Metrics returns the role's metrics.
 func (p *Prefill) Metrics() *Metrics { return p.metrics }
 
-// BlockAllocator hands out and takes back a cache's block ids. A Cache that implements it (a neuron.Stager)
-// allocates the prefill role's blocks; otherwise the role uses its own BlockPool. Reserve's error wraps
-// ErrNoBlocks when too few blocks are free.
-type BlockAllocator interface {
-	Reserve(n int) ([]int, error)
-	Release(ids []int) error
-}
-
-type poolAllocator struct{ p *BlockPool }
-
-func (a poolAllocator) Reserve(n int) ([]int, error) { return a.p.Alloc(n) }
-func (a poolAllocator) Release(ids []int) error      { a.p.Free(ids); return nil }
-
 // FillFunc puts a request's KV into the cache at the given block ids (in token order) and returns only when
 // every block is complete.
 type FillFunc func(ctx context.Context, blockIDs []int) error
@@ -324,8 +305,8 @@ var ErrDuplicateRequest = errors.New("connector: duplicate request id")
 // Prefill runs one prefill request: it takes blocks for numTokens tokens, calls fill to put the KV there
 // (Neuron staging, a CPU computation, …), holds the blocks for the decode peer and returns the
 // kv_transfer_params of vLLM's prefill response. On any error the blocks are freed and nothing is published.
-// A request id already in use fails with ErrDuplicateRequest; when the allocator has too few free blocks the
-// error wraps ErrNoBlocks (the allocator's error must wrap it: BlockPool's and neuron's do).
+// A request id already in use fails with ErrDuplicateRequest; when the role's block pool has too few free
+// blocks the error wraps ErrNoBlocks. The role owns allocation and the hold clock: fill only writes blocks.
 func (p *Prefill) Prefill(ctx context.Context, requestID string, numTokens int, fill FillFunc) (protocol.KVTransferParams, error) {
 	log := p.log.With(zap.String("request_id", requestID))
 	if requestID == "" || numTokens <= 0 {
@@ -348,7 +329,7 @@ func (p *Prefill) Prefill(ctx context.Context, requestID string, numTokens int, 
 		delete(p.pending, requestID)
 		p.mu.Unlock()
 	}
-	blocks, err := p.alloc.Reserve(p.reg.geom.NeededBlocks(numTokens))
+	blocks, err := p.pool.Alloc(p.reg.geom.NeededBlocks(numTokens))
 	if err != nil {
 		unclaim()
 		p.metrics.RequestErrors.Add(1)
@@ -357,7 +338,7 @@ func (p *Prefill) Prefill(ctx context.Context, requestID string, numTokens int, 
 	start := time.Now()
 	if fill != nil {
 		if err := fill(ctx, blocks); err != nil {
-			_ = p.alloc.Release(blocks)
+			p.pool.Free(blocks)
 			unclaim()
 			p.metrics.RequestErrors.Add(1)
 			log.Warn("prefill fill failed; blocks freed", zap.Error(err))
@@ -422,9 +403,7 @@ func (p *Prefill) Held() int {
 // release gives a held request's blocks back and updates the gauge. Callers hold p.mu and have removed h
 // from p.held, so Held() == 0 implies every block is back and counted.
 func (p *Prefill) release(h *heldReq) {
-	if err := p.alloc.Release(h.blocks); err != nil {
-		p.log.Warn("releasing blocks failed", zap.String("request_id", h.id), zap.Error(err))
-	}
+	p.pool.Free(h.blocks)
 	p.metrics.BlocksHeld.Add(-int64(len(h.blocks)))
 }
 
@@ -581,7 +560,7 @@ func (p *Prefill) expire(now time.Time) {
 }
 
 // Close stops the side channel and the notification loop, deregisters the cache and closes the agent, then
-// returns the blocks still held for decode peers to the allocator. Idempotent.
+// returns the blocks still held for decode peers to the pool. Idempotent.
 func (p *Prefill) Close() error {
 	var err error
 	p.closed.Do(func() {
@@ -600,7 +579,7 @@ func (p *Prefill) Close() error {
 		}
 		p.regMu.Unlock()
 		// The cache is deregistered and the agent gone, so no decode peer can read the held blocks any more:
-		// give them back to the allocator (a neuron.Stager outlives the role).
+		// give them back to the pool.
 		p.mu.Lock()
 		held := p.held
 		p.held = map[string]*heldReq{}

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"os"
 	"sync"
+
+	"github.com/gonixl/gonixl/internal/dl"
 )
 
 // EnvLibPath names an environment variable that, when set, is the libcuda.so.1 tried right after
@@ -45,26 +47,12 @@ var (
 	loaded *Driver
 )
 
-// candidates lists what Load tries, in order, without duplicates.
-func (o LoadOptions) candidates() []string {
-	var out []string
-	seen := map[string]bool{}
-	add := func(p string) {
-		if p != "" && !seen[p] {
-			seen[p] = true
-			out = append(out, p)
-		}
-	}
-	add(o.Path)
+// candidates lists what Load tries, in order, without duplicates (internal/dl's one search order).
+func (o LoadOptions) candidates() []dl.Candidate {
 	if o.NoSearch && o.Path != "" {
-		return out
+		return []dl.Candidate{{Path: o.Path, Source: "LoadOptions.Path"}}
 	}
-	add(os.Getenv(EnvLibPath))
-	add(LibraryName)
-	for _, p := range StandardPaths {
-		add(p)
-	}
-	return out
+	return dl.Search("LoadOptions.Path", o.Path, EnvLibPath, os.Getenv, LibraryName, StandardPaths)
 }
 
 // Load opens libcuda.so.1, binds the driver entry points this package uses (the _v2 versions where the
@@ -81,13 +69,14 @@ func Load(opts LoadOptions) (*Driver, error) {
 	}
 	loadMu.Lock()
 	defer loadMu.Unlock()
-	le := &LoadError{}
+	le := &LoadError{Prefix: "cuda", Library: LibraryName, Sentinel: ErrNotLoaded,
+		Fix: "install the NVIDIA driver, or set LoadOptions.Path / " + EnvLibPath + " to its libcuda.so.1"}
 	var path string
-	for _, c := range opts.candidates() {
+	for _, cand := range opts.candidates() {
+		c := cand.Path
 		if c != LibraryName && c[0] == '/' {
 			if _, err := os.Stat(c); err != nil {
-				le.Tried = append(le.Tried, c)
-				le.Why = append(le.Why, "not present")
+				le.Add(c, "not present")
 				continue
 			}
 		}
@@ -96,8 +85,7 @@ func Load(opts LoadOptions) (*Driver, error) {
 			path = c
 			break
 		}
-		le.Tried = append(le.Tried, c)
-		le.Why = append(le.Why, why)
+		le.Add(c, why)
 	}
 	if path == "" {
 		return nil, le

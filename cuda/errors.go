@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+
+	"github.com/gonixl/gonixl/internal/dl"
 )
 
 // Result is a CUDA driver API status code (CUresult). A Result other than Success is itself an error, and
@@ -149,26 +151,7 @@ func invalid(op, format string, args ...any) error {
 // closedErr reports use of a closed handle.
 func closedErr(what string) error { return fmt.Errorf("%w: %s", ErrClosed, what) }
 
-// LoadError reports that no CUDA driver library could be loaded. It lists each candidate with why it failed.
-type LoadError struct {
-	Tried []string // each candidate path or name, in the order tried
-	Why   []string // the matching reason (dlopen's message, a missing symbol)
-}
-
-func (e *LoadError) Error() string {
-	var b strings.Builder
-	b.WriteString("cuda: could not load the CUDA driver library (libcuda.so.1); install the NVIDIA driver, or set " +
-		"LoadOptions.Path / " + EnvLibPath + " to its libcuda.so.1. Tried:")
-	for i, t := range e.Tried {
-		b.WriteString("\n  ")
-		b.WriteString(t)
-		if i < len(e.Why) && e.Why[i] != "" {
-			b.WriteString(": ")
-			b.WriteString(e.Why[i])
-		}
-	}
-	return b.String()
-}
-
-// Unwrap returns ErrNotLoaded.
-func (e *LoadError) Unwrap() error { return ErrNotLoaded }
+// LoadError reports that no CUDA driver library could be loaded: each candidate (Tried) with why it failed
+// (Why). It unwraps to ErrNotLoaded. It is the loaders' one shape (nixl.LoadError and neuron.LoadError are
+// the same type).
+type LoadError = dl.LoadError

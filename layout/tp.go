@@ -280,6 +280,15 @@ func (p *ReadPlan) Indices(localIDs, remoteIDs []int, localDst, remoteDst []int)
 	if err := p.Remote.CheckBlockIDs(remoteIDs, 0); err != nil {
 		return local, remote, fmt.Errorf("remote: %w", err)
 	}
+	local, remote = p.AppendIndices(local, remote, localIDs, remoteIDs)
+	return local, remote, nil
+}
+
+// AppendIndices is Indices for block ids already checked (Local.CheckBlockIDs, Remote.CheckBlockIDs): it
+// appends the descriptor indices to localDst and remoteDst and checks nothing, so a caller that checked a
+// request's ids once can index any slice of them.
+func (p *ReadPlan) AppendIndices(localDst, remoteDst []int, localIDs, remoteIDs []int) (local, remote []int) {
+	local, remote = localDst, remoteDst
 	nLocal := min(len(localIDs)*p.ratio, len(remoteIDs))
 	if nLocal < len(remoteIDs) {
 		remoteIDs = remoteIDs[len(remoteIDs)-nLocal:]
@@ -292,7 +301,7 @@ func (p *ReadPlan) Indices(localIDs, remoteIDs []int, localDst, remoteDst []int)
 		}
 	}
 	remote = appendIndices(remote, regions, p.Remote.NumBlocks, remoteIDs)
-	return local, remote, nil
+	return local, remote
 }
 
 // NotifsExpected is how many notifications each P rank waits for per request from this D engine:

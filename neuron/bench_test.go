@@ -20,17 +20,16 @@ func benchSetup(b *testing.B, workers int, device bool, agent *nixl.Agent) (*Sta
 	c := newTestCache(spec)
 	var src Source = c.host(b)
 	if device {
-		rt := openFake(b, Options{})
+		rt := openFake(b, LoadOptions{})
 		src = c.device(b, rt)
 	}
 	nb := benchTokens/16 + 1
 	g := layout.Geometry{NumLayers: 28, NumBlocks: nb, BlockSize: 16, NumKVHeads: 8, HeadDim: 128, DType: layout.BF16, Order: layout.HND, Plan: layout.PlanSplitKV}
-	s := newStager(b, StagerConfig{Geometry: g, Source: src, Workers: workers, Agent: agent, Lock: LockBestEffort})
-	ids, err := s.Reserve(nb - 1)
-	if err != nil {
-		b.Fatal(err)
+	s := newStager(b, StagerConfig{Geometry: g, Source: src, Workers: workers, Lock: LockBestEffort})
+	if agent != nil {
+		registerArena(b, agent, s)
 	}
-	return s, Request{ID: "bench", Tokens: benchTokens, BlockIDs: ids}, c
+	return s, Request{ID: "bench", Tokens: benchTokens, BlockIDs: blockRange(1, nb-1)}, c
 }
 
 // hostCopyNs is the in-run baseline: the best of a few plain copies of the request's bytes (every layer's K
@@ -117,22 +116,7 @@ func BenchmarkStageAndNIXLRead(b *testing.B) {
 	prefill, decode := newAgent(b, "bprefill"), newAgent(b, "bdecode")
 	s, req, c := benchSetup(b, 0, true, prefill)
 	g := s.Geometry()
-	dmem, err := nixl.AllocHost(g.TotalBytes(), nixl.HostOptions{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer dmem.Close()
-	dbases := make([]uint64, g.NumRegions())
-	var dregs []nixl.Desc
-	for r := range dbases {
-		dbases[r] = dmem.Addr() + uint64(g.RegionOffset(r))
-		dregs = append(dregs, nixl.Desc{Addr: dbases[r], Len: uint64(g.RegionLen())})
-	}
-	reg, err := decode.RegisterMem(nixl.DRAM, dregs)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer reg.Close()
+	_, dbases := peerArena(b, decode, g)
 	md, err := prefill.LocalMetadata()
 	if err != nil {
 		b.Fatal(err)

@@ -5,7 +5,7 @@
 //
 // # libnrt
 //
-// Open loads libnrt.so.1 — from Options.Path, else $GONIXL_NRT_LIB, else the loader path, else
+// Load loads libnrt.so.1 — from LoadOptions.Path, else $GONIXL_NRT_LIB, else the loader path, else
 // /opt/aws/neuron/lib — resolves the C functions (declared in this package; no Neuron SDK is needed to
 // build) and calls nrt_init. Optional functions (nrt_tensor_read_batch, nrt_get_status_as_str) are used when
 // present. NRT_STATUS codes become *Error values matching sentinels such as ErrTimeout or ErrResource with
@@ -21,7 +21,7 @@
 //
 // NewStager allocates one page-aligned host arena (mmap; mlock per StagerConfig.Lock; huge pages when
 // available) sized from the layout.Geometry — NumBlocks taken from, and checked against, the scheduler's
-// block pool — refuses absurd sizes, and registers it once with a nixl.Agent as DRAM. Its regions sit back
+// block pool — and refuses absurd sizes. Its regions sit back
 // to back in the geometry's region order; RegionBases, Geometry, MemType (DRAM) and DeviceID (0, vLLM's
 // device "cpu") are the handshake inputs, and never change while the Stager lives.
 //
@@ -29,11 +29,11 @@
 // ids the scheduler assigned, in the peer's order (NHD or HND) and region plan, using layout's converter. The
 // 2·NumLayers (layer, K|V) units run over a worker pool, so the device reads of one unit overlap the layout
 // work of another; each unit's device reads are one native call. Stage returns only once every block is
-// complete; on any error nothing is reported Ready.
+// complete. Fill(row, tokens) is the same as a connector.FillFunc.
 //
-// Block lifecycle: Reserve(n) hands out ids (never block 0, the null block); Stage fills them and restarts
-// their lease; Release(ids) on the decode peer's notification, or the lease (vLLM's 480 s abort timeout by
-// default) runs out and Reclaim (also run by Reserve) frees them for reuse.
+// A Stager is a cache plus a fill function, nothing more: the connector's prefill role registers the arena
+// with NIXL (as any DRAM cache), allocates the block ids, calls Fill, and holds the blocks for the decode
+// peer until its notification or the profile's lease / abort timeout — one pool, one clock, one registrar.
 //
 // # Testing without hardware
 //

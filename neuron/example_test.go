@@ -11,8 +11,8 @@ import (
 	"github.com/gonixl/gonixl/nixl"
 )
 
-// The connector package's cache and block-allocator interfaces, which a Stager satisfies structurally
-// (copied here so that this package does not depend on the connector).
+// The connector package's Cache interface and FillFunc type, which a Stager and its Fill satisfy
+// structurally (copied here so that this package does not depend on the connector).
 type cache interface {
 	Geometry() layout.Geometry
 	MemType() nixl.MemType
@@ -20,19 +20,17 @@ type cache interface {
 	RegionBases() []uint64
 }
 
-type blockAllocator interface {
-	Reserve(n int) ([]int, error)
-	Release(ids []int) error
-}
+type fillFunc func(ctx context.Context, blockIDs []int) error
 
 var (
-	_ cache          = (*neuron.Stager)(nil)
-	_ blockAllocator = (*neuron.Stager)(nil)
+	_ cache    = (*neuron.Stager)(nil)
+	_ fillFunc = (*neuron.Stager)(nil).Fill(0, 1)
 )
 
 // Staging a prefill request from (fake) Neuron device tensors into the host arena a decode peer reads.
-// With a real Trainium the only change is Options.Path (or nothing: libnrt.so.1 is found by itself), and
-// StagerConfig.Agent registers the arena with NIXL.
+// With a real Trainium the only change is LoadOptions.Path (or nothing: libnrt.so.1 is found by itself). In a
+// server the Stager is the prefill role's Cache (the role registers it with NIXL, allocates the blocks and
+// holds them for the decode peer) and Fill is what it runs: role.Prefill(ctx, id, 20, st.Fill(row, 20)).
 func Example() {
 	dir, _ := os.MkdirTemp("", "fakenrt")
 	defer os.RemoveAll(dir)
@@ -41,7 +39,7 @@ func Example() {
 		fmt.Println(err)
 		return
 	}
-	rt, err := neuron.Open(neuron.Options{Path: lib})
+	rt, err := neuron.Load(neuron.LoadOptions{Path: lib})
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -72,14 +70,11 @@ func Example() {
 	}
 	defer st.Close()
 
-	ids, _ := st.Reserve(2) // 20 tokens at block size 16
-	err = st.Stage(context.Background(), neuron.Request{ID: "req-1", Tokens: 20, BlockIDs: ids})
-	fmt.Println("staged:", err == nil, "ready:", st.Ready("req-1"), "blocks:", ids)
+	ids := []int{1, 2} // 20 tokens at block size 16, as the prefill role's pool hands them out
+	err = st.Fill(0, 20)(context.Background(), ids)
+	fmt.Println("staged:", err == nil, "blocks:", ids)
 	fmt.Println("regions:", len(st.RegionBases()), "block_len:", st.Geometry().BlockLen(), "mem:", st.MemType())
-	_ = st.Release(ids) // on the decode peer's notification
-	fmt.Println("ready after release:", st.Ready("req-1"))
 	// Output:
-	// staged: true ready: true blocks: [1 2]
+	// staged: true blocks: [1 2]
 	// regions: 4 block_len: 256 mem: DRAM
-	// ready after release: false
 }

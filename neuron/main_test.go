@@ -49,14 +49,14 @@ func runWithGoleak(m *testing.M) (code int) {
 }
 
 // openFake opens the fake libnrt (path, or the current build) and closes it when the test ends.
-func openFake(tb testing.TB, opts Options) *Runtime {
+func openFake(tb testing.TB, opts LoadOptions) *Runtime {
 	tb.Helper()
 	if opts.Path == "" {
 		opts.Path = fakeLib
 	}
-	r, err := Open(opts)
+	r, err := Load(opts)
 	if err != nil {
-		tb.Fatalf("Open fake libnrt: %v", err)
+		tb.Fatalf("Load fake libnrt: %v", err)
 	}
 	tb.Cleanup(func() { _ = r.Close() })
 	return r

@@ -82,7 +82,6 @@ static int32_t gn_xfer(void *one_fn, void *batch_fn, int is_read, const gn_batch
 import "C"
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -91,10 +90,16 @@ import (
 	"unsafe"
 
 	"go.uber.org/zap"
+
+	"github.com/gonixl/gonixl/internal/dl"
 )
 
-// EnvLibrary names the environment variable that points at libnrt (a file path), overriding the search.
-const EnvLibrary = "GONIXL_NRT_LIB"
+// EnvLibPath names an environment variable that, when set, is the libnrt.so.1 tried right after
+// LoadOptions.Path.
+const EnvLibPath = "GONIXL_NRT_LIB"
+
+// LibraryName is libnrt's soname, resolved through the dynamic loader's search path.
+const LibraryName = "libnrt.so.1"
 
 // DefaultLibDir is where the Neuron SDK installs libnrt.so.1 (not on the default loader path).
 const DefaultLibDir = "/opt/aws/neuron/lib"
@@ -113,11 +118,13 @@ const (
 
 const frameworkNoFW = 1 // NRT_FRAMEWORK_TYPE_NO_FW
 
-// Options configure Open.
-type Options struct {
-	// Path is an explicit libnrt file. Empty: $GONIXL_NRT_LIB, else "libnrt.so.1" through the loader path,
-	// else /opt/aws/neuron/lib/libnrt.so.1.
+// LoadOptions configure Load. The zero value searches: $GONIXL_NRT_LIB, "libnrt.so.1" through the loader's
+// search path, then /opt/aws/neuron/lib/libnrt.so.1 (internal/dl's one search order, as cuda.Load).
+type LoadOptions struct {
+	// Path is a libnrt file (or soname) tried first.
 	Path string
+	// NoSearch restricts Load to Path alone.
+	NoSearch bool
 	// VisibleCores, if set, is exported as NEURON_RT_VISIBLE_CORES (e.g. "0-1") before nrt_init.
 	VisibleCores string
 	// MaxTransfer splits device transfers into pieces of at most this many bytes (0: no limit). Keep it a
@@ -148,21 +155,24 @@ var (
 	openNow bool // a Runtime of this process holds libnrt (nrt_init done, nrt_close not yet)
 )
 
-func candidates(path string) []string {
-	if path != "" {
-		return []string{path}
+func (o LoadOptions) candidates() []dl.Candidate {
+	if o.NoSearch && o.Path != "" {
+		return []dl.Candidate{{Path: o.Path, Source: "LoadOptions.Path"}}
 	}
-	if env := os.Getenv(EnvLibrary); env != "" {
-		return []string{env}
-	}
-	return []string{"libnrt.so.1", filepath.Join(DefaultLibDir, "libnrt.so.1")}
+	return dl.Search("LoadOptions.Path", o.Path, EnvLibPath, os.Getenv, LibraryName, []string{filepath.Join(DefaultLibDir, LibraryName)})
 }
 
-func loadLibrary(path string) (*library, error) {
+func loadLibrary(opts LoadOptions) (*library, error) {
+	if opts.NoSearch && opts.Path == "" {
+		return nil, fmt.Errorf("%w: LoadOptions.NoSearch needs LoadOptions.Path", ErrBadArgument)
+	}
 	libMu.Lock()
 	defer libMu.Unlock()
-	var errs []error
-	for _, c := range candidates(path) {
+	le := &LoadError{Prefix: "neuron", Library: LibraryName, Sentinel: ErrNotFound,
+		Fix: "install aws-neuronx-runtime-lib, set " + EnvLibPath + " to the library file, or pass LoadOptions.Path " +
+			"(without Trainium: neurontest.Build, the fake libnrt)"}
+	for _, cand := range opts.candidates() {
+		c := cand.Path
 		if l, ok := libs[c]; ok {
 			return l, nil
 		}
@@ -176,7 +186,7 @@ func loadLibrary(path string) (*library, error) {
 				msg = C.GoString(cerr)
 				C.free(unsafe.Pointer(cerr))
 			}
-			errs = append(errs, errors.New(msg))
+			le.Add(c, msg)
 			continue
 		}
 		l, err := resolve(c, h)
@@ -186,9 +196,12 @@ func loadLibrary(path string) (*library, error) {
 		libs[c] = l
 		return l, nil
 	}
-	return nil, fmt.Errorf("%w (tried %v: %v); install aws-neuronx-runtime-lib, set %s to the library file, "+
-		"or pass Options.Path (without Trainium: neurontest.Build, the fake libnrt)", ErrNotFound, candidates(path), errors.Join(errs...), EnvLibrary)
+	return nil, le
 }
+
+// LoadError reports that no libnrt could be loaded: each candidate (Tried) with why it failed (Why). It
+// unwraps to ErrNotFound; it is the loaders' one shape (nixl.LoadError and cuda.LoadError are the same type).
+type LoadError = dl.LoadError
 
 func sym(h unsafe.Pointer, names ...string) unsafe.Pointer {
 	for _, n := range names {
@@ -252,12 +265,12 @@ func (l *library) err(op string, st C.int32_t) error {
 }
 
 // Available reports whether a libnrt can be loaded with these options (it does not initialise it).
-func Available(opts Options) bool {
-	_, err := loadLibrary(opts.Path)
+func Available(opts LoadOptions) bool {
+	_, err := loadLibrary(opts)
 	return err == nil
 }
 
-// Runtime is this process's handle on libnrt: nrt_init on Open, nrt_close on Close.
+// Runtime is this process's handle on libnrt: nrt_init on Load, nrt_close on Close.
 //
 // The Neuron runtime gives one process exclusive use of its NeuronCores: a NeuronCore claimed by nrt_init
 // in one process cannot be used by another, so a sidecar process can never read the KV tensors of a
@@ -279,9 +292,10 @@ type Runtime struct {
 	cleanup runtime.Cleanup
 }
 
-// Open loads libnrt, resolves its functions and initialises the runtime (nrt_init with no framework).
-func Open(opts Options) (*Runtime, error) {
-	lib, err := loadLibrary(opts.Path)
+// Load loads libnrt, resolves its functions and initialises the runtime (nrt_init with no framework). When
+// no library loads the error is a *LoadError (errors.Is(err, ErrNotFound)) listing every candidate.
+func Load(opts LoadOptions) (*Runtime, error) {
+	lib, err := loadLibrary(opts)
 	if err != nil {
 		return nil, err
 	}

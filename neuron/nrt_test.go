@@ -21,41 +21,41 @@ func pattern(n int, seed byte) []byte {
 
 func TestOpenNotFound(t *testing.T) {
 	missing := filepath.Join(t.TempDir(), "libnrt.so.1")
-	_, err := Open(Options{Path: missing})
+	_, err := Load(LoadOptions{Path: missing})
 	require.ErrorIs(t, err, ErrNotFound)
 	assert.Contains(t, err.Error(), missing)
-	assert.Contains(t, err.Error(), EnvLibrary)
-	assert.False(t, Available(Options{Path: missing}))
-	assert.True(t, Available(Options{Path: fakeLib}))
+	assert.Contains(t, err.Error(), EnvLibPath)
+	assert.False(t, Available(LoadOptions{Path: missing}))
+	assert.True(t, Available(LoadOptions{Path: fakeLib}))
 }
 
 func TestOpenNotLibnrt(t *testing.T) {
 	// A real shared library that is not libnrt: the required symbols are missing.
-	_, err := Open(Options{Path: "libm.so.6"})
+	_, err := Load(LoadOptions{Path: "libm.so.6"})
 	require.ErrorIs(t, err, ErrSymbol)
 	assert.Contains(t, err.Error(), "nrt_init")
 }
 
 func TestOpenFromEnv(t *testing.T) {
-	t.Setenv(EnvLibrary, fakeLib)
-	r := openFake(t, Options{Path: ""})
+	t.Setenv(EnvLibPath, fakeLib)
+	r := openFake(t, LoadOptions{Path: ""})
 	assert.Equal(t, fakeLib, r.Path())
 	assert.True(t, r.HasBatch())
 }
 
 func TestOpenIsExclusive(t *testing.T) {
-	r := openFake(t, Options{})
-	_, err := Open(Options{Path: fakeLib})
+	r := openFake(t, LoadOptions{})
+	_, err := Load(LoadOptions{Path: fakeLib})
 	require.ErrorIs(t, err, ErrBusy)
 	require.NoError(t, r.Close())
 	require.NoError(t, r.Close(), "Close is idempotent")
-	r2 := openFake(t, Options{})
+	r2 := openFake(t, LoadOptions{})
 	require.NoError(t, r2.Close())
 }
 
 func TestCoreCount(t *testing.T) {
 	t.Setenv("FAKE_NRT_NUM_CORES", "4")
-	r := openFake(t, Options{})
+	r := openFake(t, LoadOptions{})
 	n, err := r.VisibleCores()
 	require.NoError(t, err)
 	assert.Equal(t, 4, n)
@@ -69,7 +69,7 @@ func TestCoreCount(t *testing.T) {
 }
 
 func TestTensorRoundTrip(t *testing.T) {
-	r := openFake(t, Options{})
+	r := openFake(t, LoadOptions{})
 	tn, err := r.Allocate(PlacementDevice, 1, 1<<20, "kv")
 	require.NoError(t, err)
 	assert.Equal(t, uint64(1<<20), tn.Size())
@@ -98,7 +98,7 @@ func TestTensorRoundTrip(t *testing.T) {
 }
 
 func TestTransferValidatedBeforeNativeCall(t *testing.T) {
-	r := openFake(t, Options{})
+	r := openFake(t, LoadOptions{})
 	tn, err := r.Allocate(PlacementDevice, 0, 4096, "small")
 	require.NoError(t, err)
 	buf := make([]byte, 100)
@@ -129,7 +129,7 @@ func TestStatusMapping(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			r := openFake(t, Options{})
+			r := openFake(t, LoadOptions{})
 			tn, err := r.Allocate(PlacementDevice, 0, 4096, "t")
 			require.NoError(t, err)
 			setCtl(t, r, "fail_status", c.status)
@@ -150,7 +150,7 @@ func TestStatusMapping(t *testing.T) {
 
 func TestShortDevice(t *testing.T) {
 	t.Setenv("FAKE_NRT_DEVICE_BYTES", "1048576")
-	r := openFake(t, Options{})
+	r := openFake(t, LoadOptions{})
 	a, err := r.Allocate(PlacementDevice, 0, 768<<10, "a")
 	require.NoError(t, err)
 	_, err = r.Allocate(PlacementDevice, 0, 512<<10, "b")
@@ -169,7 +169,7 @@ func TestMaxTransferSplitsReads(t *testing.T) {
 	t.Setenv("FAKE_NRT_MAX_XFER", "4096")
 	t.Setenv("FAKE_NRT_ALIGN", "256")
 	{
-		r := openFake(t, Options{})
+		r := openFake(t, LoadOptions{})
 		tn, err := r.Allocate(PlacementDevice, 0, 64<<10, "t")
 		require.NoError(t, err)
 		err = tn.Read(make([]byte, 10000), 0)
@@ -178,7 +178,7 @@ func TestMaxTransferSplitsReads(t *testing.T) {
 		require.ErrorIs(t, tn.Read(make([]byte, 256), 100), ErrInvalid, "misaligned offset")
 		require.NoError(t, r.Close())
 	}
-	r := openFake(t, Options{MaxTransfer: 4096})
+	r := openFake(t, LoadOptions{MaxTransfer: 4096})
 	tn, err := r.Allocate(PlacementDevice, 0, 64<<10, "t")
 	require.NoError(t, err)
 	src := pattern(10000, 9)
@@ -217,14 +217,14 @@ func batchRoundTrip(t *testing.T, r *Runtime) {
 }
 
 func TestBatchRead(t *testing.T) {
-	r := openFake(t, Options{})
+	r := openFake(t, LoadOptions{})
 	require.True(t, r.HasBatch())
 	batchRoundTrip(t, r)
 	assert.EqualValues(t, 2, ctl(t, r, "batch_calls"), "one write batch, one read batch")
 }
 
 func TestBatchFallbackOnOldRuntime(t *testing.T) {
-	r := openFake(t, Options{Path: fakeOldLib})
+	r := openFake(t, LoadOptions{Path: fakeOldLib})
 	require.False(t, r.HasBatch())
 	batchRoundTrip(t, r)
 	assert.EqualValues(t, 0, ctl(t, r, "batch_calls"))
@@ -240,7 +240,7 @@ func TestBatchFallbackOnOldRuntime(t *testing.T) {
 }
 
 func TestClosedRuntime(t *testing.T) {
-	r := openFake(t, Options{})
+	r := openFake(t, LoadOptions{})
 	tn, err := r.Allocate(PlacementDevice, 0, 4096, "t")
 	_, err2 := r.Allocate(PlacementVirtual, 0, 4096, "v")
 	require.NoError(t, errors.Join(err, err2))
@@ -255,7 +255,7 @@ func TestClosedRuntime(t *testing.T) {
 }
 
 func TestConcurrentReads(t *testing.T) {
-	r := openFake(t, Options{})
+	r := openFake(t, LoadOptions{})
 	const n = 8
 	tensors := make([]*Tensor, n)
 	for i := range tensors {
@@ -292,7 +292,7 @@ func TestConcurrentReads(t *testing.T) {
 
 func TestOldRuntimeRefusesLargeTensors(t *testing.T) {
 	t.Setenv("FAKE_NRT_VERSION", "2.29.0")
-	r := openFake(t, Options{})
+	r := openFake(t, LoadOptions{})
 	assert.Equal(t, "2.29.0", r.Version().String())
 	assert.Equal(t, "gonixl fake libnrt", r.Version().Detail)
 	_, err := r.Allocate(PlacementDevice, 0, 4<<30, "big")
@@ -304,7 +304,7 @@ func TestOldRuntimeRefusesLargeTensors(t *testing.T) {
 	require.NoError(t, r.Close())
 
 	t.Setenv("FAKE_NRT_VERSION", "2.31.24")
-	r = openFake(t, Options{})
+	r = openFake(t, LoadOptions{})
 	assert.False(t, r.Version().Less(2, 30, 50))
 	assert.True(t, r.Version().Less(2, 31, 25))
 }

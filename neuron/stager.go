@@ -2,7 +2,6 @@ package neuron
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"runtime"
 	"sync"
@@ -40,8 +39,6 @@ type StagerConfig struct {
 	// FirstHead is the first source head this rank's geometry holds (0 when the source holds exactly this
 	// rank's heads).
 	FirstHead int
-	// Agent registers the arena as DRAM once, for the lifetime of the Stager. nil: not registered.
-	Agent *nixl.Agent
 	// Workers is the number of (layer, K|V) units processed at once by one Stage: device reads of one unit
 	// overlap the layout work of another. 0: min(GOMAXPROCS, 8); 1: serial.
 	Workers int
@@ -49,56 +46,45 @@ type StagerConfig struct {
 	MaxArenaBytes int64
 	// Lock is the mlock policy (default LockRequired). Huge pages are used when available.
 	Lock LockPolicy
-	// Pool configures the block pool (lease timeout, clock).
-	Pool PoolOptions
 	// Logger receives diagnostics; nil logs nothing.
 	Logger *zap.Logger
 }
 
 // Request is one prefill request to stage.
 type Request struct {
-	// ID names the request (vLLM's request id); Ready reports on it.
+	// ID names the request in errors (vLLM's request id).
 	ID string
 	// Row is the NxDI batch row (seq_id) holding the request.
 	Row int
 	// Tokens is the number of valid positions (the prompt length at the end of prefill).
 	Tokens int
-	// BlockIDs are the block ids the scheduler assigned, in request order; they must be reserved in the
-	// Stager's pool. BlockIDs[j] receives positions [j·BlockSize, (j+1)·BlockSize).
+	// BlockIDs are the block ids the caller allocated (the connector's prefill role: its BlockPool), in
+	// request order. BlockIDs[j] receives positions [j·BlockSize, (j+1)·BlockSize).
 	BlockIDs []int
 }
 
-type readyEntry struct {
-	blocks []int
-}
-
-// Stager stages prefill KV caches from a Source into one pinned host arena registered with NIXL as DRAM, at
-// the block ids the scheduler assigned and in the layout the decode peer expects. The arena holds every
-// region of the geometry back to back, in the plan's region order; its base addresses never change, so
-// they can be published once in the handshake (RegionBases, Geometry, MemType, DeviceID).
+// Stager is a cache plus a fill function: one pinned host arena (a connector.Cache of DRAM) and Stage/Fill,
+// which copy a prefill request's KV from a Source into it at the block ids the caller allocated, in the
+// layout the decode peer expects. The arena holds every region of the geometry back to back, in the plan's
+// region order; its base addresses never change, so they can be published once in the handshake
+// (RegionBases, Geometry, MemType, DeviceID). Allocation, holding the blocks for the decode peer and NIXL
+// registration belong to the connector's prefill role, which registers the arena like any DRAM cache.
 //
 // Concurrency: all methods are safe for concurrent use. Stage calls for different requests (disjoint block
-// ids, guaranteed by the pool) run in parallel; Close waits for running Stage calls.
+// ids, guaranteed by the caller's pool) run in parallel; Close waits for running Stage calls.
 type Stager struct {
 	g         layout.Geometry
 	src       Source
 	firstHead int
 	workers   int
 	log       *zap.Logger
-	pool      *BlockPool
 
 	mem   *nixl.HostMem
 	arena []byte
-	reg   *nixl.Registration
 	bases []uint64
 
 	mu     sync.RWMutex // Stage holds it shared, Close exclusively
 	closed bool
-
-	reqMu    sync.Mutex
-	inflight map[string]struct{}
-	ready    map[string]readyEntry
-	owner    []string // owner[block] = id of the ready request holding it
 
 	bufs sync.Pool // *[]byte fetch buffers
 
@@ -115,8 +101,8 @@ func physicalRAM() int64 {
 	return int64(si.Totalram) * int64(si.Unit)
 }
 
-// NewStager checks the configuration, allocates the arena (page-aligned mmap, huge pages when available,
-// mlock per Lock) and registers it with the agent.
+// NewStager checks the configuration and allocates the arena (page-aligned mmap, huge pages when available,
+// mlock per Lock).
 func NewStager(cfg StagerConfig) (*Stager, error) {
 	g := cfg.Geometry
 	if g.NumBlocks == 0 {
@@ -168,31 +154,17 @@ func NewStager(cfg StagerConfig) (*Stager, error) {
 	if err != nil {
 		return nil, err
 	}
-	pool, err := NewBlockPool(g.NumBlocks, cfg.Pool)
-	if err != nil {
-		_ = mem.Close()
-		return nil, err
-	}
 	workers := cfg.Workers
 	if workers <= 0 {
 		workers = min(runtime.GOMAXPROCS(0), 8)
 	}
 	s := &Stager{
-		g: g, src: cfg.Source, firstHead: cfg.FirstHead, workers: workers, log: log, pool: pool,
+		g: g, src: cfg.Source, firstHead: cfg.FirstHead, workers: workers, log: log,
 		mem: mem, arena: mem.Bytes(),
-		inflight: map[string]struct{}{}, ready: map[string]readyEntry{}, owner: make([]string, g.NumBlocks),
 	}
 	s.bases = make([]uint64, g.NumRegions())
-	descs := make([]nixl.Desc, g.NumRegions())
 	for r := range s.bases {
 		s.bases[r] = mem.Addr() + uint64(g.RegionOffset(r))
-		descs[r] = nixl.Desc{Addr: s.bases[r], Len: uint64(g.RegionLen()), DevID: 0}
-	}
-	if cfg.Agent != nil {
-		if s.reg, err = cfg.Agent.RegisterMem(nixl.DRAM, descs); err != nil {
-			_ = mem.Close()
-			return nil, fmt.Errorf("neuron: register the %d-byte staging arena with NIXL agent %s: %w", total, cfg.Agent.Name(), err)
-		}
 	}
 	log.Debug("staging arena ready", zap.Stringer("geometry", g), zap.Int64("bytes", total),
 		zap.Bool("locked", mem.Locked()), zap.Bool("huge_pages", mem.HugePages()), zap.Int("workers", workers))
@@ -250,112 +222,39 @@ func (s *Stager) Region(r int) []byte {
 	return s.arena[off : off+s.g.RegionLen() : off+s.g.RegionLen()]
 }
 
-// Pool returns the block pool.
-func (s *Stager) Pool() *BlockPool { return s.pool }
-
-// Reserve hands out n block ids for a new request (never block 0).
-func (s *Stager) Reserve(n int) ([]int, error) {
-	s.Reclaim()
-	return s.pool.Reserve(n)
-}
-
-// Release returns blocks to the pool (on the decode peer's notification); a request staged into any of them
-// is no longer Ready.
-func (s *Stager) Release(ids []int) error {
-	s.reqMu.Lock()
-	defer s.reqMu.Unlock()
-	if err := s.pool.Release(ids); err != nil {
-		return err
-	}
-	s.forgetLocked(ids)
-	return nil
-}
-
-// Reclaim releases blocks whose lease expired (no notification from the decode peer in time) and returns
-// their ids.
-func (s *Stager) Reclaim() []int {
-	s.reqMu.Lock()
-	defer s.reqMu.Unlock()
-	ids := s.pool.Reclaim()
-	s.forgetLocked(ids)
-	if len(ids) > 0 {
-		s.log.Info("reclaimed staged blocks after lease timeout", zap.Ints("blocks", ids))
-	}
-	return ids
-}
-
-func (s *Stager) forgetLocked(ids []int) {
-	for _, b := range ids {
-		if id := s.owner[b]; id != "" {
-			for _, ob := range s.ready[id].blocks {
-				s.owner[ob] = ""
-			}
-			delete(s.ready, id)
-		}
-	}
-}
-
-// Ready reports whether request id was staged completely and its blocks are still reserved.
-func (s *Stager) Ready(id string) bool {
-	s.reqMu.Lock()
-	defer s.reqMu.Unlock()
-	_, ok := s.ready[id]
-	return ok
-}
-
 // Stats returns how many Stage calls succeeded and failed.
 func (s *Stager) Stats() (staged, failed int64) { return s.staged.Load(), s.failed.Load() }
 
 // Stage copies request req's KV — every layer, K and V — from the source into the arena at req.BlockIDs, in
 // the geometry's layout, with the unused tail of the last block (and any extra block) zeroed. Work is
-// pipelined over the Stager's workers. Stage returns only when every block of the request is complete (then
-// Ready(req.ID) is true and the blocks' lease restarts), or with an error after every worker stopped (then
-// the request is not Ready; its blocks stay reserved for the caller to release or to Stage again).
+// pipelined over the Stager's workers. Stage returns only when every block of the request is complete, or
+// with an error after every worker stopped (the blocks' contents are then undefined; the caller frees them).
+// The caller owns the blocks for the whole call: two concurrent Stage calls must not share a block.
 func (s *Stager) Stage(ctx context.Context, req Request) error {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	if s.closed {
 		return fmt.Errorf("%w: Stage on a closed Stager", ErrClosed)
 	}
-	if err := s.checkRequest(req); err != nil {
-		s.failed.Add(1)
-		return err
+	err := s.checkRequest(req)
+	if err == nil {
+		err = s.run(ctx, req)
 	}
-	s.reqMu.Lock()
-	if _, busy := s.inflight[req.ID]; busy {
-		s.reqMu.Unlock()
-		return fmt.Errorf("%w: request %q is already being staged", ErrBadArgument, req.ID)
-	}
-	if err := s.pool.beginStaging(req.BlockIDs); err != nil {
-		s.reqMu.Unlock()
-		s.failed.Add(1)
-		return fmt.Errorf("stage request %q: %w", req.ID, err)
-	}
-	s.inflight[req.ID] = struct{}{}
-	// Whatever was ready in these blocks (or under this id) is about to be overwritten: not ready anymore.
-	if old, ok := s.ready[req.ID]; ok {
-		s.forgetLocked(old.blocks[:1])
-	}
-	s.forgetLocked(req.BlockIDs)
-	s.reqMu.Unlock()
-
-	err := s.run(ctx, req)
-
-	s.reqMu.Lock()
-	defer s.reqMu.Unlock()
-	delete(s.inflight, req.ID)
-	s.pool.endStaging(req.BlockIDs, err == nil)
 	if err != nil {
 		s.failed.Add(1)
 		return err
 	}
-	blocks := append([]int(nil), req.BlockIDs...)
-	for _, b := range blocks {
-		s.owner[b] = req.ID
-	}
-	s.ready[req.ID] = readyEntry{blocks: blocks}
 	s.staged.Add(1)
 	return nil
+}
+
+// Fill returns the fill function of a prefill request whose KV sits in batch row row with tokens valid
+// positions: it stages them at the block ids it is given (Stage). It has connector.FillFunc's signature, so
+// a prefill role takes it as is: role.Prefill(ctx, id, tokens, stager.Fill(row, tokens)).
+func (s *Stager) Fill(row, tokens int) func(ctx context.Context, blockIDs []int) error {
+	return func(ctx context.Context, blockIDs []int) error {
+		return s.Stage(ctx, Request{ID: fmt.Sprintf("row %d", row), Row: row, Tokens: tokens, BlockIDs: blockIDs})
+	}
 }
 
 func (s *Stager) checkRequest(req Request) error {
@@ -453,7 +352,8 @@ func (s *Stager) run(ctx context.Context, req Request) error {
 	return nil
 }
 
-// Close deregisters the arena from NIXL and unmaps it, after running Stage calls returned. It is idempotent.
+// Close unmaps the arena, after running Stage calls returned; deregister it first (close the role that
+// registered it). It is idempotent.
 func (s *Stager) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -461,11 +361,7 @@ func (s *Stager) Close() error {
 		return nil
 	}
 	s.closed = true
-	var errs []error
-	if s.reg != nil {
-		errs = append(errs, s.reg.Close())
-	}
-	errs = append(errs, s.mem.Close())
+	err := s.mem.Close()
 	s.arena = nil
-	return errors.Join(errs...)
+	return err
 }

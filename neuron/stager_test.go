@@ -223,6 +223,38 @@ func smallGeometry(order layout.BlockOrder, plan layout.RegionPlan) layout.Geome
 	return layout.Geometry{NumLayers: 4, NumBlocks: 32, BlockSize: 4, NumKVHeads: 2, HeadDim: 8, DType: layout.BF16, Order: order, Plan: plan}
 }
 
+// registerArena registers s's regions with agent as DRAM until the test ends (what the prefill role does).
+func registerArena(tb testing.TB, agent *nixl.Agent, s *Stager) {
+	registerRegions(tb, agent, s.Geometry(), s.RegionBases())
+}
+
+// registerRegions registers the regions of geometry g at bases with agent as DRAM until the test ends.
+func registerRegions(tb testing.TB, agent *nixl.Agent, g layout.Geometry, bases []uint64) {
+	tb.Helper()
+	var descs []nixl.Desc
+	for _, base := range bases {
+		descs = append(descs, nixl.Desc{Addr: base, Len: uint64(g.RegionLen())})
+	}
+	reg, err := agent.RegisterMem(nixl.DRAM, descs)
+	require.NoError(tb, err)
+	tb.Cleanup(func() { require.NoError(tb, reg.Close()) })
+}
+
+// peerArena is a decode peer's own DRAM cache of geometry g, registered with agent; it returns the memory
+// and the region bases. Both go when the test ends.
+func peerArena(tb testing.TB, agent *nixl.Agent, g layout.Geometry) (*nixl.HostMem, []uint64) {
+	tb.Helper()
+	mem, err := nixl.AllocHost(g.TotalBytes(), nixl.HostOptions{})
+	require.NoError(tb, err)
+	tb.Cleanup(func() { require.NoError(tb, mem.Close()) })
+	bases := make([]uint64, g.NumRegions())
+	for r := range bases {
+		bases[r] = mem.Addr() + uint64(g.RegionOffset(r))
+	}
+	registerRegions(tb, agent, g, bases)
+	return mem, bases
+}
+
 func newStager(tb testing.TB, cfg StagerConfig) *Stager {
 	tb.Helper()
 	s, err := NewStager(cfg)
@@ -231,16 +263,25 @@ func newStager(tb testing.TB, cfg StagerConfig) *Stager {
 	return s
 }
 
-// stageBatch reserves blocks for three sequences of different lengths with partial last blocks (one with an
-// extra block), stages them concurrently and returns the requests.
+// blockRange returns the block ids first, first+1, ..., first+n-1 (what a caller's pool hands out).
+func blockRange(first, n int) []int {
+	ids := make([]int, n)
+	for i := range ids {
+		ids[i] = first + i
+	}
+	return ids
+}
+
+// stageBatch stages three sequences of different lengths with partial last blocks (one with an extra
+// block) into disjoint blocks, concurrently, and returns the requests.
 func stageBatch(t *testing.T, s *Stager) []Request {
 	t.Helper()
 	specs := []struct{ row, tokens, blocks int }{{0, 7, 2}, {2, 13, 5}, {1, 20, 5}}
 	var reqs []Request
+	next := 1
 	for i, sp := range specs {
-		ids, err := s.Reserve(sp.blocks)
-		require.NoError(t, err)
-		reqs = append(reqs, Request{ID: fmt.Sprintf("req-%d", i), Row: sp.row, Tokens: sp.tokens, BlockIDs: ids})
+		reqs = append(reqs, Request{ID: fmt.Sprintf("req-%d", i), Row: sp.row, Tokens: sp.tokens, BlockIDs: blockRange(next, sp.blocks)})
+		next += sp.blocks
 	}
 	// Non-contiguous, non-sorted ids: swap the first request's ids.
 	reqs[0].BlockIDs[0], reqs[0].BlockIDs[1] = reqs[0].BlockIDs[1], reqs[0].BlockIDs[0]
@@ -252,7 +293,6 @@ func stageBatch(t *testing.T, s *Stager) []Request {
 	wg.Wait()
 	for i, err := range errs {
 		require.NoError(t, err, reqs[i].ID)
-		assert.True(t, s.Ready(reqs[i].ID))
 	}
 	return reqs
 }
@@ -264,7 +304,7 @@ func TestStageExactBytes(t *testing.T) {
 				for _, workers := range []int{1, 4} {
 					name := fmt.Sprintf("%v/%v/kT=%v/workers=%d", order, plan, kT, workers)
 					t.Run(name, func(t *testing.T) {
-						rt := openFake(t, Options{})
+						rt := openFake(t, LoadOptions{})
 						c := newTestCache(smallSpec(kT))
 						s := newStager(t, StagerConfig{Geometry: smallGeometry(order, plan), Source: c.device(t, rt), FirstHead: 1, Workers: workers})
 						fillArena(s, 0xAA)
@@ -280,7 +320,7 @@ func TestStageExactBytes(t *testing.T) {
 }
 
 func TestStageHostSourceMatchesDevice(t *testing.T) {
-	rt := openFake(t, Options{})
+	rt := openFake(t, LoadOptions{})
 	c := newTestCache(smallSpec(false))
 	g := smallGeometry(layout.HND, layout.PlanSplitKV)
 	sd := newStager(t, StagerConfig{Geometry: g, Source: c.device(t, rt), FirstHead: 1})
@@ -288,10 +328,6 @@ func TestStageHostSourceMatchesDevice(t *testing.T) {
 	fillArena(sh, 0xAA)
 	fillArena(sd, 0xAA)
 	reqs := stageBatch(t, sd)
-	for _, r := range reqs {
-		_, err := sh.Reserve(len(r.BlockIDs))
-		require.NoError(t, err)
-	}
 	for _, r := range reqs {
 		require.NoError(t, sh.Stage(ctxT(t), r))
 	}
@@ -304,9 +340,7 @@ func TestStageValidation(t *testing.T) {
 	c := newTestCache(smallSpec(false))
 	s := newStager(t, StagerConfig{Geometry: smallGeometry(layout.HND, layout.PlanSplitKV), Source: c.host(t), FirstHead: 1})
 	fillArena(s, 0xAA)
-	ids, err := s.Reserve(3)
-	require.NoError(t, err)
-	assert.NotContains(t, ids, 0)
+	ids := blockRange(1, 3)
 	cases := []struct {
 		name string
 		req  Request
@@ -316,7 +350,6 @@ func TestStageValidation(t *testing.T) {
 		{"out of range", Request{ID: "a", Tokens: 4, BlockIDs: []int{32}}, layout.ErrBlockOutOfRange},
 		{"duplicate", Request{ID: "a", Tokens: 8, BlockIDs: []int{ids[0], ids[0]}}, layout.ErrDuplicateBlock},
 		{"too few", Request{ID: "a", Tokens: 9, BlockIDs: ids[:2]}, layout.ErrTooFewBlocks},
-		{"not reserved", Request{ID: "a", Tokens: 4, BlockIDs: []int{31}}, ErrNotReserved},
 		{"too many tokens", Request{ID: "a", Tokens: 21, BlockIDs: ids}, ErrBadArgument},
 		{"no tokens", Request{ID: "a", Tokens: 0, BlockIDs: ids}, ErrBadArgument},
 		{"bad row", Request{ID: "a", Row: 3, Tokens: 4, BlockIDs: ids}, ErrBadArgument},
@@ -325,97 +358,74 @@ func TestStageValidation(t *testing.T) {
 	for _, tc := range cases {
 		err := s.Stage(ctxT(t), tc.req)
 		require.ErrorIs(t, err, tc.is, tc.name)
-		assert.False(t, s.Ready(tc.req.ID))
 	}
 	checkArena(t, s, c, 1, nil, 0xAA) // nothing written
 	_, failed := s.Stats()
 	assert.EqualValues(t, len(cases), failed)
 }
 
-func TestStageFaultReportsNothingReady(t *testing.T) {
+// A failed Stage reports the fault; a retry into the same blocks completes.
+func TestStageFaultThenRetry(t *testing.T) {
 	for _, workers := range []int{1, 4} {
 		t.Run(fmt.Sprint("workers=", workers), func(t *testing.T) {
-			rt := openFake(t, Options{})
+			rt := openFake(t, LoadOptions{})
 			c := newTestCache(smallSpec(false))
 			s := newStager(t, StagerConfig{Geometry: smallGeometry(layout.NHD, layout.PlanSplitKV), Source: c.device(t, rt), FirstHead: 1, Workers: workers})
-			ids, err := s.Reserve(4)
-			require.NoError(t, err)
-			req := Request{ID: "r", Row: 1, Tokens: 15, BlockIDs: ids}
+			req := Request{ID: "r", Row: 1, Tokens: 15, BlockIDs: blockRange(1, 4)}
 			setCtl(t, rt, "fail_read", ctl(t, rt, "reads")+7) // the 7th read of this Stage times out
-			err = s.Stage(ctxT(t), req)
+			err := s.Stage(ctxT(t), req)
 			require.ErrorIs(t, err, ErrTimeout)
 			assert.Contains(t, err.Error(), "NRT_TIMEOUT")
 			assert.Contains(t, err.Error(), `"r"`)
-			assert.False(t, s.Ready("r"))
-			for _, b := range ids {
-				assert.True(t, s.Pool().Reserved(b), "the blocks stay reserved for the caller")
-			}
 			// A retry without the fault completes.
 			require.NoError(t, s.Stage(ctxT(t), req))
-			assert.True(t, s.Ready("r"))
 			checkArena(t, s, c, 1, []Request{req}, 0)
-			require.NoError(t, s.Release(ids))
-			assert.False(t, s.Ready("r"))
+			staged, failed := s.Stats()
+			assert.EqualValues(t, 1, staged)
+			assert.EqualValues(t, 1, failed)
 		})
 	}
 }
 
 func TestStageCancelled(t *testing.T) {
-	rt := openFake(t, Options{})
+	rt := openFake(t, LoadOptions{})
 	c := newTestCache(smallSpec(false))
 	s := newStager(t, StagerConfig{Geometry: smallGeometry(layout.NHD, layout.PlanSplitKV), Source: c.device(t, rt), FirstHead: 1, Workers: 2})
 	// 200 ms per device read: far longer than the deadline plus Go's timer latency while threads sit in C.
 	setCtl(t, rt, "read_delay_us", 200000)
-	ids, err := s.Reserve(2)
-	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Millisecond)
 	defer cancel()
-	err = s.Stage(ctx, Request{ID: "slow", Tokens: 8, BlockIDs: ids})
+	err := s.Stage(ctx, Request{ID: "slow", Tokens: 8, BlockIDs: blockRange(1, 2)})
 	require.ErrorIs(t, err, context.DeadlineExceeded)
-	assert.False(t, s.Ready("slow"))
 	assert.Less(t, ctl(t, rt, "reads"), int64(2*4*2), "stopped before reading everything")
 }
 
-// TestReadyNeverEarly polls Ready while staging runs with random device latency: whenever it reports true,
-// every byte of the request must already be in place.
-func TestReadyNeverEarly(t *testing.T) {
-	rt := openFake(t, Options{})
+// TestFillCompleteOnReturn stages through Fill (the connector's FillFunc) with random device latency: the
+// moment it returns, every byte of the request is in place.
+func TestFillCompleteOnReturn(t *testing.T) {
+	rt := openFake(t, LoadOptions{})
 	c := newTestCache(smallSpec(false))
 	s := newStager(t, StagerConfig{Geometry: smallGeometry(layout.HND, layout.PlanSplitKV), Source: c.device(t, rt), FirstHead: 1, Workers: 3})
 	setCtl(t, rt, "read_delay_us", 200)
 	for i := range 5 {
-		ids, err := s.Reserve(4)
-		require.NoError(t, err)
-		req := Request{ID: fmt.Sprint("q", i), Row: i % 3, Tokens: 13 + i%4, BlockIDs: ids}
-		done := make(chan struct{})
-		var sawReady atomic.Bool
-		go func() {
-			defer close(done)
-			for !s.Ready(req.ID) {
-				time.Sleep(50 * time.Microsecond)
-			}
-			sawReady.Store(true)
-			checkArena(t, s, c, 1, []Request{req}, 0) // must be complete the moment it is Ready
-		}()
-		require.NoError(t, s.Stage(ctxT(t), req))
-		<-done
-		assert.True(t, sawReady.Load())
-		require.NoError(t, s.Release(ids))
+		req := Request{Row: i % 3, Tokens: 13 + i%4, BlockIDs: blockRange(1+4*i, 4)}
+		require.NoError(t, s.Fill(req.Row, req.Tokens)(ctxT(t), req.BlockIDs))
+		checkArena(t, s, c, 1, []Request{req}, 0)
 		fillArena(s, 0)
 	}
+	err := s.Fill(3, 4)(ctxT(t), blockRange(1, 1))
+	require.ErrorIs(t, err, ErrBadArgument)
+	assert.Contains(t, err.Error(), `"row 3"`)
 }
 
 func TestStableBasesAcrossRequests(t *testing.T) {
 	c := newTestCache(smallSpec(false))
-	agent := newAgent(t, "stable")
-	s := newStager(t, StagerConfig{Geometry: smallGeometry(layout.HND, layout.PlanSplitKV), Source: c.host(t), FirstHead: 1, Agent: agent})
+	s := newStager(t, StagerConfig{Geometry: smallGeometry(layout.HND, layout.PlanSplitKV), Source: c.host(t), FirstHead: 1})
 	bases := s.RegionBases()
 	for i := range 100 {
 		tokens := 1 + i%20
-		ids, err := s.Reserve((tokens+3)/4 + i%2)
-		require.NoError(t, err)
+		ids := blockRange(1+i%7, (tokens+3)/4+i%2)
 		require.NoError(t, s.Stage(ctxT(t), Request{ID: fmt.Sprint(i), Row: i % 3, Tokens: tokens, BlockIDs: ids}))
-		require.NoError(t, s.Release(ids))
 	}
 	assert.Equal(t, bases, s.RegionBases())
 	staged, failed := s.Stats()
@@ -429,28 +439,18 @@ func TestStableBasesAcrossRequests(t *testing.T) {
 func TestNIXLReadOfStagedBlocks(t *testing.T) {
 	for _, plan := range []layout.RegionPlan{layout.PlanSplitKV, layout.PlanKVHalves} {
 		t.Run(plan.String(), func(t *testing.T) {
-			rt := openFake(t, Options{})
+			rt := openFake(t, LoadOptions{})
 			c := newTestCache(smallSpec(true))
 			g := smallGeometry(layout.HND, plan)
 			prefill, decode := newAgent(t, "prefill"), newAgent(t, "decode")
-			s := newStager(t, StagerConfig{Geometry: g, Source: c.device(t, rt), FirstHead: 1, Agent: prefill})
+			s := newStager(t, StagerConfig{Geometry: g, Source: c.device(t, rt), FirstHead: 1})
+			registerArena(t, prefill, s) // what the connector's prefill role does
 			assert.Equal(t, nixl.DRAM, s.MemType())
 			assert.Zero(t, s.DeviceID())
 			reqs := stageBatch(t, s)
 
 			// The decode peer's own cache of the same geometry.
-			dmem, err := nixl.AllocHost(g.TotalBytes(), nixl.HostOptions{})
-			require.NoError(t, err)
-			defer dmem.Close()
-			dbases := make([]uint64, g.NumRegions())
-			var dregs []nixl.Desc
-			for r := range dbases {
-				dbases[r] = dmem.Addr() + uint64(g.RegionOffset(r))
-				dregs = append(dregs, nixl.Desc{Addr: dbases[r], Len: uint64(g.RegionLen())})
-			}
-			reg, err := decode.RegisterMem(nixl.DRAM, dregs)
-			require.NoError(t, err)
-			defer reg.Close()
+			dmem, dbases := peerArena(t, decode, g)
 
 			md, err := prefill.LocalMetadata()
 			require.NoError(t, err)
@@ -493,7 +493,6 @@ func TestNIXLReadOfStagedBlocks(t *testing.T) {
 				n, err := prefill.WaitNotification(ctxT(t), func(n nixl.Notification) bool { return string(n.Msg) == req.ID+":1" }, nil)
 				require.NoError(t, err)
 				assert.Equal(t, decode.Name(), n.Agent)
-				// The peer's notification releases the blocks.
 				blen := int(g.BlockLen())
 				for r := range g.NumRegions() {
 					dreg := dmem.Bytes()[g.RegionOffset(r) : g.RegionOffset(r)+g.RegionLen()]
@@ -502,8 +501,6 @@ func TestNIXLReadOfStagedBlocks(t *testing.T) {
 							"request %s region %d block %d", req.ID, r, b)
 					}
 				}
-				require.NoError(t, s.Release(req.BlockIDs))
-				assert.False(t, s.Ready(req.ID))
 			}
 			require.NoError(t, decode.InvalidateRemoteMetadata(remote))
 		})
@@ -532,7 +529,6 @@ func TestStagerConfigErrors(t *testing.T) {
 	s, err := NewStager(StagerConfig{Geometry: fromSched, SchedulerBlocks: 9, Source: src, FirstHead: 1})
 	require.NoError(t, err)
 	assert.Equal(t, 9, s.Geometry().NumBlocks)
-	assert.Equal(t, 9, s.Pool().NumBlocks())
 	require.NoError(t, s.Close())
 	require.NoError(t, s.Close())
 	require.ErrorIs(t, s.Stage(ctxT(t), Request{ID: "x", Tokens: 1, BlockIDs: []int{1}}), ErrClosed)
@@ -547,31 +543,8 @@ func TestStagerConfigErrors(t *testing.T) {
 	require.ErrorIs(t, err, ErrBadArgument)
 }
 
-func TestStagerLeaseExpiry(t *testing.T) {
-	var now atomic.Int64
-	clock := func() time.Time { return time.Unix(0, now.Load()) }
-	c := newTestCache(smallSpec(false))
-	g := smallGeometry(layout.HND, layout.PlanSplitKV)
-	g.NumBlocks = 5
-	s := newStager(t, StagerConfig{Geometry: g, Source: c.host(t), FirstHead: 1, Pool: PoolOptions{Now: clock}})
-	ids, err := s.Reserve(4)
-	require.NoError(t, err)
-	require.NoError(t, s.Stage(ctxT(t), Request{ID: "a", Tokens: 16, BlockIDs: ids}))
-	_, err = s.Reserve(1)
-	require.ErrorIs(t, err, ErrNoBlocks)
-	now.Add(int64(DefaultLeaseTimeout - time.Second))
-	assert.Empty(t, s.Reclaim(), "the lease has not run out")
-	assert.True(t, s.Ready("a"))
-	now.Add(int64(2 * time.Second))
-	got, err := s.Reserve(2) // reclaims the expired lease
-	require.NoError(t, err)
-	assert.Len(t, got, 2)
-	assert.False(t, s.Ready("a"), "expired blocks are no longer ready")
-	require.ErrorIs(t, s.Release(ids[:1]), ErrNotReserved, "they were reclaimed")
-}
-
 func TestDeviceSourceFromNxDIState(t *testing.T) {
-	rt := openFake(t, Options{})
+	rt := openFake(t, LoadOptions{})
 	c := newTestCache(smallSpec(false))
 	dev := c.device(t, rt)
 	state := map[string]*Tensor{}
@@ -597,7 +570,7 @@ func TestDeviceSourceFromNxDIState(t *testing.T) {
 }
 
 func TestSourceShapeChecks(t *testing.T) {
-	rt := openFake(t, Options{})
+	rt := openFake(t, LoadOptions{})
 	spec := smallSpec(false)
 	n, _ := spec.TensorBytes()
 	wrong, err := rt.Allocate(PlacementDevice, 0, uint64(n)+2, "wrong")

@@ -3,8 +3,6 @@ package neuron
 import (
 	"errors"
 	"fmt"
-
-	"github.com/gonixl/gonixl/layout"
 )
 
 // Status is an NRT_STATUS code returned by libnrt (nrt_status.h; the numbering is stable and only appended to).
@@ -25,7 +23,7 @@ var (
 	ErrClosed         = errors.New("neuron: closed")
 	ErrExecution      = errors.New("neuron: execution error")
 
-	// ErrNotFound: libnrt.so.1 could not be loaded (see Options.Path and GONIXL_NRT_LIB).
+	// ErrNotFound: libnrt.so.1 could not be loaded (see LoadOptions.Path and GONIXL_NRT_LIB); the error is a *LoadError.
 	ErrNotFound = errors.New("neuron: libnrt not found")
 	// ErrSymbol: the library lacks a required libnrt function.
 	ErrSymbol = errors.New("neuron: required libnrt symbol missing")
@@ -35,11 +33,6 @@ var (
 	ErrBadArgument = errors.New("neuron: bad argument")
 	// ErrTooLarge: a requested size is beyond what this package or the machine can hold.
 	ErrTooLarge = errors.New("neuron: size too large")
-	// ErrNoBlocks: the block pool cannot satisfy a reservation.
-	// It wraps layout.ErrNoBlocks (= connector.ErrNoBlocks), so callers need not know which pool ran out.
-	ErrNoBlocks = fmt.Errorf("neuron: %w", layout.ErrNoBlocks)
-	// ErrNotReserved: a block id is not currently reserved (double release, or staging into free blocks).
-	ErrNotReserved = errors.New("neuron: block not reserved")
 )
 
 // statusInfo is one row of the NRT_STATUS table: the C name, the sentinel it maps to and a hint on what to do.
@@ -62,7 +55,7 @@ var statusTable = map[Status]statusInfo{
 	9:    {"NRT_LOAD_NOT_ENOUGH_NC", ErrNotEnoughCores, "fewer NeuronCores are visible than needed (NEURON_RT_VISIBLE_CORES / NEURON_RT_NUM_CORES), or another process owns them"},
 	10:   {"NRT_UNSUPPORTED_NEFF_VERSION", ErrInvalid, "the NEFF was compiled for another runtime"},
 	11:   {"NRT_FAIL_HOST_MEM_ALLOC", ErrResource, "host memory allocation failed"},
-	13:   {"NRT_UNINITIALIZED", ErrUninitialized, "call Open (nrt_init) first"},
+	13:   {"NRT_UNINITIALIZED", ErrUninitialized, "call Load (nrt_init) first"},
 	14:   {"NRT_CLOSED", ErrClosed, "the runtime was closed (nrt_close); open a new Runtime"},
 	15:   {"NRT_QUEUE_EMPTY", ErrQueue, ""},
 	101:  {"NRT_EXEC_UNIT_UNRECOVERABLE", ErrHardware, "the execution unit is unrecoverable; restart the process"},

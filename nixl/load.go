@@ -16,6 +16,8 @@ import (
 	"unsafe"
 
 	"go.uber.org/zap"
+
+	"github.com/gonixl/gonixl/internal/dl"
 )
 
 // LibraryName is the file name of NIXL's C API library.
@@ -95,24 +97,17 @@ func Loaded() *Library {
 	return loaded
 }
 
-// LoadError is returned when NIXL cannot be loaded. It lists every candidate tried and why it failed.
-type LoadError struct {
-	Tried []string // "path: reason" per candidate
-}
+// LoadError is returned when NIXL cannot be loaded: every candidate tried (Tried, "path (source)") and why
+// it failed (Why). It unwraps to ErrNotLoaded; it is the loaders' one shape (cuda.LoadError and
+// neuron.LoadError are the same type).
+type LoadError = dl.LoadError
 
-func (e *LoadError) Error() string {
-	var b strings.Builder
-	b.WriteString("nixl: cannot load " + LibraryName + "; tried:")
-	for _, t := range e.Tried {
-		b.WriteString("\n  - " + t)
-	}
-	b.WriteString("\nfix: run `make nixl` (downloads the pinned nixl wheel from PyPI and unpacks it into .nixl/), " +
-		"then set NIXL_LIB_DIR=$PWD/.nixl/current/lib, or pass LoadOptions.LibDir")
-	return b.String()
+// newLoadError starts the LoadError of a failed Load.
+func newLoadError() *LoadError {
+	return &LoadError{Prefix: "nixl", Library: LibraryName, Sentinel: ErrNotLoaded,
+		Fix: "run `make nixl` (downloads the pinned nixl wheel from PyPI and unpacks it into .nixl/), " +
+			"then set NIXL_LIB_DIR=$PWD/.nixl/current/lib, or pass LoadOptions.LibDir"}
 }
-
-// Unwrap makes errors.Is(err, ErrNotLoaded) true.
-func (e *LoadError) Unwrap() error { return ErrNotLoaded }
 
 // Load loads NIXL's C API library once per process and returns it. Later calls return the same Library
 // (an explicit LibDir that names another folder is an error: one process has one NIXL).
@@ -131,13 +126,13 @@ func Load(opts LoadOptions) (*Library, error) {
 		return loaded, nil
 	}
 	raceWorkaround(log)
-	var tried []string
+	le := newLoadError()
 	for _, cand := range candidates(opts.LibDir) {
 		path := cand.path
 		if cand.dir != "" {
 			path = filepath.Join(cand.dir, LibraryName)
 			if _, err := os.Stat(path); err != nil {
-				tried = append(tried, fmt.Sprintf("%s (%s): no such file", path, cand.source))
+				le.Add(fmt.Sprintf("%s (%s)", path, cand.source), "no such file")
 				continue
 			}
 		}
@@ -162,7 +157,7 @@ func Load(opts LoadOptions) (*Library, error) {
 		rc := C.gx_open(cpath, &errBuf[0], C.size_t(len(errBuf)))
 		C.free(unsafe.Pointer(cpath))
 		if rc != 0 {
-			tried = append(tried, fmt.Sprintf("%s (%s): %s", path, cand.source, C.GoString(&errBuf[0])))
+			le.Add(fmt.Sprintf("%s (%s)", path, cand.source), C.GoString(&errBuf[0]))
 			continue
 		}
 		abs := path
@@ -179,7 +174,7 @@ func Load(opts LoadOptions) (*Library, error) {
 		loadErr = nil
 		return loaded, nil
 	}
-	loadErr = &LoadError{Tried: tried}
+	loadErr = le
 	return nil, loadErr
 }
 

@@ -1,8 +1,6 @@
 package nixl_test
 
 import (
-	"fmt"
-	"os"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -17,25 +15,10 @@ import (
 // list, e.g. vLLM's K halves) or indices out of order are not merged. CreateXfer lists are posted as given.
 func TestDescMerge(t *testing.T) {
 	l := loadLib(t)
-	mk := func(n string) *nixl.Agent {
-		a, err := l.NewAgent(fmt.Sprintf("%s-%d", n, os.Getpid()), nixl.AgentConfig{CaptureTelemetry: true, Backends: []nixl.BackendSpec{{Plugin: "UCX"}}})
-		require.NoError(t, err)
-		t.Cleanup(func() { a.Close() })
-		return a
-	}
-	a, b := mk("merge-a"), mk("merge-b")
+	a, b := telemetryAgent(t, l, "merge-a"), telemetryAgent(t, l, "merge-b")
 	const blk, n = 4096, 64
 	ma, mb := hostMem(t, 2*blk*n), hostMem(t, 2*blk*n)
-	ra, err := a.RegisterMem(nixl.DRAM, []nixl.Desc{ma.Desc()})
-	require.NoError(t, err)
-	defer ra.Close()
-	rb, err := b.RegisterMem(nixl.DRAM, []nixl.Desc{mb.Desc()})
-	require.NoError(t, err)
-	defer rb.Close()
-	md, err := b.LocalMetadata()
-	require.NoError(t, err)
-	_, err = a.LoadRemoteMetadata(md)
-	require.NoError(t, err)
+	connectDRAM(t, a, b, ma, mb)
 
 	list := func(base uint64, stride, length uint64) []nixl.Desc {
 		d := make([]nixl.Desc, n)
@@ -89,13 +72,7 @@ func TestDescMerge(t *testing.T) {
 // plan says.
 func TestLayoutPlansPostedDescs(t *testing.T) {
 	l := loadLib(t)
-	mk := func(n string) *nixl.Agent {
-		a, err := l.NewAgent(fmt.Sprintf("%s-%d", n, os.Getpid()), nixl.AgentConfig{CaptureTelemetry: true, Backends: []nixl.BackendSpec{{Plugin: "UCX"}}})
-		require.NoError(t, err)
-		t.Cleanup(func() { a.Close() })
-		return a
-	}
-	a, b := mk("plans-a"), mk("plans-b")
+	a, b := telemetryAgent(t, l, "plans-a"), telemetryAgent(t, l, "plans-b")
 	for _, plan := range []layout.RegionPlan{layout.PlanSplitKV, layout.PlanKVHalves, layout.PlanPackedKV} {
 		t.Run(plan.String(), func(t *testing.T) {
 			g := layout.Geometry{NumLayers: 28, NumBlocks: 80, BlockSize: 16, NumKVHeads: 1, HeadDim: 8, DType: layout.BF16, Order: layout.HND, Plan: plan}
@@ -111,16 +88,7 @@ func TestLayoutPlansPostedDescs(t *testing.T) {
 				}
 				return out
 			}
-			ra, err := a.RegisterMem(nixl.DRAM, []nixl.Desc{ma.Desc()})
-			require.NoError(t, err)
-			defer ra.Close()
-			rb, err := b.RegisterMem(nixl.DRAM, []nixl.Desc{mb.Desc()})
-			require.NoError(t, err)
-			defer rb.Close()
-			md, err := b.LocalMetadata()
-			require.NoError(t, err)
-			_, err = a.LoadRemoteMetadata(md)
-			require.NoError(t, err)
+			connectDRAM(t, a, b, ma, mb)
 			defer a.InvalidateRemoteMetadata(b.Name())
 
 			p, err := layout.NewReadPlan(g, 1, 0, g, 1, 1)

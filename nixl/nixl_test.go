@@ -78,6 +78,32 @@ func hostMem(t testing.TB, size int64) *nixl.HostMem {
 	return m
 }
 
+// telemetryAgent is a UCX agent that captures telemetry, named name-<pid>, closed when the test ends.
+func telemetryAgent(t testing.TB, l *nixl.Library, name string) *nixl.Agent {
+	t.Helper()
+	a, err := l.NewAgent(fmt.Sprintf("%s-%d", name, os.Getpid()), nixl.AgentConfig{CaptureTelemetry: true, Backends: []nixl.BackendSpec{{Plugin: "UCX"}}})
+	require.NoError(t, err)
+	t.Cleanup(func() { a.Close() })
+	return a
+}
+
+// connectDRAM registers ma with a and mb with b until the test ends, and loads b's metadata into a.
+func connectDRAM(t testing.TB, a, b *nixl.Agent, ma, mb *nixl.HostMem) {
+	t.Helper()
+	for _, side := range []struct {
+		agent *nixl.Agent
+		mem   *nixl.HostMem
+	}{{a, ma}, {b, mb}} {
+		r, err := side.agent.RegisterMem(nixl.DRAM, []nixl.Desc{side.mem.Desc()})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = r.Close() })
+	}
+	md, err := b.LocalMetadata()
+	require.NoError(t, err)
+	_, err = a.LoadRemoteMetadata(md)
+	require.NoError(t, err)
+}
+
 func fill(b []byte, seed byte) {
 	for i := range b {
 		b[i] = byte(i*31) ^ seed
@@ -372,24 +398,9 @@ func TestLeakedHandleIsReportedAndReleased(t *testing.T) {
 
 func TestTelemetryAndCost(t *testing.T) {
 	l := loadLib(t)
-	mk := func(n string) *nixl.Agent {
-		a, err := l.NewAgent(fmt.Sprintf("%s-%d", n, os.Getpid()), nixl.AgentConfig{CaptureTelemetry: true, Backends: []nixl.BackendSpec{{Plugin: "UCX"}}})
-		require.NoError(t, err)
-		t.Cleanup(func() { a.Close() })
-		return a
-	}
-	a, b := mk("tel-a"), mk("tel-b")
+	a, b := telemetryAgent(t, l, "tel-a"), telemetryAgent(t, l, "tel-b")
 	ma, mb := hostMem(t, 1<<20), hostMem(t, 1<<20)
-	ra, err := a.RegisterMem(nixl.DRAM, []nixl.Desc{ma.Desc()})
-	require.NoError(t, err)
-	defer ra.Close()
-	rb, err := b.RegisterMem(nixl.DRAM, []nixl.Desc{mb.Desc()})
-	require.NoError(t, err)
-	defer rb.Close()
-	md, err := b.LocalMetadata()
-	require.NoError(t, err)
-	_, err = a.LoadRemoteMetadata(md)
-	require.NoError(t, err)
+	connectDRAM(t, a, b, ma, mb)
 	x, err := a.CreateXfer(nixl.Read, nixl.DRAM, []nixl.Desc{ma.Desc()}, nixl.DRAM, []nixl.Desc{mb.Desc()}, b.Name())
 	require.NoError(t, err)
 	defer x.Close()

@@ -58,16 +58,7 @@ func TestUCXOptionsTransfer(t *testing.T) {
 			for j := range mb.Bytes() {
 				mb.Bytes()[j] = byte(j*13 + i)
 			}
-			ra, err := a.RegisterMem(nixl.DRAM, []nixl.Desc{ma.Desc()})
-			require.NoError(t, err)
-			defer ra.Close()
-			rb, err := b.RegisterMem(nixl.DRAM, []nixl.Desc{mb.Desc()})
-			require.NoError(t, err)
-			defer rb.Close()
-			md, err := b.LocalMetadata()
-			require.NoError(t, err)
-			_, err = a.LoadRemoteMetadata(md)
-			require.NoError(t, err)
+			connectDRAM(t, a, b, ma, mb)
 			var ld, rd []nixl.Desc
 			for j := range n {
 				k := (j * 37) % n // scattered

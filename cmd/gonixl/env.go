@@ -293,16 +293,16 @@ func cudaEnv() cudaReport {
 func neuronEnv(initialise bool) neuronReport {
 	var r neuronReport
 	if !initialise {
-		r.Found = neuron.Available(neuron.Options{})
+		r.Found = neuron.Available(neuron.LoadOptions{})
 		if !r.Found {
-			r.Error = "libnrt.so.1 not found (tried $" + neuron.EnvLibrary + ", the loader path, " + neuron.DefaultLibDir + ")"
+			r.Error = "libnrt.so.1 not found (tried $" + neuron.EnvLibPath + ", the loader path, " + neuron.DefaultLibDir + ")"
 		}
 		return r
 	}
-	rt, err := neuron.Open(neuron.Options{})
+	rt, err := neuron.Load(neuron.LoadOptions{})
 	if err != nil {
 		// The error lists the candidates tried (or the runtime's own status when libnrt loaded).
-		r.Found = neuron.Available(neuron.Options{})
+		r.Found = neuron.Available(neuron.LoadOptions{})
 		r.Error = oneLine(err.Error())
 		return r
 	}

@@ -130,7 +130,7 @@ func TestEnvNeuron(t *testing.T) {
 	if err != nil {
 		testenv.Missing(t, "a C compiler for the fake libnrt", err.Error())
 	}
-	t.Setenv(neuron.EnvLibrary, lib)
+	t.Setenv(neuron.EnvLibPath, lib)
 	t.Setenv("FAKE_NRT_NUM_CORES", "4")
 	t.Setenv("FAKE_NRT_VERSION", "2.31.24")
 	r := runCLI(t, "env", "--json", "--no-nixl", "--require", "neuron")
@@ -141,7 +141,7 @@ func TestEnvNeuron(t *testing.T) {
 	require.Contains(t, rep.Neuron.Version, "2.31.24")
 	require.Equal(t, 4, rep.Neuron.VisibleCores)
 	require.Equal(t, 4, rep.Neuron.TotalCores)
-	require.Equal(t, lib, rep.Env[neuron.EnvLibrary])
+	require.Equal(t, lib, rep.Env[neuron.EnvLibPath])
 
 	r = runCLI(t, "env", "--no-nixl", "--no-neuron-init")
 	require.Equal(t, 0, r.code, r.stderr)

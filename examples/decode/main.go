@@ -3,20 +3,9 @@
 package main
 
 import (
-	"context"
-	"fmt"
 	"os"
-	"os/signal"
-	"syscall"
 
 	"github.com/gonixl/gonixl/examples/internal/demo"
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := demo.RunDecode(ctx, os.Args[1:]); err != nil {
-		fmt.Fprintln(os.Stderr, "decode:", err)
-		os.Exit(1)
-	}
-}
+func main() { demo.Main("decode", os.Args[1:]) }

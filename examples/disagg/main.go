@@ -28,17 +28,7 @@ import (
 )
 
 func main() {
-	if len(os.Args) > 1 && (os.Args[1] == "serve-prefill" || os.Args[1] == "serve-decode") {
-		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-		defer stop()
-		run := demo.RunPrefill
-		if os.Args[1] == "serve-decode" {
-			run = demo.RunDecode
-		}
-		if err := run(ctx, os.Args[2:]); err != nil {
-			fmt.Fprintln(os.Stderr, os.Args[1]+":", err)
-			os.Exit(1)
-		}
+	if demo.ServeSubcommand(os.Args[1:]) {
 		return
 	}
 	if err := orchestrate(); err != nil {
@@ -203,7 +193,7 @@ func orchestrate() error {
 			} else {
 				t := res.Decode.Gonixl
 				fmt.Printf("  [%d/%d] %s (%d tokens): staged %.1f ms, READ %.1f MB in %.1f ms (%.2f GB/s), %d bytes verified\n",
-					done, len(sizes), id, n, res.Prefill.Gonixl.StageMS, float64(t.Bytes)/1e6, t.TransferMS, gbps(t.Bytes, t.TransferMS), t.VerifiedBytes)
+					done, len(sizes), id, n, res.Prefill.Gonixl.StageMS, float64(t.Bytes)/1e6, t.TransferMS, demo.GBps(t.Bytes, t.TransferMS), t.VerifiedBytes)
 			}
 			mu.Unlock()
 		}(i, n)
@@ -243,13 +233,6 @@ func scrape(ctx context.Context, base string, names ...string) string {
 	return strings.Join(out, ", ")
 }
 
-func gbps(bytes int64, msec float64) float64 {
-	if msec <= 0 {
-		return 0
-	}
-	return float64(bytes) / (msec / 1000) / 1e9
-}
-
 func summary(results []outcome, wall time.Duration) error {
 	sort.Slice(results, func(i, j int) bool { return results[i].id < results[j].id })
 	fmt.Println()
@@ -279,13 +262,13 @@ func summary(results []outcome, wall time.Duration) error {
 		}
 		st := r.res.Prefill.Gonixl
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%.1f\t%.1f\t%.1f\t%.1f\t%.2f\t%.1f\t%.1f\t%.1f\t%s\t\n", r.id, r.tokens, t.Blocks, st.ComputeMS, st.StageMS,
-			t.HandshakeMS, t.TransferMS, gbps(t.Bytes, t.TransferMS), t.CopyMS, t.VerifyMS, float64(r.res.Total.Microseconds())/1000, ok)
+			t.HandshakeMS, t.TransferMS, demo.GBps(t.Bytes, t.TransferMS), t.CopyMS, t.VerifyMS, float64(r.res.Total.Microseconds())/1000, ok)
 	}
 	tw.Flush()
 	busy := busyMS(spans)
 	fmt.Printf("\ntotal: %d requests, %.1f MB of KV moved over NIXL, %d bytes verified, wall %.2f s\n", len(results), float64(bytes)/1e6, verified, wall.Seconds())
 	fmt.Printf("transfer only: %.2f GB/s aggregate (%.1f MB over the %.1f ms during which a READ was in flight; per-request sum %.1f ms)\n",
-		gbps(bytes, busy), float64(bytes)/1e6, busy, xferMS)
+		demo.GBps(bytes, busy), float64(bytes)/1e6, busy, xferMS)
 	if failed > 0 {
 		return errors.New(strconv.Itoa(failed) + " request(s) failed or were not verified")
 	}

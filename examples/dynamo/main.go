@@ -30,17 +30,7 @@ import (
 )
 
 func main() {
-	if len(os.Args) > 1 && (os.Args[1] == "serve-prefill" || os.Args[1] == "serve-decode") {
-		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-		defer stop()
-		run := demo.RunPrefill
-		if os.Args[1] == "serve-decode" {
-			run = demo.RunDecode
-		}
-		if err := run(ctx, os.Args[2:]); err != nil {
-			fmt.Fprintln(os.Stderr, os.Args[1]+":", err)
-			os.Exit(1)
-		}
+	if demo.ServeSubcommand(os.Args[1:]) {
 		return
 	}
 	if err := orchestrate(); err != nil {
@@ -220,13 +210,6 @@ func orchestrate() error {
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
-func gbps(bytes int64, msec float64) float64 {
-	if msec <= 0 {
-		return 0
-	}
-	return float64(bytes) / (msec / 1000) / 1e9
-}
-
 func summary(results []outcome, wall time.Duration) error {
 	sort.SliceStable(results, func(i, j int) bool { return results[i].name < results[j].name })
 	fmt.Println()
@@ -248,7 +231,7 @@ func summary(results []outcome, wall time.Duration) error {
 			stage = p.Gonixl.StageMS
 		}
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.2f\t%.1f\tyes\tyes\t\n", r.name, r.tokens, d.Gonixl.Blocks, p.MS, stage,
-			d.MS, d.Gonixl.HandshakeMS, d.Gonixl.TransferMS, gbps(d.Gonixl.Bytes, d.Gonixl.TransferMS), ms(r.res.Latency))
+			d.MS, d.Gonixl.HandshakeMS, d.Gonixl.TransferMS, demo.GBps(d.Gonixl.Bytes, d.Gonixl.TransferMS), ms(r.res.Latency))
 	}
 	tw.Flush()
 	fmt.Printf("\nprefill/decode ms: the Dynamo worker's call to its Go worker; through Dynamo: the client's request to the frontend.\n")

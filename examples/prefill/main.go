@@ -7,20 +7,9 @@
 package main
 
 import (
-	"context"
-	"fmt"
 	"os"
-	"os/signal"
-	"syscall"
 
 	"github.com/gonixl/gonixl/examples/internal/demo"
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := demo.RunPrefill(ctx, os.Args[1:]); err != nil {
-		fmt.Fprintln(os.Stderr, "prefill:", err)
-		os.Exit(1)
-	}
-}
+func main() { demo.Main("prefill", os.Args[1:]) }

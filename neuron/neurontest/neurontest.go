@@ -2,7 +2,7 @@
 // runtime API that package neuron uses, over host memory, so that programs and tests run without
 // Trainium. It has several NeuronCores, tracked allocations, the DMA alignment, granularity and
 // maximum-transfer constraints, counters and fault injection, and it is loaded through the same dlopen
-// path as the real runtime: pass the path Build returns as neuron.Options.Path (or $GONIXL_NRT_LIB).
+// path as the real runtime: pass the path Build returns as neuron.LoadOptions.Path (or $GONIXL_NRT_LIB).
 // No Neuron SDK is needed, only a C compiler ($CC, else cc or gcc).
 //
 // The fake reads its knobs from the environment when it is loaded; Source lists them

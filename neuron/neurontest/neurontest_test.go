@@ -50,7 +50,7 @@ func TestBuildLoads(t *testing.T) {
 			lib, err := c.build(t.TempDir())
 			require.NoError(t, err)
 			require.Equal(t, "libnrt.so.1", filepath.Base(lib))
-			rt, err := neuron.Open(neuron.Options{Path: lib})
+			rt, err := neuron.Load(neuron.LoadOptions{Path: lib})
 			require.NoError(t, err)
 			defer rt.Close()
 			assert.Equal(t, "gonixl fake libnrt", rt.Version().Detail)

@@ -75,8 +75,8 @@ type PrefillServer struct {
 // libnrt into a temporary folder (returned, for removal) and opens that. When ctx ends during the build the
 // compiler is stopped, the folder removed and ctx's error returned.
 func OpenNeuron(ctx context.Context, path string, log *zap.Logger) (*neuron.Runtime, string, error) {
-	if path == "" && neuron.Available(neuron.Options{}) {
-		rt, err := neuron.Open(neuron.Options{Logger: log})
+	if path == "" && neuron.Available(neuron.LoadOptions{}) {
+		rt, err := neuron.Load(neuron.LoadOptions{Logger: log})
 		return rt, "", err
 	}
 	dir := ""
@@ -91,7 +91,7 @@ func OpenNeuron(ctx context.Context, path string, log *zap.Logger) (*neuron.Runt
 		}
 		log.Info("no Neuron runtime found: using gonixl's fake libnrt over host memory", zap.String("path", path))
 	}
-	rt, err := neuron.Open(neuron.Options{Path: path, Logger: log})
+	rt, err := neuron.Load(neuron.LoadOptions{Path: path, Logger: log})
 	if err != nil && dir != "" {
 		os.RemoveAll(dir)
 	}
@@ -162,9 +162,10 @@ func NewPrefillServer(ctx context.Context, cfg PrefillConfig) (s *PrefillServer,
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	// The arena is registered by the prefill role (Agent nil here); the Stager's pool hands out the blocks.
+	// The Stager is the role's cache and its fill function; the role registers the arena, allocates the
+	// blocks and holds them for the decode peer.
 	if s.stager, err = neuron.NewStager(neuron.StagerConfig{Geometry: g, SchedulerBlocks: cfg.NumBlocks, Source: src,
-		Lock: neuron.LockBestEffort, Pool: neuron.PoolOptions{LeaseTimeout: -1}, Logger: log}); err != nil {
+		Lock: neuron.LockBestEffort, Logger: log}); err != nil {
 		return nil, err
 	}
 	if err := ctx.Err(); err != nil {
@@ -301,10 +302,11 @@ func (s *PrefillServer) completions(w http.ResponseWriter, r *http.Request) {
 	var stage time.Duration
 	var out protocol.KVTransferParams
 	if err == nil {
+		fill := s.stager.Fill(row, tokens)
 		out, err = s.role.Prefill(r.Context(), id, tokens, func(ctx context.Context, blocks []int) error {
 			t := time.Now()
 			defer func() { stage = time.Since(t) }()
-			return s.stager.Stage(ctx, neuron.Request{ID: id, Row: row, Tokens: tokens, BlockIDs: blocks})
+			return fill(ctx, blocks)
 		})
 	}
 	s.rows <- row
