@@ -241,8 +241,7 @@ func (d *Decode) pull(ctx context.Context, requestID string, kv protocol.KVTrans
 	if err != nil {
 		return fail(err)
 	}
-	d.advanceGeneration(kv.RemoteEngineID, kv.RemoteRegistrationGeneration)
-	re, hsTook, err := d.remote(ctx, kv.RemoteEngineID, req.addr, req.prefillTP)
+	re, hsTook, err := d.engine(ctx, req)
 	if err != nil {
 		return fail(err)
 	}
@@ -315,6 +314,20 @@ func (r *pullRequest) readError(err error) error {
 // validate checks what can be checked before a handshake: kv_transfer_params' fields and the local block
 // ids (against the local cache, once: nothing checks them again).
 func (d *Decode) validate(kv protocol.KVTransferParams, localBlocks []int) (pullRequest, error) {
+	req, err := newPullRequest(kv)
+	if err != nil {
+		return req, err
+	}
+	if err := d.reg.geom.CheckBlockIDs(localBlocks, 0); err != nil {
+		return pullRequest{}, fmt.Errorf("%w: local blocks: %v", ErrBadParams, err)
+	}
+	req.local = localBlocks
+	return req, nil
+}
+
+// newPullRequest checks kv_transfer_params' fields (what names the prefill engine, the request and its
+// blocks) and returns the request they describe, without local blocks.
+func newPullRequest(kv protocol.KVTransferParams) (pullRequest, error) {
 	if err := kv.ValidateForDecode(); err != nil {
 		return pullRequest{}, fmt.Errorf("%w: %v", ErrBadParams, err)
 	}
@@ -327,10 +340,7 @@ func (d *Decode) validate(kv protocol.KVTransferParams, localBlocks []int) (pull
 	if kv.RemoteRequestID == "" {
 		return pullRequest{}, fmt.Errorf("%w: remote_request_id is empty (the prefill side could never match the notification)", ErrBadParams)
 	}
-	if err := d.reg.geom.CheckBlockIDs(localBlocks, 0); err != nil {
-		return pullRequest{}, fmt.Errorf("%w: local blocks: %v", ErrBadParams, err)
-	}
-	req := pullRequest{kv: kv, local: localBlocks, prefillTP: kv.TPSize,
+	req := pullRequest{kv: kv, prefillTP: kv.TPSize,
 		addr: "tcp://" + net.JoinHostPort(kv.RemoteHost, strconv.Itoa(kv.RemotePort))}
 	if req.prefillTP <= 0 {
 		req.prefillTP = 1 // vLLM assumes 1 when tp_size is absent
@@ -340,6 +350,13 @@ func (d *Decode) validate(kv protocol.KVTransferParams, localBlocks []int) (pull
 		req.remote[i] = int(v)
 	}
 	return req, nil
+}
+
+// engine returns the handshaken prefill engine req names, with a reference for the caller (put it back),
+// after dropping a cached handshake older than the params' registration generation.
+func (d *Decode) engine(ctx context.Context, req pullRequest) (*remoteEngine, time.Duration, error) {
+	d.advanceGeneration(req.kv.RemoteEngineID, req.kv.RemoteRegistrationGeneration)
+	return d.remote(ctx, req.kv.RemoteEngineID, req.addr, req.prefillTP)
 }
 
 // planPull checks the remote block ids against the handshaken prefill engine (once) and the local block
@@ -389,7 +406,7 @@ func (d *Decode) post(re *remoteEngine, req pullRequest, res *Result) ([]*nixl.X
 
 // await waits for posted READs, renewing the request's lease on the prefill side meanwhile (heartbeat).
 func (d *Decode) await(ctx context.Context, re *remoteEngine, req pullRequest, xfers []*nixl.Xfer) error {
-	defer d.heartbeat(re.agents(), req.kv.RemoteRequestID)()
+	defer d.heartbeat(re.agents(), req.kv.RemoteRequestID, false)()
 	for _, x := range xfers {
 		if err := x.Wait(ctx); err != nil {
 			return err
@@ -434,9 +451,9 @@ func (d *Decode) do(fn func() error) error {
 	return fn()
 }
 
-// heartbeat renews the request's lease on every prefill agent read while the READs run, in profiles with
-// leases.
-func (d *Decode) heartbeat(agents []string, remoteRequestID string) func() {
+// heartbeat renews the request's lease on every prefill agent read, every Profile.HeartbeatInterval (and at
+// once when now is set) until the returned stop is called, in profiles with leases.
+func (d *Decode) heartbeat(agents []string, remoteRequestID string, now bool) (stop func()) {
 	p := d.cfg.Profile
 	if !p.Leases || p.HeartbeatInterval <= 0 {
 		return func() {}
@@ -445,7 +462,17 @@ func (d *Decode) heartbeat(agents []string, remoteRequestID string) func() {
 	if err != nil {
 		return func() {}
 	}
-	stop := make(chan struct{})
+	beat := func() {
+		for _, a := range agents {
+			if err := d.reg.agent.SendNotification(a, msg); err == nil {
+				d.metrics.Heartbeats.Add(1)
+			}
+		}
+	}
+	if now {
+		beat()
+	}
+	quit := make(chan struct{})
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -453,18 +480,14 @@ func (d *Decode) heartbeat(agents []string, remoteRequestID string) func() {
 		defer t.Stop()
 		for {
 			select {
-			case <-stop:
+			case <-quit:
 				return
 			case <-t.C:
-				for _, a := range agents {
-					if err := d.reg.agent.SendNotification(a, msg); err == nil {
-						d.metrics.Heartbeats.Add(1)
-					}
-				}
+				beat()
 			}
 		}
 	}()
-	return func() { close(stop); <-done }
+	return func() { close(quit); <-done }
 }
 
 // remote returns the handshaken prefill engine with a reference held for the caller (put it back with

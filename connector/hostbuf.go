@@ -59,7 +59,7 @@ func (d *Decode) pullSliced(ctx context.Context, re *remoteEngine, hb HostBuffer
 	})
 	agents := re.agents()
 	if err == nil {
-		stopHB := d.heartbeat(agents, req.kv.RemoteRequestID)
+		stopHB := d.heartbeat(agents, req.kv.RemoteRequestID, false)
 	wait:
 		for _, s := range slices {
 			for _, x := range s.xfers {

@@ -3,8 +3,6 @@ package connector
 import (
 	"context"
 	"fmt"
-	"net"
-	"strconv"
 	"sync"
 
 	"github.com/gonixl/gonixl/connector/protocol"
@@ -33,14 +31,7 @@ func (d *Decode) KeepAlive(ctx context.Context, kv protocol.KVTransferParams) (s
 		d.pulls.Done()
 		return func() {}, err
 	}
-	if msg, err := p.EncodeHeartbeat([]string{kv.RemoteRequestID}); err == nil {
-		for _, a := range agents {
-			if d.reg.agent.SendNotification(a, msg) == nil {
-				d.metrics.Heartbeats.Add(1)
-			}
-		}
-	}
-	stopHB := d.heartbeat(agents, kv.RemoteRequestID)
+	stopHB := d.heartbeat(agents, kv.RemoteRequestID, true)
 	var once sync.Once
 	end := func() { once.Do(func() { stopHB(); d.pulls.Done() }) }
 	stopOnClose := context.AfterFunc(d.closing, end)
@@ -48,33 +39,20 @@ func (d *Decode) KeepAlive(ctx context.Context, kv protocol.KVTransferParams) (s
 	return func() { stopOnClose(); stopOnCtx(); end() }, nil
 }
 
-// keepAliveAgents validates what KeepAlive needs of kv and returns the prefill agents the request is read
-// from (handshaking if needed).
+// keepAliveAgents checks kv as Pull does (without local blocks) and returns the prefill agents the request
+// is read from, handshaking if needed.
 func (d *Decode) keepAliveAgents(ctx context.Context, kv protocol.KVTransferParams) ([]string, error) {
-	if err := kv.ValidateForDecode(); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrBadParams, err)
+	req, err := newPullRequest(kv)
+	if err != nil {
+		return nil, err
 	}
-	if kv.RemoteHost == "" || kv.RemotePort <= 0 || kv.RemotePort > 65535 || kv.RemoteRequestID == "" {
-		return nil, fmt.Errorf("%w: remote_host %q, remote_port %d, remote_request_id %q do not name a request on a side channel",
-			ErrBadParams, kv.RemoteHost, kv.RemotePort, kv.RemoteRequestID)
-	}
-	prefillTP := kv.TPSize
-	if prefillTP <= 0 {
-		prefillTP = 1 // vLLM assumes 1 when tp_size is absent
-	}
-	addr := "tcp://" + net.JoinHostPort(kv.RemoteHost, strconv.Itoa(kv.RemotePort))
-	d.advanceGeneration(kv.RemoteEngineID, kv.RemoteRegistrationGeneration)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	defer context.AfterFunc(d.closing, cancel)()
-	re, _, err := d.remote(ctx, kv.RemoteEngineID, addr, prefillTP)
+	re, _, err := d.engine(ctx, req)
 	if err != nil {
 		return nil, err
 	}
 	defer d.put(re)
-	agents := make([]string, len(re.sources))
-	for i, src := range re.sources {
-		agents[i] = src.agent
-	}
-	return agents, nil
+	return re.agents(), nil
 }
