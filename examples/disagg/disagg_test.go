@@ -4,7 +4,6 @@ import (
 	"context"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -16,16 +15,6 @@ import (
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
-
-// buildDemo builds this command into a temporary folder: the test drives the real programs end to end, as
-// separate processes (the prefill and decode workers are the same binary re-executed).
-func buildDemo(t *testing.T) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "disagg")
-	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
-	require.NoError(t, err, "go build: %s", out)
-	return bin
-}
 
 func runDemo(t *testing.T, bin string, args ...string) (string, error) {
 	t.Helper()
@@ -42,7 +31,7 @@ func runDemo(t *testing.T, bin string, args ...string) (string, error) {
 // over real NIXL, and checks that every byte was verified.
 func TestDemoEndToEnd(t *testing.T) {
 	testenv.RequireNIXLLibDir(t)
-	bin := buildDemo(t)
+	bin := testenv.BuildCommand(t, "disagg") // the workers are this binary re-executed
 	for _, tc := range []struct{ version, order string }{{"0.16.0", "HND"}, {"0.23.0", "HND"}, {"0.33.0", "NHD"}} {
 		t.Run(tc.version+"-"+tc.order, func(t *testing.T) {
 			out, err := runDemo(t, bin, "-vllm-version", tc.version, "-kv-layout", tc.order, "-num-blocks", "96",
@@ -65,7 +54,7 @@ func TestDemoEndToEnd(t *testing.T) {
 // too small for the requests.
 func TestDemoFailsLoudly(t *testing.T) {
 	testenv.RequireNIXLLibDir(t)
-	bin := buildDemo(t)
+	bin := testenv.BuildCommand(t, "disagg") // the workers are this binary re-executed
 	out, err := runDemo(t, bin, "-num-blocks", "8", "-lengths", "333", "-timeout", "1m")
 	require.Error(t, err, out)
 	require.Contains(t, out, "FAILED")

@@ -14,10 +14,10 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/gonixl/gonixl/examples/internal/demo"
@@ -39,115 +39,15 @@ type clusterConfig struct {
 	Model       string // served model name
 }
 
-// proc is one child process. Its stdout and stderr go to a log file (read only after it exited or for
-// reports); a READY line on stdout, when the program prints one, is also sent to ready.
-type proc struct {
-	name  string
-	cmd   *exec.Cmd
-	log   string
-	ready chan string
-	done  chan struct{}
-	err   error // set before done closes
-}
-
-func startProc(name, logPath string, env []string, argv ...string) (*proc, error) {
-	f, err := os.Create(logPath)
-	if err != nil {
-		return nil, err
-	}
-	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Env = env
-	cmd.Stderr = f
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		f.Close()
-		return nil, err
-	}
-	if err := cmd.Start(); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("starting %s: %w", name, err)
-	}
-	p := &proc{name: name, cmd: cmd, log: logPath, ready: make(chan string, 1), done: make(chan struct{})}
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			line := sc.Text()
-			if rest, ok := strings.CutPrefix(line, "READY "); ok {
-				select {
-				case p.ready <- rest:
-				default:
-				}
-			}
-			fmt.Fprintln(f, line)
-		}
-		p.err = cmd.Wait() // after every read from the pipe
-		f.Close()
-		close(p.done)
-	}()
-	return p, nil
-}
-
-// waitReady returns the READY line's rest, or an error when the process exits first or ctx ends.
-func (p *proc) waitReady(ctx context.Context) (string, error) {
-	select {
-	case line := <-p.ready:
-		return line, nil
-	case <-p.done:
-		return "", fmt.Errorf("%s exited before it was ready (%v); its log: %s", p.name, p.err, p.tail())
-	case <-ctx.Done():
-		return "", fmt.Errorf("%s not ready: %w; its log: %s", p.name, ctx.Err(), p.tail())
-	}
-}
-
-// exited reports whether the process has exited.
-func (p *proc) exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
-}
-
-// stop sends SIGTERM and waits up to grace for the exit, then kills. It reports how long the exit took.
-func (p *proc) stop(grace time.Duration) time.Duration {
-	t := time.Now()
-	if p.exited() {
-		return 0
-	}
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(grace):
-		_ = p.cmd.Process.Kill()
-		<-p.done
-	}
-	return time.Since(t)
-}
-
-// signal sends sig (e.g. SIGSTOP, SIGCONT, SIGKILL).
-func (p *proc) signal(sig syscall.Signal) error { return p.cmd.Process.Signal(sig) }
-
-// tail returns the last lines of the log (only while the process writes nothing else, or after it exited:
-// it reads the file, never a buffer the process writes into).
-func (p *proc) tail() string {
-	data, _ := os.ReadFile(p.log)
-	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
-	if len(lines) > 15 {
-		lines = lines[len(lines)-15:]
-	}
-	return "\n\t" + strings.Join(lines, "\n\t")
-}
-
 // cluster is the running set: the event-plane broker, the Go prefill and decode workers, a Dynamo worker in
 // front of each, and Dynamo's frontend.
 type cluster struct {
 	cfg                    clusterConfig
 	env                    []string
-	broker                 *proc
-	goPrefill, goDecode    *proc
-	dynPrefill, dynDecode  *proc
-	frontend               *proc
+	broker                 *demo.Proc
+	goPrefill, goDecode    *demo.Proc
+	dynPrefill, dynDecode  *demo.Proc
+	frontend               *demo.Proc
 	URL                    string // the frontend's base URL
 	GoPrefillURL           string
 	GoDecodeURL            string
@@ -197,10 +97,10 @@ func startCluster(ctx context.Context, cfg clusterConfig) (c *cluster, err error
 	}
 
 	t := time.Now()
-	if c.broker, err = startProc("event-plane broker", logf("broker"), base, cfg.Python, cfg.Worker, "broker"); err != nil {
+	if c.broker, err = demo.StartProc("event-plane broker", logf("broker"), base, cfg.Python, cfg.Worker, "broker"); err != nil {
 		return nil, err
 	}
-	line, err := c.broker.waitReady(ctx)
+	line, err := c.broker.WaitReady(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -211,25 +111,26 @@ func startCluster(ctx context.Context, cfg clusterConfig) (c *cluster, err error
 	c.env = loopbackEnv(c.discoveryDir, f[0]+" , "+f[1])
 	c.Started["broker"] = time.Since(t)
 
-	goArgs := append([]string{"-http", "127.0.0.1:0"}, cfg.GoArgs...)
 	t = time.Now()
-	if c.goPrefill, err = startProc("Go prefill", logf("go-prefill"), c.env,
-		append(append([]string{cfg.Self, "serve-prefill"}, goArgs...), cfg.PrefillArgs...)...); err != nil {
-		return nil, err
+	workers := []struct {
+		spec demo.WorkerSpec
+		p    **demo.Proc
+		url  *string
+	}{
+		{demo.WorkerSpec{Name: "Go prefill", Self: cfg.Self, Role: "prefill", Args: slices.Concat(cfg.GoArgs, cfg.PrefillArgs),
+			Log: logf("go-prefill"), Env: c.env}, &c.goPrefill, &c.GoPrefillURL},
+		{demo.WorkerSpec{Name: "Go decode", Self: cfg.Self, Role: "decode", Args: slices.Concat(cfg.GoArgs, cfg.DecodeArgs),
+			Log: logf("go-decode"), Env: c.env}, &c.goDecode, &c.GoDecodeURL},
 	}
-	if c.goDecode, err = startProc("Go decode", logf("go-decode"), c.env,
-		append(append([]string{cfg.Self, "serve-decode"}, goArgs...), cfg.DecodeArgs...)...); err != nil {
-		return nil, err
-	}
-	for _, x := range []struct {
-		p   *proc
-		url *string
-	}{{c.goPrefill, &c.GoPrefillURL}, {c.goDecode, &c.GoDecodeURL}} {
-		line, err := x.p.waitReady(ctx)
-		if err != nil {
+	for _, w := range workers { // both start, then both are waited for
+		if *w.p, err = w.spec.Start(); err != nil {
 			return nil, err
 		}
-		*x.url = strings.Fields(line)[0]
+	}
+	for _, w := range workers {
+		if *w.url, _, err = w.spec.Ready(ctx, *w.p); err != nil {
+			return nil, err
+		}
 	}
 	c.Started["Go workers"] = time.Since(t)
 
@@ -248,7 +149,7 @@ func startCluster(ctx context.Context, cfg clusterConfig) (c *cluster, err error
 			return nil, err
 		}
 		c.URL = "http://127.0.0.1:" + strconv.Itoa(port)
-		if c.frontend, err = startProc("Dynamo frontend", logf(fmt.Sprintf("frontend-%d", attempt)), c.env, cfg.Python, "-m",
+		if c.frontend, err = demo.StartProc("Dynamo frontend", logf(fmt.Sprintf("frontend-%d", attempt)), c.env, cfg.Python, "-m",
 			"dynamo.frontend", "--http-host", "127.0.0.1", "--http-port", strconv.Itoa(port), "--router-mode", "kv",
 			"--discovery-backend", "file", "--request-plane", "tcp", "--event-plane", "zmq", "--namespace", "dynamo"); err != nil {
 			return nil, err
@@ -257,7 +158,7 @@ func startCluster(ctx context.Context, cfg clusterConfig) (c *cluster, err error
 		if err == nil {
 			break
 		}
-		if attempt == 3 || !c.frontend.exited() || c.dynPrefill.exited() || c.dynDecode.exited() {
+		if attempt == 3 || !c.frontend.Exited() || c.dynPrefill.Exited() || c.dynDecode.Exited() {
 			return nil, err
 		}
 	}
@@ -265,8 +166,8 @@ func startCluster(ctx context.Context, cfg clusterConfig) (c *cluster, err error
 	return c, nil
 }
 
-func (c *cluster) startWorker(role, goURL, record string) (*proc, error) {
-	return startProc("Dynamo "+role+" worker", filepath.Join(c.cfg.Dir, "dynamo-"+role+".log"), c.env,
+func (c *cluster) startWorker(role, goURL, record string) (*demo.Proc, error) {
+	return demo.StartProc("Dynamo "+role+" worker", filepath.Join(c.cfg.Dir, "dynamo-"+role+".log"), c.env,
 		c.cfg.Python, c.cfg.Worker, "serve", "--role", role, "--gonixl-url", goURL, "--model-path", c.modelDir,
 		"--model-name", c.cfg.Model, "--context-length", strconv.Itoa(c.cfg.Context), "--kv-blocks",
 		strconv.Itoa(c.cfg.KVBlocks), "--max-seqs", strconv.Itoa(c.cfg.MaxSeqs), "--timeout",
@@ -276,9 +177,9 @@ func (c *cluster) startWorker(role, goURL, record string) (*proc, error) {
 // waitRoutable waits until the frontend lists the model and both workers' endpoints.
 func (c *cluster) waitRoutable(ctx context.Context) error {
 	for {
-		for _, p := range []*proc{c.frontend, c.dynPrefill, c.dynDecode} {
-			if p.exited() {
-				return fmt.Errorf("%s exited (%v); its log: %s", p.name, p.err, p.tail())
+		for _, p := range []*demo.Proc{c.frontend, c.dynPrefill, c.dynDecode} {
+			if p.Exited() {
+				return fmt.Errorf("%s exited (%v); its log: %s", p.Name, p.Err(), p.Tail())
 			}
 		}
 		comps, err := c.Components(ctx)
@@ -287,7 +188,7 @@ func (c *cluster) waitRoutable(ctx context.Context) error {
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("the frontend did not list both workers: %w (last: %v %v); frontend log: %s", ctx.Err(), comps, err, c.frontend.tail())
+			return fmt.Errorf("the frontend did not list both workers: %w (last: %v %v); frontend log: %s", ctx.Err(), comps, err, c.frontend.Tail())
 		case <-time.After(250 * time.Millisecond):
 		}
 	}
@@ -531,12 +432,12 @@ func Check(res completion, tokens int, prefill, decode map[string]record) (check
 // close stops everything: the Dynamo workers first (they unregister and drain), then the frontend, the Go
 // workers and the broker.
 func (c *cluster) close() {
-	for _, group := range [][]*proc{{c.dynPrefill, c.dynDecode}, {c.frontend, c.goPrefill, c.goDecode, c.broker}} {
+	for _, group := range [][]*demo.Proc{{c.dynPrefill, c.dynDecode}, {c.frontend, c.goPrefill, c.goDecode, c.broker}} {
 		var wg sync.WaitGroup
 		for _, p := range group {
 			if p != nil {
 				wg.Add(1)
-				go func() { defer wg.Done(); p.stop(30 * time.Second) }()
+				go func() { defer wg.Done(); p.Stop(30 * time.Second) }()
 			}
 		}
 		wg.Wait()

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -16,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/gonixl/gonixl/examples/internal/demo"
 	"github.com/gonixl/gonixl/internal/testenv"
 )
 
@@ -27,10 +27,8 @@ func newCluster(t *testing.T, callTimeout time.Duration, rows, maxSeq int) *clus
 	t.Helper()
 	python := testenv.DynamoPython(t)
 	t.Setenv("NIXL_LIB_DIR", testenv.RequireNIXLLibDir(t))
+	bin := testenv.BuildCommand(t, "dynamo-demo")
 	dir := t.TempDir()
-	bin := filepath.Join(dir, "dynamo-demo")
-	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
-	require.NoError(t, err, "go build: %s", out)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	cl, err := startCluster(ctx, clusterConfig{Self: bin, Python: python, Worker: filepath.Join(testenv.RepoRoot(), "python", "dynamo_worker.py"),
@@ -41,8 +39,8 @@ func newCluster(t *testing.T, callTimeout time.Duration, rows, maxSeq int) *clus
 	t.Cleanup(func() {
 		cl.close()
 		if t.Failed() { // the processes have exited: their log files are complete
-			for _, p := range []*proc{cl.broker, cl.goPrefill, cl.goDecode, cl.frontend, cl.dynPrefill, cl.dynDecode} {
-				t.Logf("%s (%v):%s", p.name, p.err, p.tail())
+			for _, p := range []*demo.Proc{cl.broker, cl.goPrefill, cl.goDecode, cl.frontend, cl.dynPrefill, cl.dynDecode} {
+				t.Logf("%s (%v):%s", p.Name, p.Err(), p.Tail())
 			}
 		}
 	})
@@ -103,52 +101,41 @@ func TestDynamoEndToEnd(t *testing.T) {
 	})
 
 	t.Run("stopped Go prefill gives an error, not a hang", func(t *testing.T) {
-		require.NoError(t, cl.goPrefill.signal(syscall.SIGSTOP))
+		require.NoError(t, cl.goPrefill.Signal(syscall.SIGSTOP))
 		rctx, rcancel := context.WithTimeout(ctx, callTimeout+60*time.Second)
 		_, err := cl.Complete(rctx, prompt(7, 64), 4, false)
 		rcancel()
-		require.NoError(t, cl.goPrefill.signal(syscall.SIGCONT))
+		require.NoError(t, cl.goPrefill.Signal(syscall.SIGCONT))
 		t.Logf("with the Go prefill stopped: %v", err)
 		require.Error(t, err)
 		require.False(t, errors.Is(err, context.DeadlineExceeded), "the frontend answered only when the client gave up: %v", err)
 		require.Contains(t, err.Error(), "HTTP ")
-		// It serves again once the Go prefill runs.
-		res, err := cl.Complete(ctx, prompt(8, 64), 4, false)
-		require.NoError(t, err)
-		prefill, decode, err := cl.RequestRecords()
-		require.NoError(t, err)
-		_, err = Check(res, 64, prefill, decode)
-		require.NoError(t, err)
+		requireServes(t, ctx, cl, 8) // again, once the Go prefill runs
 	})
 
 	t.Run("client disconnect cancels the decode call", func(t *testing.T) {
 		// The Go decode is stopped, so the request waits there; the client gives up; Dynamo cancels the
 		// request and the decode worker closes its call to the Go decode.
-		require.NoError(t, cl.goDecode.signal(syscall.SIGSTOP))
+		require.NoError(t, cl.goDecode.Signal(syscall.SIGSTOP))
 		rctx, rcancel := context.WithTimeout(ctx, 3*time.Second)
 		_, err := cl.Complete(rctx, prompt(11, 64), 4, false)
 		rcancel()
 		require.ErrorIs(t, err, context.DeadlineExceeded)
-		for !strings.Contains(readFile(cl.dynDecode.log), "cancelled by Dynamo: cancelling the gonixl call") {
+		for !strings.Contains(readFile(cl.dynDecode.Log), "cancelled by Dynamo: cancelling the gonixl call") {
 			select {
 			case <-ctx.Done():
-				require.NoError(t, cl.goDecode.signal(syscall.SIGCONT))
-				t.Fatalf("the decode worker did not cancel its call:%s", cl.dynDecode.tail())
+				require.NoError(t, cl.goDecode.Signal(syscall.SIGCONT))
+				t.Fatalf("the decode worker did not cancel its call:%s", cl.dynDecode.Tail())
 			case <-time.After(200 * time.Millisecond):
 			}
 		}
-		require.NoError(t, cl.goDecode.signal(syscall.SIGCONT))
-		res, err := cl.Complete(ctx, prompt(12, 64), 4, false)
-		require.NoError(t, err, "serves again")
-		prefill, decode, err := cl.RequestRecords()
-		require.NoError(t, err)
-		_, err = Check(res, 64, prefill, decode)
-		require.NoError(t, err)
+		require.NoError(t, cl.goDecode.Signal(syscall.SIGCONT))
+		requireServes(t, ctx, cl, 12) // again
 	})
 
 	t.Run("killed Go prefill gives an error", func(t *testing.T) {
-		require.NoError(t, cl.goPrefill.signal(syscall.SIGKILL))
-		<-cl.goPrefill.done
+		require.NoError(t, cl.goPrefill.Signal(syscall.SIGKILL))
+		<-cl.goPrefill.Done()
 		rctx, rcancel := context.WithTimeout(ctx, callTimeout+60*time.Second)
 		defer rcancel()
 		_, err := cl.Complete(rctx, prompt(9, 64), 4, false)
@@ -162,23 +149,11 @@ func TestDynamoEndToEnd(t *testing.T) {
 		recs, err := cl.Records("dynamo/prefill/generate")
 		require.NoError(t, err)
 		require.NotEmpty(t, recs, "the prefill worker's discovery record")
-		require.NoError(t, cl.dynPrefill.signal(syscall.SIGTERM))
-		var comps map[string]int
-		for {
-			comps, err = cl.Components(ctx)
-			recs, _ = cl.Records("dynamo/prefill/generate")
-			if err == nil && comps["prefill"] == 0 && len(recs) == 0 {
-				break
-			}
-			select {
-			case <-ctx.Done():
-				t.Fatalf("the stopped prefill worker is still discovered: frontend %v (%v), records %v", comps, err, recs)
-			case <-time.After(200 * time.Millisecond):
-			}
-		}
+		require.NoError(t, cl.dynPrefill.Signal(syscall.SIGTERM))
+		comps := waitUndiscovered(t, ctx, cl, "prefill", "the stopped prefill worker")
 		require.Equal(t, 1, comps["backend"], "the decode worker stays")
 		select {
-		case <-cl.dynPrefill.done:
+		case <-cl.dynPrefill.Done():
 		case <-ctx.Done():
 			t.Fatal("the prefill worker did not exit after SIGTERM")
 		}
@@ -190,23 +165,41 @@ func TestDynamoEndToEnd(t *testing.T) {
 
 	t.Run("killed worker leaves discovery", func(t *testing.T) {
 		// SIGKILL: no unregistering; the record stops being refreshed and expires.
-		require.NoError(t, cl.dynDecode.signal(syscall.SIGKILL))
-		<-cl.dynDecode.done
+		require.NoError(t, cl.dynDecode.Signal(syscall.SIGKILL))
+		<-cl.dynDecode.Done()
 		t0 := time.Now()
-		for {
-			comps, err := cl.Components(ctx)
-			recs, _ := cl.Records("dynamo/backend/generate")
-			if err == nil && comps["backend"] == 0 && len(recs) == 0 {
-				break
-			}
-			select {
-			case <-ctx.Done():
-				t.Fatalf("the killed decode worker is still discovered: frontend %v (%v), records %v", comps, err, recs)
-			case <-time.After(250 * time.Millisecond):
-			}
-		}
+		waitUndiscovered(t, ctx, cl, "backend", "the killed decode worker")
 		t.Logf("the killed decode worker left discovery after %v", time.Since(t0).Round(100*time.Millisecond))
 	})
+}
+
+// waitUndiscovered waits until neither the frontend nor the discovery folder lists the component ("prefill",
+// or "backend": the decode worker's) and returns the frontend's components then; who names it in the failure.
+func waitUndiscovered(t *testing.T, ctx context.Context, cl *cluster, component, who string) map[string]int {
+	t.Helper()
+	for {
+		comps, err := cl.Components(ctx)
+		recs, _ := cl.Records("dynamo/" + component + "/generate")
+		if err == nil && comps[component] == 0 && len(recs) == 0 {
+			return comps
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("%s is still discovered: frontend %v (%v), records %v", who, comps, err, recs)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// requireServes sends request i (64 tokens) and proves it from both workers' records (Check).
+func requireServes(t *testing.T, ctx context.Context, cl *cluster, i int) {
+	t.Helper()
+	res, err := cl.Complete(ctx, prompt(i, 64), 4, false)
+	require.NoError(t, err, "request %d", i)
+	prefill, decode, err := cl.RequestRecords()
+	require.NoError(t, err)
+	_, err = Check(res, 64, prefill, decode)
+	require.NoError(t, err)
 }
 
 // readFile reads a log file a child process appends to (a file, not a buffer the child writes into).

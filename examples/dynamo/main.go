@@ -10,34 +10,21 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"runtime"
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
-	"syscall"
-	"text/tabwriter"
 	"time"
 
 	"github.com/gonixl/gonixl/examples/internal/demo"
 )
 
-func main() {
-	if demo.ServeSubcommand(os.Args[1:]) {
-		return
-	}
-	if err := orchestrate(); err != nil {
-		fmt.Fprintln(os.Stderr, "dynamo: FAILED:", err)
-		os.Exit(1)
-	}
-}
+func main() { demo.OrchestratorMain("dynamo", os.Args[1:], orchestrate) }
 
 // dynamoPython is $GONIXL_DYNAMO_PYTHON (the Makefile sets it), else the last complete
 // ~/.cache/gonixl/venvs/dynamo-* in name order.
@@ -101,20 +88,12 @@ func orchestrate() error {
 	if *python == "" {
 		return errors.New("no Dynamo virtualenv: run `make dynamo` (or pass -python)")
 	}
-	var sizes []int
-	maxLen := 0
-	for _, s := range strings.Split(*lengths, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(s))
-		if err != nil || n <= 0 {
-			return fmt.Errorf("bad -lengths entry %q", s)
-		}
-		sizes = append(sizes, n)
-		maxLen = max(maxLen, n)
+	sizes, maxLen, err := demo.ParseLengths(*lengths)
+	if err != nil {
+		return err
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+	ctx, cancel := demo.RunContext(*timeout)
 	defer cancel()
-	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
-	defer stop()
 	self, err := os.Executable()
 	if err != nil {
 		return err
@@ -129,18 +108,11 @@ func orchestrate() error {
 		defer os.RemoveAll(dir)
 	}
 
-	m := demo.Qwen3_0_6B
 	fmt.Printf("gonixl behind NVIDIA Dynamo — frontend with KV-aware routing, file discovery, TCP request plane, all on 127.0.0.1;\n"+
-		"vLLM %s wire profile between the Go workers, %s KV cache (%d layers × %d KV heads × %d, bf16, block %d)\n",
-		c.VLLMVersion, m.Name, m.Layers, m.KVHeads, m.HeadDim, m.BlockSize)
-	goArgs := []string{"-vllm-version", c.VLLMVersion, "-num-blocks", strconv.Itoa(c.NumBlocks), "-kv-layout", c.Order,
-		"-backends", c.Backends, "-log-level", c.LogLevel}
-	if c.NIXLLibDir != "" {
-		goArgs = append(goArgs, "-nixl-lib-dir", c.NIXLLibDir)
-	}
+		"vLLM %s wire profile between the Go workers, %s\n", c.VLLMVersion, demo.DescribeModel())
 	fmt.Print("starting: event-plane broker, Go prefill (Neuron KV → pinned DRAM → NIXL) and decode, Dynamo frontend, a Dynamo worker per Go worker ... ")
 	t0 := time.Now()
-	cl, err := startCluster(ctx, clusterConfig{Self: self, Python: *python, Worker: *worker, Dir: dir, GoArgs: goArgs,
+	cl, err := startCluster(ctx, clusterConfig{Self: self, Python: *python, Worker: *worker, Dir: dir, GoArgs: c.WorkerArgs(),
 		PrefillArgs: []string{"-max-seq", strconv.Itoa(maxLen), "-batch-rows", strconv.Itoa(*concurrency)},
 		DecodeArgs:  []string{"-cache", *where}, Context: maxLen, KVBlocks: c.NumBlocks, MaxSeqs: *concurrency,
 		CallTimeout: time.Minute, Model: "gonixl-demo"})
@@ -159,31 +131,17 @@ func orchestrate() error {
 	fmt.Printf("running %d requests through Dynamo's frontend (its prefill router: prefill with max_tokens=1 → disaggregated_params → decode), %d at a time\n",
 		len(sizes), *concurrency)
 	results := make([]outcome, len(sizes))
-	sem := make(chan struct{}, *concurrency)
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	done := 0
 	start := time.Now()
-	for i, n := range sizes {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			sem <- struct{}{}
-			defer func() { <-sem }()
-			res, err := cl.Complete(ctx, prompt(i+1, n), *maxTokens, false)
-			mu.Lock()
-			defer mu.Unlock()
-			done++
-			results[i] = outcome{name: fmt.Sprintf("req-%d", i+1), tokens: n, res: res, err: err}
-			if err != nil {
-				fmt.Printf("  [%d/%d] req-%d (%d tokens): FAILED: %v\n", done, len(sizes), i+1, n, err)
-			} else {
-				fmt.Printf("  [%d/%d] req-%d (%d tokens): %s in %.1f ms through Dynamo (request id %s)\n", done, len(sizes), i+1, n,
-					results[i].res.FinishReason, ms(res.Latency), res.RequestID())
-			}
-		}()
-	}
-	wg.Wait()
+	demo.RunRequests(len(sizes), *concurrency, func(i int) string {
+		n := sizes[i]
+		res, err := cl.Complete(ctx, prompt(i+1, n), *maxTokens, false)
+		results[i] = outcome{name: fmt.Sprintf("req-%d", i+1), tokens: n, res: res, err: err}
+		if err != nil {
+			return fmt.Sprintf("req-%d (%d tokens): FAILED: %v", i+1, n, err)
+		}
+		return fmt.Sprintf("req-%d (%d tokens): %s in %.1f ms through Dynamo (request id %s)", i+1, n,
+			res.FinishReason, ms(res.Latency), res.RequestID())
+	})
 	wall := time.Since(start)
 
 	// One streaming request, after the batch.
@@ -212,15 +170,12 @@ func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 func summary(results []outcome, wall time.Duration) error {
 	sort.SliceStable(results, func(i, j int) bool { return results[i].name < results[j].name })
-	fmt.Println()
-	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "request\ttokens\tblocks\tprefill ms\tstage ms\tdecode ms\thandshake ms\ttransfer ms\tGB/s\tthrough Dynamo ms\tparams equal\tverified\t")
+	tb := demo.NewTable("request", "tokens", "blocks", "prefill ms", "stage ms", "decode ms", "handshake ms", "transfer ms", "GB/s",
+		"through Dynamo ms", "params equal", "verified")
 	var bytes, verified int64
-	failed := 0
 	for _, r := range results {
 		if r.err != nil {
-			failed++
-			fmt.Fprintf(tw, "%s\t%d\t-\t-\t-\t-\t-\t-\t-\t-\t-\tFAILED\t\n", r.name, r.tokens)
+			tb.Fail(r.name, r.tokens)
 			continue
 		}
 		p, d := r.proof.Prefill, r.proof.Decode
@@ -230,10 +185,10 @@ func summary(results []outcome, wall time.Duration) error {
 		if p.Gonixl != nil {
 			stage = p.Gonixl.StageMS
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.2f\t%.1f\tyes\tyes\t\n", r.name, r.tokens, d.Gonixl.Blocks, p.MS, stage,
+		tb.Row("%s\t%d\t%d\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.2f\t%.1f\tyes\tyes", r.name, r.tokens, d.Gonixl.Blocks, p.MS, stage,
 			d.MS, d.Gonixl.HandshakeMS, d.Gonixl.TransferMS, demo.GBps(d.Gonixl.Bytes, d.Gonixl.TransferMS), ms(r.res.Latency))
 	}
-	tw.Flush()
+	tb.Flush()
 	fmt.Printf("\nprefill/decode ms: the Dynamo worker's call to its Go worker; through Dynamo: the client's request to the frontend.\n")
 	fmt.Printf("total: %d requests, %.1f MB of KV moved over NIXL, %d bytes verified, batch wall %.2f s\n",
 		len(results), float64(bytes)/1e6, verified, wall.Seconds())
@@ -242,8 +197,8 @@ func summary(results []outcome, wall time.Duration) error {
 			fmt.Printf("%s: %v\n", r.name, r.err)
 		}
 	}
-	if failed > 0 {
-		return errors.New(strconv.Itoa(failed) + " request(s) failed or were not verified")
+	if err := tb.Err(); err != nil {
+		return err
 	}
 	fmt.Println("OK: every byte of every request arrived intact; the decode received exactly the prefill's params under Dynamo's request id")
 	return nil

@@ -19,15 +19,6 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// buildWorker builds this command into a temporary folder.
-func buildWorker(t *testing.T) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "prefill")
-	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
-	require.NoError(t, err, "go build: %s", out)
-	return bin
-}
-
 // worker is a running prefill worker whose temporary files go to its own TMPDIR.
 type worker struct {
 	cmd    *exec.Cmd
@@ -89,7 +80,7 @@ func (w *worker) stop(t *testing.T) {
 // serving — stops the worker promptly with exit status 0 and removes its temporary files.
 func TestSIGTERMAnyTime(t *testing.T) {
 	testenv.RequireNIXLLibDir(t)
-	bin := buildWorker(t)
+	bin := testenv.BuildCommand(t, "prefill")
 
 	t.Run("during the fake libnrt build", func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)

@@ -5,13 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
 
 	"github.com/gonixl/gonixl/connector"
-	"github.com/gonixl/gonixl/connector/protocol"
 	"github.com/gonixl/gonixl/layout"
 	"github.com/gonixl/gonixl/nixl"
 )
@@ -51,33 +49,27 @@ type Reader interface {
 // DecodeServer is the demo decode worker: it READs the prefill worker's blocks into its own cache over NIXL
 // and verifies every byte against what the prompt's KV must be.
 type DecodeServer struct {
-	cfg     DecodeConfig
-	log     *zap.Logger
-	profile protocol.Profile
-	cache   connector.Cache
-	own     *connector.DRAMCache
-	pool    *connector.BlockPool
-	role    *connector.Decode
-	seq     atomic.Int64
+	api
+	cfg   DecodeConfig
+	cache connector.Cache
+	own   *connector.DRAMCache
+	pool  *connector.BlockPool
+	role  *connector.Decode
 }
 
 // NewDecodeServer makes the cache and the decode role.
 func NewDecodeServer(cfg DecodeConfig) (*DecodeServer, error) {
-	log := cfg.Logger
-	if log == nil {
-		log = zap.NewNop()
-	}
-	p, err := protocol.ProfileFor(cfg.VLLMVersion)
-	if err != nil {
-		return nil, err
-	}
 	if cfg.PullTimeout == 0 {
 		cfg.PullTimeout = 60 * time.Second
 	}
 	cfg.Model = cfg.model()
-	s := &DecodeServer{cfg: cfg, log: log, profile: p, cache: cfg.Cache}
+	s := &DecodeServer{cfg: cfg, cache: cfg.Cache}
+	if err := s.init(cfg.VLLMVersion, cfg.Logger, false, decodeID); err != nil {
+		return nil, err
+	}
+	var err error
 	if s.cache == nil {
-		g, err := cfg.Model.Geometry(p, cfg.NumBlocks, 1)
+		g, err := cfg.Model.Geometry(s.profile, cfg.NumBlocks, 1)
 		if err != nil {
 			return nil, err
 		}
@@ -89,7 +81,7 @@ func NewDecodeServer(cfg DecodeConfig) (*DecodeServer, error) {
 	s.pool = connector.NewBlockPool(s.cache.Geometry().NumBlocks)
 	if s.role, err = connector.NewDecode(connector.DecodeConfig{
 		VLLMVersion: cfg.VLLMVersion, Model: cfg.Model, Library: cfg.Library, Cache: s.cache, Backends: cfg.Backends,
-		Logger: log, DataDevice: cfg.DataDevice,
+		Logger: s.log, DataDevice: cfg.DataDevice,
 	}); err != nil {
 		s.Close()
 		return nil, err
@@ -114,21 +106,13 @@ func (s *DecodeServer) Close() {
 
 // Handler returns the OpenAI-shaped HTTP API: POST /v1/completions, GET /version, /health, /metrics.
 func (s *DecodeServer) Handler() http.Handler {
-	return apiMux(s.cfg.VLLMVersion, s.role.Metrics(), s.completions)
+	return s.handler(s.role.Metrics(), s.completions)
 }
 
 func (s *DecodeServer) completions(w http.ResponseWriter, r *http.Request) {
-	req, kv, ok := readCompletion(w, r, s.profile)
+	req, kv, id, ok := s.accept(w, r)
 	if !ok {
 		return
-	}
-	if !kv.DoRemotePrefill {
-		writeError(w, http.StatusBadRequest, "this demo decode worker serves only requests prefilled remotely (do_remote_prefill=true)")
-		return
-	}
-	id := r.Header.Get("X-Request-Id")
-	if id == "" {
-		id = fmt.Sprintf("cmpl-d-%d", s.seq.Add(1))
 	}
 	tokens := req.NumTokens()
 	g := s.cache.Geometry()
@@ -158,15 +142,12 @@ func (s *DecodeServer) completions(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusInternalServerError, "KV verification failed: "+err.Error())
 		return
 	}
-	writeJSON(w, http.StatusOK, CompletionResponse{
-		ID: id, Object: "text_completion", Created: time.Now().Unix(), Model: req.Model,
-		Choices: []Choice{{Index: 0, Text: fmt.Sprintf(" [decoded with %d prefilled tokens]", tokens), FinishReason: "length"}},
-		Usage:   Usage{PromptTokens: tokens, CompletionTokens: 1, TotalTokens: tokens + 1},
-		Gonixl: &Timing{HandshakeMS: ms(res.Handshake), TransferMS: ms(res.Transfer), CopyMS: ms(res.Copy),
-			VerifyMS: ms(verifyTook), TransferEndUS: pulled.Add(-res.Copy).UnixMicro(),
-			TransferStartUS: pulled.Add(-res.Copy - res.Transfer).UnixMicro(),
-			Bytes:           res.Bytes, Blocks: res.Blocks, VerifiedBytes: verified, Verified: true},
-	})
+	resp := oneToken(id, req, fmt.Sprintf(" [decoded with %d prefilled tokens]", tokens), tokens)
+	resp.Gonixl = &Timing{HandshakeMS: ms(res.Handshake), TransferMS: ms(res.Transfer), CopyMS: ms(res.Copy),
+		VerifyMS: ms(verifyTook), TransferEndUS: pulled.Add(-res.Copy).UnixMicro(),
+		TransferStartUS: pulled.Add(-res.Copy - res.Transfer).UnixMicro(),
+		Bytes:           res.Bytes, Blocks: res.Blocks, VerifiedBytes: verified, Verified: true}
+	writeJSON(w, http.StatusOK, resp)
 }
 
 // pullStatus maps a pull error to its HTTP status: 400 for kv_transfer_params that cannot be served, 503

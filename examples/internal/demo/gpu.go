@@ -2,9 +2,10 @@ package demo
 
 import (
 	"fmt"
-	"github.com/gonixl/gonixl/connector/protocol"
 
+	"github.com/gonixl/gonixl/connector/protocol"
 	"github.com/gonixl/gonixl/cuda"
+	"github.com/gonixl/gonixl/layout"
 	"github.com/gonixl/gonixl/nixl"
 )
 
@@ -29,22 +30,8 @@ func (c gpuCache) Register(a *nixl.Agent, opts ...nixl.Option) (*nixl.Registrati
 func (c gpuCache) Do(fn func() error) error { return c.Device().Do(fn) }
 
 func newGPUCache(cfg DecodeConfig) (gpuCache, func(), error) {
-	drv, err := cuda.Load(cuda.LoadOptions{})
+	dev, g, err := openGPU(cfg, "-gpu")
 	if err != nil {
-		return gpuCache{}, nil, fmt.Errorf("-gpu: %w", err)
-	}
-	dev, err := drv.Open(0)
-	if err != nil {
-		return gpuCache{}, nil, fmt.Errorf("-gpu: %w", err)
-	}
-	p, err := profileFor(cfg.VLLMVersion)
-	if err != nil {
-		dev.Close()
-		return gpuCache{}, nil, err
-	}
-	g, err := cfg.model().Geometry(p, cfg.NumBlocks, 1)
-	if err != nil {
-		dev.Close()
 		return gpuCache{}, nil, err
 	}
 	kv, err := cuda.NewKVCache(dev, g)
@@ -55,7 +42,27 @@ func newGPUCache(cfg DecodeConfig) (gpuCache, func(), error) {
 	return gpuCache{kv}, func() { kv.Close(); dev.Close() }, nil
 }
 
-func profileFor(v string) (protocol.Profile, error) { return protocol.ProfileFor(v) }
+// openGPU opens GPU 0 and works out the geometry of cfg's cache; flag names the option in the errors that
+// say there is no usable GPU.
+func openGPU(cfg DecodeConfig, flag string) (*cuda.Device, layout.Geometry, error) {
+	p, err := protocol.ProfileFor(cfg.VLLMVersion)
+	if err != nil {
+		return nil, layout.Geometry{}, err
+	}
+	g, err := cfg.model().Geometry(p, cfg.NumBlocks, 1)
+	if err != nil {
+		return nil, layout.Geometry{}, err
+	}
+	drv, err := cuda.Load(cuda.LoadOptions{})
+	if err != nil {
+		return nil, layout.Geometry{}, fmt.Errorf("%s: %w", flag, err)
+	}
+	dev, err := drv.Open(0)
+	if err != nil {
+		return nil, layout.Geometry{}, fmt.Errorf("%s: %w", flag, err)
+	}
+	return dev, g, nil
+}
 
 // hostBufCache is vLLM's host-buffered decode mode (kv_buffer_device="cpu") on a GPU: NIXL READs into a
 // pinned host cache (registered as DRAM, so any backend serves it, LIBFABRIC's tcp provider too), then the
@@ -72,22 +79,8 @@ func (c hostBufCache) ReadRegion(r int, dst []byte) error {
 }
 
 func newHostBufCache(cfg DecodeConfig) (hostBufCache, func(), error) {
-	drv, err := cuda.Load(cuda.LoadOptions{})
+	dev, g, err := openGPU(cfg, "-cache hostbuf")
 	if err != nil {
-		return hostBufCache{}, nil, fmt.Errorf("-cache hostbuf: %w", err)
-	}
-	dev, err := drv.Open(0)
-	if err != nil {
-		return hostBufCache{}, nil, fmt.Errorf("-cache hostbuf: %w", err)
-	}
-	p, err := profileFor(cfg.VLLMVersion)
-	if err != nil {
-		dev.Close()
-		return hostBufCache{}, nil, err
-	}
-	g, err := cfg.model().Geometry(p, cfg.NumBlocks, 1)
-	if err != nil {
-		dev.Close()
 		return hostBufCache{}, nil, err
 	}
 	c, err := cuda.NewHostBufferedKVCache(dev, g)

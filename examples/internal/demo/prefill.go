@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -57,15 +56,13 @@ type PrefillConfig struct {
 // PrefillServer is the demo prefill worker: NxDI-shaped KV tensors on a Neuron device (the fake libnrt when no
 // Trainium is present), staged through a pinned DRAM arena registered with NIXL, served over vLLM's protocol.
 type PrefillServer struct {
+	api
 	cfg     PrefillConfig
-	log     *zap.Logger
-	profile protocol.Profile
 	rt      *neuron.Runtime
 	k, v    []*neuron.Tensor
 	stager  *neuron.Stager
 	role    *connector.Prefill
 	rows    chan int
-	seq     atomic.Int64
 	fakeDir string
 	cudaDev *cuda.Device           // held primary context (nil: none)
 	pinned  *cuda.HostRegistration // the staging arena, page-locked for CUDA
@@ -102,18 +99,14 @@ func OpenNeuron(ctx context.Context, path string, log *zap.Logger) (*neuron.Runt
 // during start-up (SIGTERM), it stops at the next step, releases what it made (the fake libnrt's temporary
 // folder included) and returns ctx's error.
 func NewPrefillServer(ctx context.Context, cfg PrefillConfig) (s *PrefillServer, err error) {
-	log := cfg.Logger
-	if log == nil {
-		log = zap.NewNop()
-	}
-	p, err := protocol.ProfileFor(cfg.VLLMVersion)
-	if err != nil {
-		return nil, err
-	}
 	if cfg.Order != 0 {
 		cfg.Model.Order = cfg.Order
 	}
-	srv := &PrefillServer{cfg: cfg, log: log, profile: p}
+	srv := &PrefillServer{cfg: cfg}
+	if err := srv.init(cfg.VLLMVersion, cfg.Logger, true, prefillID); err != nil {
+		return nil, err
+	}
+	log := srv.log
 	s = srv
 	defer func() {
 		if err == nil {
@@ -124,7 +117,7 @@ func NewPrefillServer(ctx context.Context, cfg PrefillConfig) (s *PrefillServer,
 			s = nil
 		}
 	}()
-	g, err := cfg.Model.Geometry(p, cfg.NumBlocks, 1)
+	g, err := cfg.Model.Geometry(s.profile, cfg.NumBlocks, 1)
 	if err != nil {
 		return nil, err
 	}
@@ -268,16 +261,12 @@ func (s *PrefillServer) compute(row, tokens int, seed uint64) error {
 
 // Handler returns the OpenAI-shaped HTTP API: POST /v1/completions, GET /version, /health, /metrics.
 func (s *PrefillServer) Handler() http.Handler {
-	return apiMux(s.cfg.VLLMVersion, s.role.Metrics(), s.completions)
+	return s.handler(s.role.Metrics(), s.completions)
 }
 
 func (s *PrefillServer) completions(w http.ResponseWriter, r *http.Request) {
-	req, kv, ok := readCompletion(w, r, s.profile)
+	req, _, id, ok := s.accept(w, r)
 	if !ok {
-		return
-	}
-	if !kv.DoRemoteDecode {
-		writeError(w, http.StatusBadRequest, "this is a prefill worker: send kv_transfer_params with do_remote_decode=true")
 		return
 	}
 	var err error
@@ -285,10 +274,6 @@ func (s *PrefillServer) completions(w http.ResponseWriter, r *http.Request) {
 	if tokens == 0 || tokens > s.cfg.MaxSeq {
 		writeError(w, http.StatusBadRequest, fmt.Sprintf("prompt has %d tokens; this worker takes 1..%d", tokens, s.cfg.MaxSeq))
 		return
-	}
-	id := r.Header.Get("X-Request-Id")
-	if id == "" {
-		id = fmt.Sprintf("cmpl-%d-%d", time.Now().UnixNano(), s.seq.Add(1))
 	}
 	var row int
 	select {
@@ -324,13 +309,10 @@ func (s *PrefillServer) completions(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusInternalServerError, err.Error())
 		return
 	}
-	writeJSON(w, http.StatusOK, CompletionResponse{
-		ID: id, Object: "text_completion", Created: time.Now().Unix(), Model: req.Model,
-		Choices:          []Choice{{Index: 0, Text: " ", FinishReason: "length"}},
-		Usage:            Usage{PromptTokens: tokens, CompletionTokens: 1, TotalTokens: tokens + 1},
-		KVTransferParams: raw,
-		Gonixl:           &Timing{ComputeMS: ms(computed.Sub(start)), StageMS: ms(stage), Blocks: g.NeededBlocks(tokens), Bytes: int64(g.NeededBlocks(tokens)) * g.BlockLen() * int64(g.NumRegions())},
-	})
+	resp := oneToken(id, req, " ", tokens)
+	resp.KVTransferParams = raw
+	resp.Gonixl = &Timing{ComputeMS: ms(computed.Sub(start)), StageMS: ms(stage), Blocks: g.NeededBlocks(tokens), Bytes: int64(g.NeededBlocks(tokens)) * g.BlockLen() * int64(g.NumRegions())}
+	writeJSON(w, http.StatusOK, resp)
 }
 
 // prefillStatus maps a prefill error to its HTTP status: 409 for a request id already in use, 503 (the
