@@ -21,20 +21,14 @@ import argparse
 import json
 import sys
 import threading
-import time
 from pathlib import Path
 
 import msgspec
 import zmq
 
-GET_META_MSG = b"get_meta_msg"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import vllm_defs as _vd  # noqa: E402  (stdlib only; the wheel is opened lazily)
-
-# Per profile, from the committed vectors (testdata/vllm/*/vectors.json).
-_PROFILES = _vd.profiles()
-FRAMING = {k: v["framing"] for k, v in _PROFILES.items()}
-RELEASE = {k: v["release"] for k, v in _PROFILES.items()}
+import zmq_util  # noqa: E402
+from sidechannel_framing import FRAMING, GET_META_MSG, RELEASE, parse_request, recv_reply, reply, request  # noqa: E402
 
 
 def vllm_classes(profile: str):
@@ -48,33 +42,18 @@ def vllm_classes(profile: str):
         return None, None
 
 
-def request(profile: str, pp: int, tp: int) -> bytes:
-    if FRAMING[profile] == "H2":
-        return msgspec.msgpack.encode((GET_META_MSG, tp))
-    return msgspec.msgpack.encode((GET_META_MSG, pp, tp))
-
-
 def run_client(args) -> int:
     payload_cls, meta_cls = vllm_classes(args.profile)
     ranks = [tuple(int(x) for x in r.split(":")) for r in args.ranks.split(",")]
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.REQ)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(args.endpoint)
-    try:
+    with zmq_util.socket(zmq.REQ) as sock:
+        sock.connect(args.endpoint)
         for pp, tp in ranks:
             sock.setsockopt(zmq.RCVTIMEO, 5000)
             sock.send(request(args.profile, pp, tp))
             out = {"pp": pp, "tp": tp}
-            if FRAMING[args.profile] == "H4":
-                parts = sock.recv_multipart()
-                out["frames"] = len(parts)
-                assert len(parts) == 2, parts  # vLLM asserts this
-                out["clock"] = msgspec.msgpack.decode(parts[1])
-                payload = parts[0]
-            else:
-                payload = sock.recv()
-                out["frames"] = 1 + (1 if sock.getsockopt(zmq.RCVMORE) else 0)
+            payload, out["frames"], clock = recv_reply(sock, args.profile)
+            if clock is not None:
+                out["clock"] = clock
             out["payload_hex"] = payload.hex()
             outer = msgspec.msgpack.decode(payload)
             inner = msgspec.msgpack.decode(outer["agent_metadata_bytes"])
@@ -88,30 +67,18 @@ def run_client(args) -> int:
                 out["typed_engine_id"] = m.engine_id
                 out["typed_num_blocks"] = m.num_blocks
             print(json.dumps(out), flush=True)
-    finally:
-        sock.close(linger=0)
-        ctx.term()
     return 0
 
 
 def run_server(args) -> int:
     payloads = {tuple(int(x) for x in k.split(":")): bytes.fromhex(v)
                 for k, v in json.loads(Path(args.payloads).read_text()).items()}
-    stop = threading.Event()
-
-    def watch_stdin():
-        sys.stdin.read()
-        stop.set()
-
-    threading.Thread(target=watch_stdin, daemon=True).start()
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.ROUTER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.bind("tcp://127.0.0.1:*")
-    sock.setsockopt(zmq.RCVTIMEO, 1000 if not args.fast_poll else 100)
-    print(sock.getsockopt(zmq.LAST_ENDPOINT).decode(), flush=True)
+    stop = zmq_util.stdin_closed()
     served = 0
-    try:
+    with zmq_util.socket(zmq.ROUTER) as sock:
+        endpoint = zmq_util.bind_loopback(sock)
+        sock.setsockopt(zmq.RCVTIMEO, 1000 if not args.fast_poll else 100)
+        print(endpoint, flush=True)
         while True:
             try:
                 identity, _, msg = sock.recv_multipart()
@@ -119,22 +86,11 @@ def run_server(args) -> int:
                 if stop.is_set():
                     break
                 continue
-            if FRAMING[args.profile] == "H2":
-                tag, tp = msgspec.msgpack.decode(msg)
-                key = (0, tp)
-            else:
-                tag, pp, tp = msgspec.msgpack.decode(msg)
-                key = (pp, tp)
+            tag, pp, tp = parse_request(args.profile, msg)
             if tag != GET_META_MSG:
                 print(f"unexpected tag {tag!r}", file=sys.stderr)
-            parts = [identity, b"", payloads[key]]
-            if FRAMING[args.profile] == "H4":
-                parts.append(msgspec.msgpack.encode(time.perf_counter()))
-            sock.send_multipart(parts)
+            sock.send_multipart(reply(args.profile, identity, payloads[(pp, tp)]))
             served += 1
-    finally:
-        sock.close(linger=0)
-        ctx.term()
     print(json.dumps({"served": served}), file=sys.stderr, flush=True)
     return 0
 

@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
-import uuid
 
 import numpy as np
 import zmq
 
 import vllm_peer_common as c
+import zmq_util
 
 
 def main() -> int:
@@ -47,22 +46,13 @@ def main() -> int:
     local_hash, out["hash_source"] = c.compat_hash(defs, args)
 
     # Side channel.
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.REQ)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.RCVTIMEO, 5000)
-    sock.connect(f"tcp://{kv['remote_host']}:{kv['remote_port']}")
-    t0 = time.perf_counter()
-    sock.send(c.request(args.profile, 0, 0))
-    if c.FRAMING[args.profile] == "H4":
-        parts = sock.recv_multipart()
-        assert len(parts) == 2, f"expected 2 frames, got {len(parts)}"
-        out["clock"] = msgspec_decode_float(parts[1])
-        payload = parts[0]
-    else:
-        payload = sock.recv()
-    sock.close(linger=0)
-    ctx.term()
+    with zmq_util.socket(zmq.REQ, RCVTIMEO=5000) as sock:
+        sock.connect(f"tcp://{kv['remote_host']}:{kv['remote_port']}")
+        t0 = time.perf_counter()
+        sock.send(c.request(args.profile, 0, 0))
+        payload, _, clock = c.recv_reply(sock, args.profile)
+    if clock is not None:
+        out["clock"] = float(clock)
     remote_hash, md = c.decode_handshake(defs, payload)
     out["handshake_s"] = time.perf_counter() - t0
     out["remote_hash"], out["local_hash"] = remote_hash, local_hash
@@ -89,17 +79,12 @@ def main() -> int:
         return 3
 
     # Local KV cache: one arena, regions back to back, registered as DRAM.
-    region_len = args.num_blocks * block_len
-    arena = np.zeros(regions * region_len, dtype=np.uint8)
-    base = arena.ctypes.data
-    bases = [base + r * region_len for r in range(regions)]
-    agent = c.new_agent(str(uuid.uuid4()), args.backends)
-    reg = agent.get_reg_descs([(b, region_len, 0, "") for b in bases], "DRAM")
-    agent.register_memory(reg)
+    cache = c.Arena(args, args.num_blocks)
+    agent = cache.agent
     remote = agent.add_remote_agent(md.agent_metadata)
     out["remote_agent"] = remote.decode() if isinstance(remote, bytes) else remote
     local_h = agent.prep_xfer_dlist("NIXL_INIT_AGENT",
-                                    agent.get_xfer_descs(c.block_descs(bases, args.num_blocks, block_len), "DRAM"))
+                                    agent.get_xfer_descs(c.block_descs(cache.bases, args.num_blocks, block_len), "DRAM"))
     remote_h = agent.prep_xfer_dlist(remote, agent.get_xfer_descs(
         c.block_descs(md.kv_caches_base_addr, md.num_blocks, md.block_lens[0], md.device_id), "DRAM"))
     local_blocks = list(range(1, 1 + len(remote_ids)))
@@ -127,24 +112,17 @@ def main() -> int:
     bad = 0
     for r in range(regions):
         for j, b in enumerate(local_blocks):
-            got = arena[r * region_len + b * block_len: r * region_len + (b + 1) * block_len]
-            if not np.array_equal(got, c.pattern(args.seed, r, remote_ids[j], block_len)):
+            if not np.array_equal(cache.block(r, b), c.pattern(args.seed, r, remote_ids[j], block_len)):
                 bad += 1
     out["bad_blocks"] = bad
     agent.release_xfer_handle(h)
     agent.release_dlist_handle(local_h)
     agent.release_dlist_handle(remote_h)
     agent.remove_remote_agent(remote)
-    agent.deregister_memory(reg)
+    agent.deregister_memory(cache.reg)
     out["ok"] = bad == 0
     print(json.dumps(out), flush=True)
     return 0 if bad == 0 else 4
-
-
-def msgspec_decode_float(b: bytes) -> float:
-    import msgspec
-
-    return float(msgspec.msgpack.decode(b))
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import sys
+import uuid
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -24,14 +25,10 @@ except ImportError:  # the cu12/cu13 wheels install the module under this name
     from nixl_cu12._api import nixl_agent, nixl_agent_config  # noqa: F401
 
 HERE = Path(__file__).resolve().parent
-GET_META_MSG = b"get_meta_msg"
 sys.path.insert(0, str(HERE))
-import vllm_defs as _vd  # noqa: E402  (stdlib only; the wheel is opened lazily)
-
-# Per profile, from the committed vectors (testdata/vllm/*/vectors.json; gen_vectors.py read them in the wheels).
-_PROFILES = _vd.profiles()
-FRAMING = {k: v["framing"] for k, v in _PROFILES.items()}
-RELEASE = {k: v["release"] for k, v in _PROFILES.items()}
+# The side channel's framing per profile (sidechannel_framing.py, shared with sidechannel_peer.py).
+from sidechannel_framing import (FRAMING, GET_META_MSG, PROFILES as _PROFILES, RELEASE,  # noqa: E402,F401
+                                 parse_request, recv_reply, reply, request)
 # remote_block_ids flat ([1, 2]) or one list per KV-cache group ([[1, 2]]).
 PARAMS_FLAT = {k: v["block_ids_flat"] for k, v in _PROFILES.items()}
 # vLLM's kv_transfer_params keys of P's response, in request_finished's order.
@@ -107,12 +104,6 @@ def pattern(seed: int, region: int, block: int, length: int) -> np.ndarray:
     return ((seed + region * 131 + block * 31 + i * 7) % 256).astype(np.uint8)
 
 
-def request(profile: str, pp: int, tp: int) -> bytes:
-    if FRAMING[profile] == "H2":
-        return msgspec.msgpack.encode((GET_META_MSG, tp))
-    return msgspec.msgpack.encode((GET_META_MSG, pp, tp))
-
-
 def metadata_fields(profile: str) -> list[str]:
     v = json.loads((HERE.parent / "testdata" / "vllm" / RELEASE[profile] / "vectors.json").read_text())
     return v["metadata_fields"]
@@ -140,6 +131,26 @@ def decode_handshake(defs, payload: bytes):
 
 def new_agent(name: str, backends: str):
     return nixl_agent(name, nixl_agent_config(backends=[b.strip().upper() for b in backends.split(",") if b.strip()]))
+
+
+class Arena:
+    """A local KV cache as vLLM registers one on the CPU platform: the profile's regions (geometry) back to back
+    in one arena of num_blocks blocks each, registered as DRAM with a new agent."""
+
+    def __init__(self, args, num_blocks: int):
+        self.regions, self.block_len = geometry(args)
+        self.num_blocks = num_blocks
+        self.region_len = num_blocks * self.block_len
+        self.arena = np.zeros(self.regions * self.region_len, dtype=np.uint8)
+        self.bases = [self.arena.ctypes.data + r * self.region_len for r in range(self.regions)]
+        self.agent = new_agent(str(uuid.uuid4()), args.backends)
+        self.reg = self.agent.get_reg_descs([(b, self.region_len, 0, "") for b in self.bases], "DRAM")
+        self.agent.register_memory(self.reg)
+
+    def block(self, region: int, block: int) -> np.ndarray:
+        """A view of one block of one region."""
+        off = region * self.region_len + block * self.block_len
+        return self.arena[off:off + self.block_len]
 
 
 def block_descs(bases, num_blocks: int, block_len: int, dev: int = 0):

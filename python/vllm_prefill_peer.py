@@ -17,15 +17,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 import uuid
 
-import msgspec
-import numpy as np
 import zmq
 
 import vllm_peer_common as c
+import zmq_util
 
 
 def main() -> int:
@@ -42,14 +40,8 @@ def main() -> int:
     defs = c.vllm_defs(args.profile)
     hash_, hash_source = c.compat_hash(defs, args)
 
-    regions, block_len = c.geometry(args)
-    region_len = args.num_blocks * block_len
-    arena = np.zeros(regions * region_len, dtype=np.uint8)
-    base = arena.ctypes.data
-    bases = [base + r * region_len for r in range(regions)]
-    agent = c.new_agent(str(uuid.uuid4()), args.backends)
-    reg = agent.get_reg_descs([(b, region_len, 0, "") for b in bases], "DRAM")
-    agent.register_memory(reg)
+    cache = c.Arena(args, args.num_blocks)
+    regions, block_len, agent = cache.regions, cache.block_len, cache.agent
 
     # The request's blocks: every other id from 3 (not contiguous, not starting at 1), in token order.
     n = (args.tokens + args.block_size - 1) // args.block_size
@@ -57,11 +49,10 @@ def main() -> int:
     assert blocks[-1] < args.num_blocks, "num_blocks too small for the request"
     for r in range(regions):
         for b in blocks:
-            arena[r * region_len + b * block_len: r * region_len + (b + 1) * block_len] = \
-                c.pattern(args.seed, r, b, block_len)
+            cache.block(r, b)[:] = c.pattern(args.seed, r, b, block_len)
 
     values = dict(
-        engine_id=engine_id, agent_metadata=agent.get_agent_metadata(), kv_caches_base_addr=bases, device_id=0,
+        engine_id=engine_id, agent_metadata=agent.get_agent_metadata(), kv_caches_base_addr=cache.bases, device_id=0,
         num_blocks=args.num_blocks, block_lens=[block_len] * regions, block_strides=[block_len] * regions,
         kv_cache_layout=c.LAYOUT_NAME[args.profile], block_size=args.block_size, ssm_sizes=(0, 0), attn_backend_name=args.attn,
         physical_blocks_per_logical_kv_block=1, region_num_blocks=None, region_group_ids=None, region_names=None,
@@ -70,55 +61,44 @@ def main() -> int:
     )
     payload = c.encode_handshake(defs, args.profile, hash_, values)
 
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.ROUTER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.bind("tcp://127.0.0.1:*")
-    endpoint = sock.getsockopt(zmq.LAST_ENDPOINT).decode()
-    port = int(endpoint.rsplit(":", 1)[1])
-    vals = {"do_remote_prefill": True, "do_remote_decode": False,
-            "remote_block_ids": blocks if c.PARAMS_FLAT[args.profile] else [blocks],
-            "remote_engine_id": engine_id, "remote_request_id": args.request_id, "remote_host": "127.0.0.1",
-            "remote_port": port, "tp_size": 1, "dcp_size": 1, "pp_size": 1, "remote_num_tokens": args.tokens,
-            "remote_blocks_expiry_time": None, "remote_registration_generation": 1, "transfer_mode": "pull",
-            "remote_prefill_cached_tokens": 0}
-    kv = {k: vals[k] for k in c.PARAMS_KEYS[args.profile]}  # the release's keys, in its order
-    print(json.dumps({"endpoint": endpoint, "engine_id": engine_id, "hash": hash_, "hash_source": hash_source,
-                      "kv_transfer_params": kv}), flush=True)
+    with zmq_util.socket(zmq.ROUTER) as sock:
+        endpoint = zmq_util.bind_loopback(sock)
+        port = int(endpoint.rsplit(":", 1)[1])
+        vals = {"do_remote_prefill": True, "do_remote_decode": False,
+                "remote_block_ids": blocks if c.PARAMS_FLAT[args.profile] else [blocks],
+                "remote_engine_id": engine_id, "remote_request_id": args.request_id, "remote_host": "127.0.0.1",
+                "remote_port": port, "tp_size": 1, "dcp_size": 1, "pp_size": 1, "remote_num_tokens": args.tokens,
+                "remote_blocks_expiry_time": None, "remote_registration_generation": 1, "transfer_mode": "pull",
+                "remote_prefill_cached_tokens": 0}
+        kv = {k: vals[k] for k in c.PARAMS_KEYS[args.profile]}  # the release's keys, in its order
+        print(json.dumps({"endpoint": endpoint, "engine_id": engine_id, "hash": hash_, "hash_source": hash_source,
+                          "kv_transfer_params": kv}), flush=True)
 
-    poller = zmq.Poller()
-    poller.register(sock, zmq.POLLIN)
-    served, heartbeats, others = 0, 0, []
-    notified = None
-    deadline = time.monotonic() + args.timeout
-    while notified is None and time.monotonic() < deadline:
-        if poller.poll(20):
-            identity, _, msg = sock.recv_multipart()
-            req = msgspec.msgpack.decode(msg)
-            if c.FRAMING[args.profile] == "H2":
-                tag, tp = req
-            else:
-                tag, _pp, tp = req
-            parts = [identity, b"", payload if tag == c.GET_META_MSG and tp == 0 else b""]
-            if c.FRAMING[args.profile] == "H4":
-                parts.append(msgspec.msgpack.encode(time.perf_counter()))
-            sock.send_multipart(parts)
-            served += 1
-        for sender, msgs in agent.get_new_notifs().items():
-            for m in msgs:
-                s = m.decode()
-                if s.startswith("HB:"):
-                    heartbeats += 1
-                    continue
-                rid, _, count = s.rpartition(":")
-                if rid == args.request_id:
-                    notified = {"msg": s, "from": sender.decode() if isinstance(sender, bytes) else sender,
-                                "count": int(count)}
-                else:
-                    others.append(s)
-    sock.close(linger=0)
-    ctx.term()
-    agent.deregister_memory(reg)
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        served, heartbeats, others = 0, 0, []
+        notified = None
+        deadline = time.monotonic() + args.timeout
+        while notified is None and time.monotonic() < deadline:
+            if poller.poll(20):
+                identity, _, msg = sock.recv_multipart()
+                tag, _pp, tp = c.parse_request(args.profile, msg)
+                served_payload = payload if tag == c.GET_META_MSG and tp == 0 else b""
+                sock.send_multipart(c.reply(args.profile, identity, served_payload))
+                served += 1
+            for sender, msgs in agent.get_new_notifs().items():
+                for m in msgs:
+                    s = m.decode()
+                    if s.startswith("HB:"):
+                        heartbeats += 1
+                        continue
+                    rid, _, count = s.rpartition(":")
+                    if rid == args.request_id:
+                        notified = {"msg": s, "from": sender.decode() if isinstance(sender, bytes) else sender,
+                                    "count": int(count)}
+                    else:
+                        others.append(s)
+    agent.deregister_memory(cache.reg)
     print(json.dumps({"notified": notified is not None, **(notified or {}), "served": served,
                       "heartbeats": heartbeats, "others": others}), flush=True)
     return 0 if notified is not None else 2

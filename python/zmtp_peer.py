@@ -16,10 +16,11 @@ import argparse
 import hashlib
 import json
 import sys
-import threading
 import time
 
 import zmq
+
+import zmq_util
 
 
 def describe(parts):
@@ -34,59 +35,34 @@ def heartbeat(sock, on: bool):
 
 
 def run_req(a) -> int:
-    ctx = zmq.Context()
-    s = ctx.socket(zmq.REQ)
-    s.setsockopt(zmq.LINGER, 0)
-    s.setsockopt(zmq.RCVTIMEO, 10000)
-    heartbeat(s, a.heartbeat)
-    s.connect(a.endpoint)
-    time.sleep(a.sleep)
-    try:
+    with zmq_util.socket(zmq.REQ, RCVTIMEO=10000) as s:
+        heartbeat(s, a.heartbeat)
+        s.connect(a.endpoint)
+        time.sleep(a.sleep)
         for r in a.request:
             s.send(bytes.fromhex(r))
             print(json.dumps(describe(s.recv_multipart())), flush=True)
-    finally:
-        s.close(linger=0)
-        ctx.term()
     return 0
 
 
 def run_dealer(a) -> int:
-    ctx = zmq.Context()
-    s = ctx.socket(zmq.DEALER)
-    s.setsockopt(zmq.LINGER, 0)
-    s.setsockopt(zmq.RCVTIMEO, 10000)
-    s.connect(a.endpoint)
-    try:
+    with zmq_util.socket(zmq.DEALER, RCVTIMEO=10000) as s:
+        s.connect(a.endpoint)
         for _ in range(a.pipeline):
             s.send_multipart([b"", bytes.fromhex(a.request[0])])
         for _ in range(a.pipeline):
             print(json.dumps(describe(s.recv_multipart())), flush=True)
-    finally:
-        s.close(linger=0)
-        ctx.term()
     return 0
 
 
 def run_router(a) -> int:
-    stop = threading.Event()
-
-    def watch():
-        sys.stdin.read()
-        stop.set()
-
-    threading.Thread(target=watch, daemon=True).start()
-    ctx = zmq.Context()
-    s = ctx.socket(zmq.REP if a.rep else zmq.ROUTER)
-    s.setsockopt(zmq.LINGER, 0)
-    s.setsockopt(zmq.RCVTIMEO, 100)
-    heartbeat(s, a.heartbeat)
-    s.bind("tcp://127.0.0.1:*")
-    print(s.getsockopt(zmq.LAST_ENDPOINT).decode(), flush=True)
+    stop = zmq_util.stdin_closed()
     payload = bytes(i % 251 for i in range(a.payload_size))
     extra = [b"extra-%d" % i for i in range(a.extra_frames)]
     served = 0
-    try:
+    with zmq_util.socket(zmq.REP if a.rep else zmq.ROUTER, RCVTIMEO=100) as s:
+        heartbeat(s, a.heartbeat)
+        print(zmq_util.bind_loopback(s), flush=True)
         while not stop.is_set():
             try:
                 parts = s.recv_multipart()
@@ -97,9 +73,6 @@ def run_router(a) -> int:
             else:
                 s.send_multipart(parts[:-1] + [payload] + extra)
             served += 1
-    finally:
-        s.close(linger=0)
-        ctx.term()
     print(json.dumps({"served": served}), file=sys.stderr, flush=True)
     return 0
 
