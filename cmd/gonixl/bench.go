@@ -173,11 +173,7 @@ func runBench(ctx context.Context, env *cmdEnv, args []string) error {
 	if err != nil {
 		return err
 	}
-	if *asJSON {
-		return writeJSON(env.stdout, rep)
-	}
-	printBench(env.stdout, rep)
-	return nil
+	return writeReport(env.stdout, *asJSON, rep, printBench)
 }
 
 func parseOps(s string) ([]nixl.Op, error) {

@@ -74,6 +74,15 @@ func throwawayAgentName(what string) string {
 }
 
 // writeJSON prints v as indented JSON.
+// writeReport prints a command's report: as indented JSON with --json, else as print writes it.
+func writeReport[T any](w io.Writer, asJSON bool, rep T, print func(io.Writer, T)) error {
+	if asJSON {
+		return writeJSON(w, rep)
+	}
+	print(w, rep)
+	return nil
+}
+
 func writeJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"sort"
@@ -162,12 +163,8 @@ func runEnv(ctx context.Context, env *cmdEnv, args []string) error {
 		Neuron: neuronEnv(!*noNeuronInit),
 		Env:    vars,
 	}
-	if *asJSON {
-		if err := writeJSON(env.stdout, rep); err != nil {
-			return err
-		}
-	} else {
-		printEnv(env, rep)
+	if err := writeReport(env.stdout, *asJSON, rep, printEnv); err != nil {
+		return err
 	}
 	var missing []string
 	for _, r := range required {
@@ -316,8 +313,7 @@ func neuronEnv(initialise bool) neuronReport {
 	return r
 }
 
-func printEnv(env *cmdEnv, r envReport) {
-	w := env.stdout
+func printEnv(w io.Writer, r envReport) {
 	fmt.Fprintln(w, "NIXL")
 	if r.NIXL.Found {
 		fmt.Fprintf(w, "  library      %s\n", r.NIXL.Path)

@@ -95,11 +95,7 @@ func runInspect(ctx context.Context, env *cmdEnv, args []string) error {
 	if err != nil {
 		return err
 	}
-	if *asJSON {
-		return writeJSON(env.stdout, rep)
-	}
-	printInspect(env.stdout, rep)
-	return nil
+	return writeReport(env.stdout, *asJSON, rep, printInspect)
 }
 
 func readInput(name string) ([]byte, error) {
@@ -186,22 +182,38 @@ func fromHex(data []byte) ([]byte, bool) {
 }
 
 func inspectMetadata(rep *inspectReport, data []byte, profiles []protocol.Profile) error {
+	return decodeEach(rep, profiles, func(p protocol.Profile) (protocol.AgentMetadata, error) { return p.DecodeMetadata(data) },
+		func(p protocol.Profile, m protocol.AgentMetadata) error {
+			v := newMetaView(p, m)
+			rep.Metadata = &v
+			return nil
+		})
+}
+
+// decodeEach decodes the input with each profile in turn (decode). The first profile that accepts it is the
+// report's (use sees what it decoded); rep.Profiles lists every one that does. When none does, it returns the
+// first profile's error.
+func decodeEach[T any](rep *inspectReport, profiles []protocol.Profile, decode func(protocol.Profile) (T, error),
+	use func(protocol.Profile, T) error) error {
 	var first error
+	found := false
 	for _, p := range profiles {
-		m, err := p.DecodeMetadata(data)
+		v, err := decode(p)
 		if err != nil {
 			if first == nil {
 				first = fmt.Errorf("vLLM %s: %w", p.Name, err)
 			}
 			continue
 		}
-		if rep.Metadata == nil {
-			v := newMetaView(p, m)
-			rep.Metadata, rep.Profile, rep.profile = &v, p.Name, p
+		if !found {
+			if err := use(p, v); err != nil {
+				return err
+			}
+			rep.Profile, rep.profile, found = p.Name, p, true
 		}
 		rep.Profiles = append(rep.Profiles, p.Name)
 	}
-	if rep.Metadata == nil {
+	if !found {
 		return first
 	}
 	return nil
@@ -229,16 +241,8 @@ func inspectPayload(rep *inspectReport, data []byte, profiles []protocol.Profile
 }
 
 func inspectParams(rep *inspectReport, data []byte, profiles []protocol.Profile) error {
-	var first error
-	for _, p := range profiles {
-		k, err := p.DecodeParams(data)
-		if err != nil {
-			if first == nil {
-				first = fmt.Errorf("vLLM %s: %w", p.Name, err)
-			}
-			continue
-		}
-		if rep.Params == nil {
+	return decodeEach(rep, profiles, func(p protocol.Profile) (protocol.KVTransferParams, error) { return p.DecodeParams(data) },
+		func(p protocol.Profile, k protocol.KVTransferParams) error {
 			var raw map[string]json.RawMessage
 			if err := json.Unmarshal(data, &raw); err != nil {
 				return err
@@ -264,14 +268,9 @@ func inspectParams(rep *inspectReport, data []byte, profiles []protocol.Profile)
 			} else {
 				v.DecodeReady = true
 			}
-			rep.Params, rep.Profile, rep.profile = &v, p.Name, p
-		}
-		rep.Profiles = append(rep.Profiles, p.Name)
-	}
-	if rep.Params == nil {
-		return first
-	}
-	return nil
+			rep.Params = &v
+			return nil
+		})
 }
 
 func printInspect(w io.Writer, rep inspectReport) {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"strconv"
 	"strings"
 
@@ -247,12 +248,8 @@ func runProbe(ctx context.Context, env *cmdEnv, args []string) error {
 		rep.Ranks = append(rep.Ranks, rr)
 	}
 
-	if *asJSON {
-		if err := writeJSON(env.stdout, rep); err != nil {
-			return err
-		}
-	} else {
-		printProbe(env, rep)
+	if err := writeReport(env.stdout, *asJSON, rep, printProbe); err != nil {
+		return err
 	}
 	for _, rr := range rep.Ranks {
 		if rr.HashMatch != nil && !*rr.HashMatch {
@@ -287,8 +284,7 @@ func firstLine(s string) string {
 	return s
 }
 
-func printProbe(env *cmdEnv, rep probeReport) {
-	w := env.stdout
+func printProbe(w io.Writer, rep probeReport) {
 	fmt.Fprintf(w, "peer                   %s (%s)\n", rep.Address, rep.Profile)
 	if rep.NIXL != "" {
 		fmt.Fprintf(w, "NIXL                   %s\n", rep.NIXL)
