@@ -106,12 +106,8 @@ func runBench(ctx context.Context, env *cmdEnv, args []string) error {
 	maxMem := fs.String("max-mem", "4GiB", "with --serve: largest buffer an initiator may ask for; else: refuse sweeps needing more")
 	peer := fs.String("peer", "", "run against a remote `gonixl bench --serve` at HOST:PORT instead of a local target")
 	timeout := fs.Duration("timeout", 10*time.Second, "with --peer / --serve: bound on connecting and exchanging metadata")
-	pos, err := parseArgs(fs, args)
-	if err != nil {
+	if err := parseNone(fs, args); err != nil {
 		return err
-	}
-	if len(pos) > 0 {
-		return usagef("unexpected argument %q", pos[0])
 	}
 	limit, err := parseSize(*maxMem)
 	if err != nil {

@@ -117,12 +117,8 @@ func runEnv(ctx context.Context, env *cmdEnv, args []string) error {
 	require := fs.String("require", "", "comma-separated components that must be usable: nixl, zmq, cuda, neuron (exit status 1 otherwise)")
 	noNIXL := fs.Bool("no-nixl", false, "do not load NIXL (report it as skipped)")
 	noNeuronInit := fs.Bool("no-neuron-init", false, "only check that libnrt loads; do not initialise the Neuron runtime")
-	pos, err := parseArgs(fs, args)
-	if err != nil {
+	if err := parseNone(fs, args); err != nil {
 		return err
-	}
-	if len(pos) > 0 {
-		return usagef("unexpected argument %q", pos[0])
 	}
 	var required []string
 	for _, r := range strings.Split(*require, ",") {

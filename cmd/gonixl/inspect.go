@@ -63,12 +63,9 @@ func runInspect(ctx context.Context, env *cmdEnv, args []string) error {
 	kind := fs.String("kind", "auto", "what the input is: auto, metadata, payload or params")
 	version := fs.String("vllm-version", "", "decode with this vLLM version's profile only (default: try each, newest first)")
 	asJSON := fs.Bool("json", false, "print the decoded object as JSON")
-	pos, err := parseArgs(fs, args)
+	file, err := parseOne(fs, args, "FILE (or - for stdin)")
 	if err != nil {
 		return err
-	}
-	if len(pos) != 1 {
-		return usagef("want exactly one FILE (or - for stdin), got %d arguments", len(pos))
 	}
 	switch *kind {
 	case "auto", kindMetadata, kindPayload, kindParams:
@@ -87,7 +84,7 @@ func runInspect(ctx context.Context, env *cmdEnv, args []string) error {
 			profiles = append(profiles, protocol.Profiles[i])
 		}
 	}
-	data, err := readInput(pos[0])
+	data, err := readInput(file)
 	if err != nil {
 		return err
 	}

@@ -203,6 +203,30 @@ func upperFirst(s string) string {
 	return strings.ToUpper(s[:1]) + s[1:]
 }
 
+// parseOne is parseArgs for a command that takes one positional argument, what (e.g. "FILE"); it returns it.
+func parseOne(fs *flag.FlagSet, args []string, what string) (string, error) {
+	pos, err := parseArgs(fs, args)
+	if err != nil {
+		return "", err
+	}
+	if len(pos) != 1 {
+		return "", usagef("want exactly one %s, got %d arguments", what, len(pos))
+	}
+	return pos[0], nil
+}
+
+// parseNone is parseArgs for a command that takes flags only.
+func parseNone(fs *flag.FlagSet, args []string) error {
+	pos, err := parseArgs(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) > 0 {
+		return usagef("unexpected argument %q", pos[0])
+	}
+	return nil
+}
+
 // parseArgs parses flags that may come before or after the positional arguments ("probe tcp://h:p --json").
 // -h prints the command's help and returns flag.ErrHelp.
 func parseArgs(fs *flag.FlagSet, args []string) ([]string, error) {

@@ -166,14 +166,10 @@ func runProbe(ctx context.Context, env *cmdEnv, args []string) error {
 	backends := fs.String("backends", "UCX", "NIXL backends of the throwaway agent that parses the peer's metadata (comma-separated; NIXL needs one in common with the peer)")
 	noNIXL := fs.Bool("no-nixl", false, "do not load NIXL (print the agent metadata's size instead of the agent name)")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
-	pos, err := parseArgs(fs, args)
+	addr, err := parseOne(fs, args, "address (tcp://HOST:PORT)")
 	if err != nil {
 		return err
 	}
-	if len(pos) != 1 {
-		return usagef("want exactly one address (tcp://HOST:PORT), got %d arguments", len(pos))
-	}
-	addr := pos[0]
 	if *attempts < 1 || *timeout < 0 {
 		return usagef("--attempts must be at least 1 and --timeout not negative")
 	}

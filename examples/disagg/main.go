@@ -77,8 +77,7 @@ func orchestrate() error {
 	fmt.Printf("running %d requests through the proxy (prefill max_tokens=1 + do_remote_decode → kv_transfer_params → decode), %d at a time\n",
 		len(sizes), *concurrency)
 	results := make([]outcome, len(sizes))
-	start := time.Now()
-	demo.RunRequests(len(sizes), *concurrency, func(i int) string {
+	wall := demo.RunRequests(len(sizes), *concurrency, func(i int) string {
 		n := sizes[i]
 		id := fmt.Sprintf("req-%d", i+1)
 		prompt := strings.TrimSpace(strings.Repeat(fmt.Sprintf("%s-word ", id), n))
@@ -91,7 +90,6 @@ func orchestrate() error {
 		return fmt.Sprintf("%s (%d tokens): staged %.1f ms, READ %.1f MB in %.1f ms (%.2f GB/s), %d bytes verified",
 			id, n, res.Prefill.Gonixl.StageMS, float64(t.Bytes)/1e6, t.TransferMS, demo.GBps(t.Bytes, t.TransferMS), t.VerifiedBytes)
 	})
-	wall := time.Since(start)
 	fmt.Printf("metrics: prefill %s, decode %s\n",
 		scrape(ctx, preURL, "gonixl_requests_total", "gonixl_stage_time_seconds_count"),
 		scrape(ctx, decURL, "gonixl_requests_total", "gonixl_xfer_time_seconds_count"))

@@ -131,8 +131,7 @@ func orchestrate() error {
 	fmt.Printf("running %d requests through Dynamo's frontend (its prefill router: prefill with max_tokens=1 → disaggregated_params → decode), %d at a time\n",
 		len(sizes), *concurrency)
 	results := make([]outcome, len(sizes))
-	start := time.Now()
-	demo.RunRequests(len(sizes), *concurrency, func(i int) string {
+	wall := demo.RunRequests(len(sizes), *concurrency, func(i int) string {
 		n := sizes[i]
 		res, err := cl.Complete(ctx, prompt(i+1, n), *maxTokens, false)
 		results[i] = outcome{name: fmt.Sprintf("req-%d", i+1), tokens: n, res: res, err: err}
@@ -142,7 +141,6 @@ func orchestrate() error {
 		return fmt.Sprintf("req-%d (%d tokens): %s in %.1f ms through Dynamo (request id %s)", i+1, n,
 			res.FinishReason, ms(res.Latency), res.RequestID())
 	})
-	wall := time.Since(start)
 
 	// One streaming request, after the batch.
 	sn := min(160, maxLen)

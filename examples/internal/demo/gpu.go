@@ -30,16 +30,25 @@ func (c gpuCache) Register(a *nixl.Agent, opts ...nixl.Option) (*nixl.Registrati
 func (c gpuCache) Do(fn func() error) error { return c.Device().Do(fn) }
 
 func newGPUCache(cfg DecodeConfig) (gpuCache, func(), error) {
-	dev, g, err := openGPU(cfg, "-gpu")
+	kv, closeCache, err := newCUDACache(cfg, "-gpu", cuda.NewKVCache)
+	return gpuCache{kv}, closeCache, err
+}
+
+// newCUDACache makes a cache of cfg's geometry on GPU 0 with newCache; flag names the option in the errors that
+// say there is no usable GPU. It returns the cache and what closes it and the device.
+func newCUDACache[C interface{ Close() error }](cfg DecodeConfig, flag string,
+	newCache func(*cuda.Device, layout.Geometry) (C, error)) (C, func(), error) {
+	var none C
+	dev, g, err := openGPU(cfg, flag)
 	if err != nil {
-		return gpuCache{}, nil, err
+		return none, nil, err
 	}
-	kv, err := cuda.NewKVCache(dev, g)
+	c, err := newCache(dev, g)
 	if err != nil {
 		dev.Close()
-		return gpuCache{}, nil, err
+		return none, nil, err
 	}
-	return gpuCache{kv}, func() { kv.Close(); dev.Close() }, nil
+	return c, func() { c.Close(); dev.Close() }, nil
 }
 
 // openGPU opens GPU 0 and works out the geometry of cfg's cache; flag names the option in the errors that
@@ -79,14 +88,6 @@ func (c hostBufCache) ReadRegion(r int, dst []byte) error {
 }
 
 func newHostBufCache(cfg DecodeConfig) (hostBufCache, func(), error) {
-	dev, g, err := openGPU(cfg, "-cache hostbuf")
-	if err != nil {
-		return hostBufCache{}, nil, err
-	}
-	c, err := cuda.NewHostBufferedKVCache(dev, g)
-	if err != nil {
-		dev.Close()
-		return hostBufCache{}, nil, err
-	}
-	return hostBufCache{c}, func() { c.Close(); dev.Close() }, nil
+	c, closeCache, err := newCUDACache(cfg, "-cache hostbuf", cuda.NewHostBufferedKVCache)
+	return hostBufCache{c}, closeCache, err
 }

@@ -62,8 +62,9 @@ func (c *Common) WorkerArgs() []string {
 }
 
 // RunRequests runs request(i) for every i in [0, n), at most concurrency at once, and prints each one's
-// progress line as it completes: "  [done/n] <line>".
-func RunRequests(n, concurrency int, request func(i int) (line string)) {
+// progress line as it completes: "  [done/n] <line>". It returns how long they took together.
+func RunRequests(n, concurrency int, request func(i int) (line string)) time.Duration {
+	start := time.Now()
 	sem := make(chan struct{}, concurrency)
 	var wg sync.WaitGroup
 	var mu sync.Mutex
@@ -82,6 +83,7 @@ func RunRequests(n, concurrency int, request func(i int) (line string)) {
 		}()
 	}
 	wg.Wait()
+	return time.Since(start)
 }
 
 // DescribeModel is how the examples name the model's KV cache, e.g. "Qwen/Qwen3-0.6B KV cache (28 layers × 8
