@@ -2,6 +2,8 @@ package nixl
 
 import (
 	"errors"
+
+	"github.com/gonixl/gonixl/internal/native"
 )
 
 // Status is a status code of NIXL's C API (nixl_capi_status_t). Non-negative values are not errors:
@@ -44,53 +46,46 @@ var (
 	ErrIndexOutOfRange = errors.New("nixl: descriptor index out of range")
 )
 
-// Error is an error reported by NIXL (or found by this package before calling NIXL).
-type Error struct {
-	Op     string // the operation, e.g. "register memory"
-	Status Status // the C API status, or StatusSuccess for errors found on the Go side
-	Detail string // extra context: agent names, counts, what to do
-	err    error  // the sentinel
-}
+// Error is a failed NIXL call (Native true: Code is the C API's status) or a call refused on the Go side
+// before NIXL is reached (Native false). Its Unwrap gives the sentinel, so errors.Is(err, ErrNotFound)
+// matches; errors.As(err, &e) with e of type *Error reaches Op, Code, Name, Detail, Hint and Native. It is
+// the one error shape of gonixl's native-library packages (cuda.Error and neuron.Error are the same
+// generic type over their own codes).
+type Error = native.Error[Status]
 
-func (e *Error) Error() string {
-	msg := "nixl: " + e.Op
-	if e.Status != StatusSuccess {
-		msg += ": " + e.Status.String()
-	}
-	if e.Detail != "" {
-		msg += ": " + e.Detail
-	}
-	return msg
-}
-
-// Unwrap returns the sentinel matching the status.
-func (e *Error) Unwrap() error { return e.err }
-
-func sentinelFor(s Status) error {
-	switch s {
-	case StatusInvalidParam:
-		return ErrInvalidParam
-	case StatusInvalidState:
-		return ErrInvalidState
-	case StatusException:
-		return ErrException
-	case StatusNoTelemetry:
-		return ErrNoTelemetry
-	case StatusNotFound:
-		return ErrNotFound
-	}
-	return ErrBackend
+// statuses is the data table behind Error: each C API status's C name, sentinel and what to do. Statuses
+// missing from it (NIXL releases newer than this package) match ErrBackend.
+var statuses = &native.Table[Status]{
+	Prefix:  "nixl",
+	Unknown: "nixl_capi_status_t(%d)",
+	Default: ErrBackend,
+	Rows: map[Status]native.Row{
+		StatusSuccess:    {Name: "NIXL_CAPI_SUCCESS"},
+		StatusInProgress: {Name: "NIXL_CAPI_IN_PROG"},
+		StatusInvalidParam: {Name: "NIXL_CAPI_ERROR_INVALID_PARAM", Sentinel: ErrInvalidParam,
+			Hint: "check the handles, lengths and descriptors passed, and that the memory is registered with this agent"},
+		StatusBackend: {Name: "NIXL_CAPI_ERROR_BACKEND", Sentinel: ErrBackend,
+			Hint: "the plugin or transport failed; NIXL_LOG_LEVEL=DEBUG logs its reason"},
+		StatusInvalidState: {Name: "NIXL_CAPI_ERROR_INVALID_STATE", Sentinel: ErrInvalidState,
+			Hint: "the handle is busy or finished (e.g. a request still in flight); wait for it or make a new one"},
+		StatusException: {Name: "NIXL_CAPI_ERROR_EXCEPTION", Sentinel: ErrException,
+			Hint: "NIXL threw; NIXL_LOG_LEVEL=DEBUG logs what"},
+		StatusNoTelemetry: {Name: "NIXL_CAPI_ERROR_NO_TELEMETRY", Sentinel: ErrNoTelemetry,
+			Hint: "create the agent with AgentConfig.CaptureTelemetry"},
+		StatusNotFound: {Name: "NIXL_CAPI_ERROR_NOT_FOUND", Sentinel: ErrNotFound,
+			Hint: "load the remote agent's metadata first, or create the backend this needs"},
+	},
 }
 
 // check turns a C API status into nil (success or in progress) or an *Error.
 func check(op string, s status, detail string) error {
-	st := Status(s)
-	if st >= 0 {
-		return nil
+	if st := Status(s); st < 0 {
+		return statuses.Failed(op, st, detail)
 	}
-	return &Error{Op: op, Status: st, Detail: detail, err: sentinelFor(st)}
+	return nil
 }
 
+// goErr is a call refused on the Go side before NIXL is called; it matches sentinel.
 func goErr(op string, sentinel error, detail string) error {
-	return &Error{Op: op, Detail: detail, err: sentinel}
+	return statuses.Refused(op, sentinel, detail)
 }
