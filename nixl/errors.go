@@ -62,12 +62,12 @@ var statuses = &native.Table[Status]{
 	Rows: map[Status]native.Row{
 		StatusSuccess:      {Name: "NIXL_CAPI_SUCCESS"},
 		StatusInProgress:   {Name: "NIXL_CAPI_IN_PROG"},
-		StatusInvalidParam: {Name: "NIXL_CAPI_ERROR_INVALID_PARAM", Sentinel: ErrInvalidParam, Hint: "check the handles, lengths and descriptors passed, and that the memory is registered with this agent"},
-		StatusBackend:      {Name: "NIXL_CAPI_ERROR_BACKEND", Sentinel: ErrBackend, Hint: "the plugin or transport failed; NIXL_LOG_LEVEL=DEBUG logs its reason"},
-		StatusInvalidState: {Name: "NIXL_CAPI_ERROR_INVALID_STATE", Sentinel: ErrInvalidState, Hint: "the handle is busy or finished (e.g. a request still in flight); wait for it or make a new one"},
-		StatusException:    {Name: "NIXL_CAPI_ERROR_EXCEPTION", Sentinel: ErrException, Hint: "NIXL threw; NIXL_LOG_LEVEL=DEBUG logs what"},
-		StatusNoTelemetry:  {Name: "NIXL_CAPI_ERROR_NO_TELEMETRY", Sentinel: ErrNoTelemetry, Hint: "create the agent with AgentConfig.CaptureTelemetry"},
-		StatusNotFound:     {Name: "NIXL_CAPI_ERROR_NOT_FOUND", Sentinel: ErrNotFound, Hint: "load the remote agent's metadata first, or create the backend this needs"},
+		StatusInvalidParam: {Name: "NIXL_CAPI_ERROR_INVALID_PARAM", Sentinel: ErrInvalidParam, Hint: "NIXL refused a handle, length or descriptor; check them against what was registered and prepared"},
+		StatusBackend:      {Name: "NIXL_CAPI_ERROR_BACKEND", Sentinel: ErrBackend, Hint: "the plugin or transport failed; NIXL_LOG_LEVEL=DEBUG logs why"},
+		StatusInvalidState: {Name: "NIXL_CAPI_ERROR_INVALID_STATE", Sentinel: ErrInvalidState, Hint: "the handle's state does not allow this (e.g. a request still in flight); wait for it or make a new one"},
+		StatusException:    {Name: "NIXL_CAPI_ERROR_EXCEPTION", Sentinel: ErrException, Hint: "NIXL threw inside the call; NIXL_LOG_LEVEL=DEBUG logs what"},
+		StatusNoTelemetry:  {Name: "NIXL_CAPI_ERROR_NO_TELEMETRY", Sentinel: ErrNoTelemetry, Hint: "telemetry needs an agent created with AgentConfig.CaptureTelemetry"},
+		StatusNotFound:     {Name: "NIXL_CAPI_ERROR_NOT_FOUND", Sentinel: ErrNotFound, Hint: "NIXL knows no such agent, memory or backend: load the peer's metadata (LoadRemoteMetadata), register the memory, or create the backend first"},
 	},
 }
 

@@ -26,8 +26,8 @@ func TestCheck(t *testing.T) {
 	assert.Equal(t, StatusNotFound, e.Code)
 	assert.Equal(t, "NIXL_CAPI_ERROR_NOT_FOUND", e.Name)
 	assert.True(t, e.Native)
-	assert.Equal(t, `nixl: load remote metadata: agent "peer": NIXL_CAPI_ERROR_NOT_FOUND (-6) — `+
-		"load the remote agent's metadata first, or create the backend this needs", err.Error())
+	assert.Equal(t, `nixl: load remote metadata: agent "peer": NIXL_CAPI_ERROR_NOT_FOUND (-6) — `+statuses.Rows[StatusNotFound].Hint,
+		err.Error())
 }
 
 func TestGoSideRefusals(t *testing.T) {

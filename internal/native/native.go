@@ -91,11 +91,12 @@ func (t *Table[C]) Failed(op string, c C, detail string) *Error[C] {
 
 // Refused is the error of a call refused on the Go side before reaching the library. Its Code is the
 // lowest code whose row has this sentinel (the status the library would have given), or zero when none has.
+// It has no Hint: the row's hint is about the library's status, while detail says what this call got wrong.
 func (t *Table[C]) Refused(op string, sentinel error, detail string) *Error[C] {
 	e := &Error[C]{Op: op, Detail: detail, prefix: t.Prefix, sentinel: sentinel}
 	for _, c := range t.Codes() {
 		if r := t.Rows[c]; sentinel != nil && r.Sentinel == sentinel {
-			e.Code, e.Name, e.Hint = c, r.Name, r.Hint
+			e.Code, e.Name = c, r.Name
 			break
 		}
 	}
@@ -111,7 +112,7 @@ type Error[C Code] struct {
 	Name   string // the C name of Code, e.g. "NRT_TIMEOUT"; "" for a Go-side refusal no code stands for
 	Desc   string // the library's own description of Code (cuGetErrorString, nrt_get_status_as_str), or ""
 	Detail string // what was asked: names, sizes, indexes
-	Hint   string // what to do about it, or ""
+	Hint   string // what to do about the library's status (from the table; "" for a Go-side refusal)
 	Native bool   // true when the library returned Code; false when the call was refused on the Go side
 
 	prefix   string

@@ -87,7 +87,8 @@ func TestRefused(t *testing.T) {
 	assert.Equal(t, "lib: op: too big: b failed", e.Error(), "the sentinel, not a status the library never gave")
 
 	e = tab.Refused("op", errA, "bad")
-	assert.Equal(t, "lib: op: bad: a failed — do a", e.Error(), "the hint of the code")
+	assert.Equal(t, "lib: op: bad: a failed", e.Error(), "the detail says what to do, not the hint of the code")
+	assert.Empty(t, e.Hint)
 
 	e = tab.Refused("use", errGo, "")
 	require.ErrorIs(t, e, errGo)
@@ -123,7 +124,7 @@ func TestCodeIsItsOwnSentinel(t *testing.T) {
 	require.NotErrorIs(t, tab.Failed("op", 77, ""), selfErr(1))
 	e := tab.Refused("op", selfErr(1), "bad")
 	assert.Equal(t, selfErr(1), e.Code)
-	assert.Equal(t, "self: op: bad: SELF(1) — hint", e.Error())
+	assert.Equal(t, "self: op: bad: SELF(1)", e.Error())
 
 	plain := &Table[status]{Prefix: "p", Unknown: "P(%d)"}
 	assert.NoError(t, plain.Sentinel(5), "no default and a code that is no error: no sentinel")

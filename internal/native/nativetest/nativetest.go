@@ -51,6 +51,7 @@ func CheckTable[C native.Code](t *testing.T, tab *native.Table[C], sentinels []e
 		e := tab.Refused("some_call", s, "refused here")
 		require.ErrorIs(t, e, s)
 		assert.False(t, e.Native)
+		assert.Empty(t, e.Hint, "a refusal's detail says what to do")
 		assert.Equal(t, s, tab.Sentinel(e.Code), "a refusal carries a code of its sentinel")
 		assert.Contains(t, e.Error(), tab.Prefix+": some_call: refused here: "+strings.TrimPrefix(s.Error(), tab.Prefix+": "))
 	}
