@@ -51,4 +51,4 @@
 // target side. Xfer.Wait polls with backoff and honours its context.
 package nixl
 
-//go:generate go run golang.org/x/tools/cmd/stringer@v0.52.0 -linecomment -output=string.go -type=Op,State,Status,MemType,childKind
+//go:generate go run golang.org/x/tools/cmd/stringer@v0.52.0 -linecomment -output=string.go -type=Op,State,MemType,childKind

@@ -10,16 +10,17 @@ import (
 // StatusSuccess and StatusInProgress.
 type Status int
 
-// Status codes of NIXL's C API. The C API folds most of NIXL's own error codes into StatusBackend.
+// Status codes of NIXL's C API. The C API folds most of NIXL's own error codes into StatusBackend. Their C
+// names (NIXL_CAPI_SUCCESS, NIXL_CAPI_ERROR_BACKEND, ...) are in the table below.
 const (
-	StatusSuccess      Status = 0  // SUCCESS
-	StatusInProgress   Status = 1  // IN_PROG
-	StatusInvalidParam Status = -1 // ERR_INVALID_PARAM
-	StatusBackend      Status = -2 // ERR_BACKEND
-	StatusInvalidState Status = -3 // ERR_INVALID_STATE
-	StatusException    Status = -4 // ERR_EXCEPTION
-	StatusNoTelemetry  Status = -5 // ERR_NO_TELEMETRY
-	StatusNotFound     Status = -6 // ERR_NOT_FOUND
+	StatusSuccess      Status = 0
+	StatusInProgress   Status = 1
+	StatusInvalidParam Status = -1
+	StatusBackend      Status = -2
+	StatusInvalidState Status = -3
+	StatusException    Status = -4
+	StatusNoTelemetry  Status = -5
+	StatusNotFound     Status = -6
 )
 
 // Sentinel errors. Every error returned by this package that comes from NIXL is an *Error whose Unwrap gives
@@ -70,6 +71,10 @@ var statuses = &native.Table[Status]{
 		StatusNotFound:     {Name: "NIXL_CAPI_ERROR_NOT_FOUND", Sentinel: ErrNotFound, Hint: "NIXL knows no such agent, memory or backend: load the peer's metadata (LoadRemoteMetadata), register the memory, or create the backend first"},
 	},
 }
+
+// String returns the C name of the status ("NIXL_CAPI_ERROR_NOT_FOUND"), or "nixl_capi_status_t(n)" for
+// codes this package does not know.
+func (s Status) String() string { return statuses.NameOf(s) }
 
 // check turns a C API status into nil (success or in progress) or an *Error.
 func check(op string, s status, detail string) error {

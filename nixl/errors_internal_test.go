@@ -13,6 +13,9 @@ import (
 func TestStatusTable(t *testing.T) {
 	nativetest.CheckTable(t, statuses,
 		[]error{ErrInvalidParam, ErrBackend, ErrInvalidState, ErrException, ErrNoTelemetry, ErrNotFound}, Status(-42))
+	assert.Equal(t, "NIXL_CAPI_ERROR_NOT_FOUND", StatusNotFound.String())
+	assert.Equal(t, "NIXL_CAPI_IN_PROG", StatusInProgress.String())
+	assert.Equal(t, "nixl_capi_status_t(-42)", Status(-42).String())
 }
 
 func TestCheck(t *testing.T) {
