@@ -28,7 +28,7 @@ type Row struct {
 type Table[C Code] struct {
 	Prefix  string    // the package name that starts every message, e.g. "cuda"
 	Rows    map[C]Row // the codes this package knows
-	Unknown string    // how to name a code missing from Rows, a format with one %d, e.g. "CUresult(%d)"
+	Unknown string    // how to name a code missing from Rows, a format with one %d, e.g. "CUresult(%d)" ("status %d" if empty)
 	// Default is the sentinel of a code missing from Rows. When nil, a code whose type implements error is
 	// its own sentinel; otherwise such a code matches no sentinel.
 	Default error
@@ -49,6 +49,9 @@ func (t *Table[C]) NameOf(c C) string {
 	}
 	if r, ok := t.Rows[c]; ok {
 		return r.Name
+	}
+	if t.Unknown == "" {
+		return fmt.Sprintf("status %d", int64(c))
 	}
 	return fmt.Sprintf(t.Unknown, int64(c))
 }

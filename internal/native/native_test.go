@@ -126,7 +126,7 @@ func TestCodeIsItsOwnSentinel(t *testing.T) {
 	assert.Equal(t, selfErr(1), e.Code)
 	assert.Equal(t, "self: op: bad: SELF(1)", e.Error())
 
-	plain := &Table[status]{Prefix: "p", Unknown: "P(%d)"}
+	plain := &Table[status]{Prefix: "p"}
 	assert.NoError(t, plain.Sentinel(5), "no default and a code that is no error: no sentinel")
-	assert.Equal(t, "p: op: P(5) (5)", plain.Failed("op", 5, "").Error())
+	assert.Equal(t, "p: op: status 5 (5)", plain.Failed("op", 5, "").Error())
 }
