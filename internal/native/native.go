@@ -123,7 +123,7 @@ type Error[C Code] struct {
 }
 
 // Error reads "prefix: op: detail: NAME (code): description — hint" for a native failure and
-// "prefix: op: detail: sentinel — hint" for a Go-side refusal; empty parts are left out.
+// "prefix: op: detail: sentinel" for a Go-side refusal; empty parts are left out.
 func (e *Error[C]) Error() string {
 	parts := make([]string, 0, 5)
 	for _, p := range []string{e.prefix, e.Op, e.Detail} {
