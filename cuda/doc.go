@@ -37,10 +37,12 @@
 //
 // # Errors
 //
-// Driver failures are *Error values: the entry point, the driver's own name and description of the status
-// (cuGetErrorName, cuGetErrorString), what was asked, and a hint. Result is the status type and the
-// sentinels (ErrOutOfMemory, ErrInvalidValue, ...) are Results, so errors.Is works on any error of the
-// package. Arguments refused before the driver is called are *Error too, with Native false.
+// Driver failures are *Error values: the entry point, what was asked (Detail), the status (Code) with the
+// driver's own name and description of it (cuGetErrorName, cuGetErrorString), and a hint. Result is the
+// status type and the sentinels (ErrOutOfMemory, ErrInvalidValue, ...) are Results, so errors.Is works on
+// any error of the package, and a status without a sentinel matches itself (errors.Is(err, Result(719))).
+// Arguments refused before the driver is called, and closed handles (ErrClosed), are *Error too, with
+// Native false. *Error is the one error shape of nixl, cuda and neuron (each over its own codes).
 //
 // # Handles and concurrency
 //

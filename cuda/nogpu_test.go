@@ -78,16 +78,15 @@ func TestResultsAreErrorsAndSentinels(t *testing.T) {
 	require.Equal(t, "CUDA_ERROR_INVALID_VALUE", cuda.ErrInvalidValue.Error())
 	require.Equal(t, "CUresult(12345)", cuda.Result(12345).Error())
 
-	e := &cuda.Error{Op: "cuMemAlloc_v2", Code: 2, Name: "CUDA_ERROR_OUT_OF_MEMORY", Desc: "out of memory", Detail: "1 PiB"}
-	wrapped := fmt.Errorf("allocating the cache: %w", e)
-	require.ErrorIs(t, wrapped, cuda.ErrOutOfMemory)
+	// An argument refused before the driver is called: the same *Error, Native false.
+	_, err := cuda.Load(cuda.LoadOptions{NoSearch: true})
+	wrapped := fmt.Errorf("opening the GPU: %w", err)
+	require.ErrorIs(t, wrapped, cuda.ErrInvalidValue)
 	var ce *cuda.Error
 	require.ErrorAs(t, wrapped, &ce)
-	require.Equal(t, cuda.Result(2), ce.Code)
-	msg := e.Error()
-	for _, part := range []string{"cuMemAlloc_v2", "1 PiB", "CUDA_ERROR_OUT_OF_MEMORY", "out of memory", "free device memory"} {
-		require.Contains(t, msg, part)
-	}
+	require.Equal(t, cuda.Result(1), ce.Code)
+	require.False(t, ce.Native)
+	require.Contains(t, err.Error(), "cuda: load: LoadOptions.NoSearch needs LoadOptions.Path: CUDA_ERROR_INVALID_VALUE")
 }
 
 // regions is a Regions with made-up addresses, for the copy math.

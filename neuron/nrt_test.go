@@ -140,7 +140,8 @@ func TestStatusMapping(t *testing.T) {
 			require.ErrorIs(t, err, c.sentinel)
 			var ne *Error
 			require.ErrorAs(t, err, &ne)
-			assert.EqualValues(t, c.status, ne.Status)
+			assert.EqualValues(t, c.status, ne.Code)
+			assert.True(t, ne.Native)
 			assert.Contains(t, err.Error(), c.name)
 			require.NoError(t, tn.Read(buf, 128), "only the k-th read fails")
 			require.NoError(t, r.Close())

@@ -2,7 +2,8 @@ package neuron
 
 import (
 	"errors"
-	"fmt"
+
+	"github.com/gonixl/gonixl/internal/native"
 )
 
 // Status is an NRT_STATUS code returned by libnrt (nrt_status.h; the numbering is stable and only appended to).
@@ -35,84 +36,60 @@ var (
 	ErrTooLarge = errors.New("neuron: size too large")
 )
 
-// statusInfo is one row of the NRT_STATUS table: the C name, the sentinel it maps to and a hint on what to do.
-type statusInfo struct {
-	name     string
-	sentinel error
-	hint     string
-}
-
-// statusTable maps NRT_STATUS codes (nrt_status.h) to names, sentinels and advice. Codes 8 and 12 are unused.
-var statusTable = map[Status]statusInfo{
-	0:    {"NRT_SUCCESS", nil, ""},
-	1:    {"NRT_FAILURE", ErrFailure, "check the Neuron runtime log (NEURON_RT_LOG_LEVEL=INFO)"},
-	2:    {"NRT_INVALID", ErrInvalid, "an offset, size, core index or placement was refused; check bounds and DMA alignment (Options.MaxTransfer)"},
-	3:    {"NRT_INVALID_HANDLE", ErrInvalidHandle, "the tensor was freed or never allocated"},
-	4:    {"NRT_RESOURCE", ErrResource, "device memory is exhausted; free tensors or use fewer/smaller ones"},
-	5:    {"NRT_TIMEOUT", ErrTimeout, "the device did not answer in time (NEURON_RT_EXEC_TIMEOUT); retry or reset the workload"},
-	6:    {"NRT_HW_ERROR", ErrHardware, "a hardware error occurred; check neuron-top / dmesg"},
-	7:    {"NRT_QUEUE_FULL", ErrQueue, "too many requests in flight; retry later"},
-	9:    {"NRT_LOAD_NOT_ENOUGH_NC", ErrNotEnoughCores, "fewer NeuronCores are visible than needed (NEURON_RT_VISIBLE_CORES / NEURON_RT_NUM_CORES), or another process owns them"},
-	10:   {"NRT_UNSUPPORTED_NEFF_VERSION", ErrInvalid, "the NEFF was compiled for another runtime"},
-	11:   {"NRT_FAIL_HOST_MEM_ALLOC", ErrResource, "host memory allocation failed"},
-	13:   {"NRT_UNINITIALIZED", ErrUninitialized, "call Load (nrt_init) first"},
-	14:   {"NRT_CLOSED", ErrClosed, "the runtime was closed (nrt_close); open a new Runtime"},
-	15:   {"NRT_QUEUE_EMPTY", ErrQueue, ""},
-	101:  {"NRT_EXEC_UNIT_UNRECOVERABLE", ErrHardware, "the execution unit is unrecoverable; restart the process"},
-	1002: {"NRT_EXEC_BAD_INPUT", ErrExecution, ""},
-	1003: {"NRT_EXEC_COMPLETED_WITH_NUM_ERR", ErrExecution, ""},
-	1004: {"NRT_EXEC_COMPLETED_WITH_ERR", ErrExecution, ""},
-	1005: {"NRT_EXEC_NC_BUSY", ErrExecution, "the NeuronCore is busy"},
-	1006: {"NRT_EXEC_OOB", ErrExecution, ""},
-	1100: {"NRT_COLL_PENDING", ErrExecution, ""},
-	1200: {"NRT_EXEC_HW_ERR_COLLECTIVES", ErrHardware, ""},
-	1201: {"NRT_EXEC_HW_ERR_HBM_UE", ErrHardware, "uncorrectable HBM error"},
-	1202: {"NRT_EXEC_HW_ERR_NC_UE", ErrHardware, ""},
-	1203: {"NRT_EXEC_HW_ERR_DMA_ABORT", ErrHardware, ""},
-	1204: {"NRT_EXEC_SW_NQ_OVERFLOW", ErrExecution, ""},
-	1205: {"NRT_EXEC_HW_ERR_REPAIRABLE_HBM_UE", ErrHardware, ""},
-	1206: {"NRT_NETWORK_PROXY_FAILURE", ErrFailure, ""},
+// statuses is the data table behind Error: each NRT_STATUS code (nrt_status.h) with its C name, sentinel
+// and what to do. Codes 8 and 12 are unused; codes missing from the table match ErrFailure.
+var statuses = &native.Table[Status]{
+	Prefix:  "neuron",
+	Unknown: "NRT_STATUS(%d)",
+	Default: ErrFailure,
+	Rows: map[Status]native.Row{
+		0:    {Name: "NRT_SUCCESS"},
+		1:    {Name: "NRT_FAILURE", Sentinel: ErrFailure, Hint: "check the Neuron runtime log (NEURON_RT_LOG_LEVEL=INFO)"},
+		2:    {Name: "NRT_INVALID", Sentinel: ErrInvalid, Hint: "an offset, size, core index or placement was refused; check bounds and DMA alignment (LoadOptions.MaxTransfer)"},
+		3:    {Name: "NRT_INVALID_HANDLE", Sentinel: ErrInvalidHandle, Hint: "the tensor was freed or never allocated"},
+		4:    {Name: "NRT_RESOURCE", Sentinel: ErrResource, Hint: "device memory is exhausted; free tensors or use fewer/smaller ones"},
+		5:    {Name: "NRT_TIMEOUT", Sentinel: ErrTimeout, Hint: "the device did not answer in time (NEURON_RT_EXEC_TIMEOUT); retry or reset the workload"},
+		6:    {Name: "NRT_HW_ERROR", Sentinel: ErrHardware, Hint: "a hardware error occurred; check neuron-top / dmesg"},
+		7:    {Name: "NRT_QUEUE_FULL", Sentinel: ErrQueue, Hint: "too many requests in flight; retry later"},
+		9:    {Name: "NRT_LOAD_NOT_ENOUGH_NC", Sentinel: ErrNotEnoughCores, Hint: "fewer NeuronCores are visible than needed (NEURON_RT_VISIBLE_CORES / NEURON_RT_NUM_CORES), or another process owns them"},
+		10:   {Name: "NRT_UNSUPPORTED_NEFF_VERSION", Sentinel: ErrInvalid, Hint: "the NEFF was compiled for another runtime"},
+		11:   {Name: "NRT_FAIL_HOST_MEM_ALLOC", Sentinel: ErrResource, Hint: "host memory allocation failed"},
+		13:   {Name: "NRT_UNINITIALIZED", Sentinel: ErrUninitialized, Hint: "call Load (nrt_init) first"},
+		14:   {Name: "NRT_CLOSED", Sentinel: ErrClosed, Hint: "the runtime was closed (nrt_close); open a new Runtime"},
+		15:   {Name: "NRT_QUEUE_EMPTY", Sentinel: ErrQueue},
+		101:  {Name: "NRT_EXEC_UNIT_UNRECOVERABLE", Sentinel: ErrHardware, Hint: "the execution unit is unrecoverable; restart the process"},
+		1002: {Name: "NRT_EXEC_BAD_INPUT", Sentinel: ErrExecution},
+		1003: {Name: "NRT_EXEC_COMPLETED_WITH_NUM_ERR", Sentinel: ErrExecution},
+		1004: {Name: "NRT_EXEC_COMPLETED_WITH_ERR", Sentinel: ErrExecution},
+		1005: {Name: "NRT_EXEC_NC_BUSY", Sentinel: ErrExecution, Hint: "the NeuronCore is busy"},
+		1006: {Name: "NRT_EXEC_OOB", Sentinel: ErrExecution},
+		1100: {Name: "NRT_COLL_PENDING", Sentinel: ErrExecution},
+		1200: {Name: "NRT_EXEC_HW_ERR_COLLECTIVES", Sentinel: ErrHardware},
+		1201: {Name: "NRT_EXEC_HW_ERR_HBM_UE", Sentinel: ErrHardware, Hint: "uncorrectable HBM error"},
+		1202: {Name: "NRT_EXEC_HW_ERR_NC_UE", Sentinel: ErrHardware},
+		1203: {Name: "NRT_EXEC_HW_ERR_DMA_ABORT", Sentinel: ErrHardware},
+		1204: {Name: "NRT_EXEC_SW_NQ_OVERFLOW", Sentinel: ErrExecution},
+		1205: {Name: "NRT_EXEC_HW_ERR_REPAIRABLE_HBM_UE", Sentinel: ErrHardware},
+		1206: {Name: "NRT_NETWORK_PROXY_FAILURE", Sentinel: ErrFailure},
+	},
 }
 
 // String returns the C name of the status ("NRT_TIMEOUT"), or "NRT_STATUS(n)" for unknown codes.
-func (s Status) String() string {
-	if info, ok := statusTable[s]; ok {
-		return info.name
-	}
-	return fmt.Sprintf("NRT_STATUS(%d)", int32(s))
-}
+func (s Status) String() string { return statuses.NameOf(s) }
 
-// Error is a failed libnrt call: the operation (the C function), the status it returned and, when the runtime
-// offers nrt_get_status_as_str, its own description.
-type Error struct {
-	Op     string
-	Status Status
-	Detail string
-}
+// Error is a failed libnrt call: the operation (the C function), the status it returned (Code) and, when
+// the runtime offers nrt_get_status_as_str, its own description (Desc). Its Unwrap gives the status's
+// sentinel (ErrFailure for codes this package does not know), so errors.Is(err, ErrTimeout) matches. It is
+// the one error shape of gonixl's native-library packages (nixl.Error and cuda.Error are the same generic
+// type over their own codes).
+type Error = native.Error[Status]
 
-func (e *Error) Error() string {
-	msg := fmt.Sprintf("neuron: %s: %s (%d)", e.Op, e.Status, int32(e.Status))
-	if e.Detail != "" && e.Detail != e.Status.String() {
-		msg += ": " + e.Detail
-	}
-	if info, ok := statusTable[e.Status]; ok && info.hint != "" {
-		msg += "; " + info.hint
-	}
-	return msg
-}
-
-// Is matches the sentinel of the error's status (ErrFailure for codes missing from the table).
-func (e *Error) Is(target error) bool {
-	info, ok := statusTable[e.Status]
-	if !ok {
-		return target == ErrFailure
-	}
-	return info.sentinel != nil && target == info.sentinel
-}
-
-func statusError(op string, st Status, detail string) error {
+// statusError turns a libnrt status into nil or an *Error; desc is the runtime's description of it, or "".
+func statusError(op string, st Status, desc string) error {
 	if st == 0 {
 		return nil
 	}
-	return &Error{Op: op, Status: st, Detail: detail}
+	e := statuses.Failed(op, st, "")
+	e.Desc = desc
+	return e
 }

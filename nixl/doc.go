@@ -37,9 +37,12 @@
 //
 // # Errors
 //
-// Errors from NIXL are *Error values carrying the C API's Status; errors.Is matches the sentinels
-// ErrInvalidParam, ErrBackend, ErrInvalidState, ErrException, ErrNoTelemetry and ErrNotFound. NIXL's C API
-// folds several NIXL codes into ErrBackend. "In progress" is a State, never an error.
+// Errors from NIXL are *Error values: the operation, what was asked (Detail), the C API's status (Code,
+// with its C name) and a hint; errors.Is matches the sentinels ErrInvalidParam, ErrBackend,
+// ErrInvalidState, ErrException, ErrNoTelemetry and ErrNotFound. NIXL's C API folds several NIXL codes into
+// ErrBackend. Calls refused before NIXL is reached (ErrClosed, ErrIndexOutOfRange, bad arguments) are *Error
+// too, with Native false. *Error is the one error shape of nixl, cuda and neuron (each over its own codes).
+// "In progress" is a State, never an error.
 //
 // # Concurrency
 //
@@ -48,4 +51,4 @@
 // target side. Xfer.Wait polls with backoff and honours its context.
 package nixl
 
-//go:generate go run golang.org/x/tools/cmd/stringer@v0.52.0 -linecomment -output=string.go -type=Op,State,Status,MemType,childKind
+//go:generate go run golang.org/x/tools/cmd/stringer@v0.52.0 -linecomment -output=string.go -type=Op,State,MemType,childKind

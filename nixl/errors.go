@@ -2,22 +2,25 @@ package nixl
 
 import (
 	"errors"
+
+	"github.com/gonixl/gonixl/internal/native"
 )
 
 // Status is a status code of NIXL's C API (nixl_capi_status_t). Non-negative values are not errors:
 // StatusSuccess and StatusInProgress.
 type Status int
 
-// Status codes of NIXL's C API. The C API folds most of NIXL's own error codes into StatusBackend.
+// Status codes of NIXL's C API. The C API folds most of NIXL's own error codes into StatusBackend. Their C
+// names (NIXL_CAPI_SUCCESS, NIXL_CAPI_ERROR_BACKEND, ...) are in the table below.
 const (
-	StatusSuccess      Status = 0  // SUCCESS
-	StatusInProgress   Status = 1  // IN_PROG
-	StatusInvalidParam Status = -1 // ERR_INVALID_PARAM
-	StatusBackend      Status = -2 // ERR_BACKEND
-	StatusInvalidState Status = -3 // ERR_INVALID_STATE
-	StatusException    Status = -4 // ERR_EXCEPTION
-	StatusNoTelemetry  Status = -5 // ERR_NO_TELEMETRY
-	StatusNotFound     Status = -6 // ERR_NOT_FOUND
+	StatusSuccess      Status = 0
+	StatusInProgress   Status = 1
+	StatusInvalidParam Status = -1
+	StatusBackend      Status = -2
+	StatusInvalidState Status = -3
+	StatusException    Status = -4
+	StatusNoTelemetry  Status = -5
+	StatusNotFound     Status = -6
 )
 
 // Sentinel errors. Every error returned by this package that comes from NIXL is an *Error whose Unwrap gives
@@ -44,53 +47,44 @@ var (
 	ErrIndexOutOfRange = errors.New("nixl: descriptor index out of range")
 )
 
-// Error is an error reported by NIXL (or found by this package before calling NIXL).
-type Error struct {
-	Op     string // the operation, e.g. "register memory"
-	Status Status // the C API status, or StatusSuccess for errors found on the Go side
-	Detail string // extra context: agent names, counts, what to do
-	err    error  // the sentinel
+// Error is a failed NIXL call (Native true: Code is the C API's status) or a call refused on the Go side
+// before NIXL is reached (Native false). Its Unwrap gives the sentinel, so errors.Is(err, ErrNotFound)
+// matches; errors.As(err, &e) with e of type *Error reaches Op, Code, Name, Detail, Hint and Native. It is
+// the one error shape of gonixl's native-library packages (cuda.Error and neuron.Error are the same
+// generic type over their own codes).
+type Error = native.Error[Status]
+
+// statuses is the data table behind Error: each C API status's C name, sentinel and what to do. Statuses
+// missing from it (NIXL releases newer than this package) match ErrBackend.
+var statuses = &native.Table[Status]{
+	Prefix:  "nixl",
+	Unknown: "nixl_capi_status_t(%d)",
+	Default: ErrBackend,
+	Rows: map[Status]native.Row{
+		StatusSuccess:      {Name: "NIXL_CAPI_SUCCESS"},
+		StatusInProgress:   {Name: "NIXL_CAPI_IN_PROG"},
+		StatusInvalidParam: {Name: "NIXL_CAPI_ERROR_INVALID_PARAM", Sentinel: ErrInvalidParam, Hint: "NIXL refused a handle, length or descriptor; check them against what was registered and prepared"},
+		StatusBackend:      {Name: "NIXL_CAPI_ERROR_BACKEND", Sentinel: ErrBackend, Hint: "the plugin or transport failed; NIXL_LOG_LEVEL=DEBUG logs why"},
+		StatusInvalidState: {Name: "NIXL_CAPI_ERROR_INVALID_STATE", Sentinel: ErrInvalidState, Hint: "the handle's state does not allow this (e.g. a request still in flight); wait for it or make a new one"},
+		StatusException:    {Name: "NIXL_CAPI_ERROR_EXCEPTION", Sentinel: ErrException, Hint: "NIXL threw inside the call; NIXL_LOG_LEVEL=DEBUG logs what"},
+		StatusNoTelemetry:  {Name: "NIXL_CAPI_ERROR_NO_TELEMETRY", Sentinel: ErrNoTelemetry, Hint: "telemetry needs an agent created with AgentConfig.CaptureTelemetry"},
+		StatusNotFound:     {Name: "NIXL_CAPI_ERROR_NOT_FOUND", Sentinel: ErrNotFound, Hint: "NIXL knows no such agent, memory or backend: load the peer's metadata (LoadRemoteMetadata), register the memory, or create the backend first"},
+	},
 }
 
-func (e *Error) Error() string {
-	msg := "nixl: " + e.Op
-	if e.Status != StatusSuccess {
-		msg += ": " + e.Status.String()
-	}
-	if e.Detail != "" {
-		msg += ": " + e.Detail
-	}
-	return msg
-}
-
-// Unwrap returns the sentinel matching the status.
-func (e *Error) Unwrap() error { return e.err }
-
-func sentinelFor(s Status) error {
-	switch s {
-	case StatusInvalidParam:
-		return ErrInvalidParam
-	case StatusInvalidState:
-		return ErrInvalidState
-	case StatusException:
-		return ErrException
-	case StatusNoTelemetry:
-		return ErrNoTelemetry
-	case StatusNotFound:
-		return ErrNotFound
-	}
-	return ErrBackend
-}
+// String returns the C name of the status ("NIXL_CAPI_ERROR_NOT_FOUND"), or "nixl_capi_status_t(n)" for
+// codes this package does not know.
+func (s Status) String() string { return statuses.NameOf(s) }
 
 // check turns a C API status into nil (success or in progress) or an *Error.
 func check(op string, s status, detail string) error {
-	st := Status(s)
-	if st >= 0 {
-		return nil
+	if st := Status(s); st < 0 {
+		return statuses.Failed(op, st, detail)
 	}
-	return &Error{Op: op, Status: st, Detail: detail, err: sentinelFor(st)}
+	return nil
 }
 
+// goErr is a call refused on the Go side before NIXL is called; it matches sentinel.
 func goErr(op string, sentinel error, detail string) error {
-	return &Error{Op: op, Detail: detail, err: sentinel}
+	return statuses.Refused(op, sentinel, detail)
 }

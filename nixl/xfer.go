@@ -342,7 +342,7 @@ func (x *Xfer) Telemetry() (Telemetry, error) {
 	}
 	defer done()
 	var t C.gx_telemetry
-	if err := check(op, C.gx_get_xfer_telemetry(x.ref.a.h, h, &t), "create the agent with CaptureTelemetry"); err != nil {
+	if err := check(op, C.gx_get_xfer_telemetry(x.ref.a.h, h, &t), ""); err != nil {
 		return Telemetry{}, err
 	}
 	return Telemetry{

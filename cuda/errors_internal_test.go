@@ -1,0 +1,50 @@
+package cuda
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/gonixl/gonixl/internal/native/nativetest"
+)
+
+func TestResultTable(t *testing.T) {
+	nativetest.CheckTable(t, results, []error{ErrInvalidValue, ErrOutOfMemory, ErrNotInitialized, ErrDeinitialized,
+		ErrStubLibrary, ErrDeviceUnavailable, ErrNoDevice, ErrInvalidDevice, ErrInvalidContext, ErrInvalidHandle,
+		ErrNotFound, ErrNotReady, ErrIllegalAddress, ErrAlreadyRegistered, ErrNotRegistered, ErrNotPermitted,
+		ErrNotSupported, ErrSystemNotReady, ErrDriverMismatch, ErrUnknown}, Result(12345))
+}
+
+func TestDriverError(t *testing.T) {
+	require.NoError(t, check(Success, "cuMemAlloc_v2", ""))
+	err := check(Result(2), "cuMemAlloc_v2", "1 PiB")
+	require.ErrorIs(t, err, ErrOutOfMemory)
+	var ce *Error
+	require.True(t, errors.As(err, &ce))
+	assert.True(t, ce.Native)
+	assert.Equal(t, "CUDA_ERROR_OUT_OF_MEMORY", ce.Name)
+	for _, part := range []string{"cuda: cuMemAlloc_v2: 1 PiB: CUDA_ERROR_OUT_OF_MEMORY (2)", ce.Desc, "free device memory"} {
+		assert.Contains(t, err.Error(), part)
+	}
+
+	// A status the table does not know is still its own sentinel.
+	err = check(Result(719), "cuStreamSynchronize", "")
+	require.ErrorIs(t, err, Result(719))
+	require.NotErrorIs(t, err, ErrUnknown)
+}
+
+func TestRefusedBeforeTheDriver(t *testing.T) {
+	err := newError(Result(101), "open device", "ordinal 7, 1 device(s) visible", false)
+	require.ErrorIs(t, err, ErrInvalidDevice)
+	assert.False(t, err.Native)
+	assert.Contains(t, err.Error(), "cuda: open device: ordinal 7, 1 device(s) visible: CUDA_ERROR_INVALID_DEVICE")
+
+	err2 := closedErr("stream")
+	require.ErrorIs(t, err2, ErrClosed)
+	var ce *Error
+	require.True(t, errors.As(err2, &ce))
+	assert.False(t, ce.Native)
+	assert.Equal(t, "cuda: stream: handle closed", err2.Error())
+}
