@@ -1,7 +1,6 @@
 package sidechannel
 
 import (
-	"bufio"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -60,32 +59,23 @@ func startPyRouter(t *testing.T, args ...string) (string, func() int) {
 	t.Helper()
 	py, peer := zmtpPeer(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	cmd := exec.CommandContext(ctx, py, append([]string{peer, "router"}, args...)...)
-	stdin, err := cmd.StdinPipe()
-	require.NoError(t, err)
-	stdout, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	var stderr syncBuffer
-	cmd.Stderr = &stderr
-	require.NoError(t, cmd.Start())
+	srv, ep, err := startPyServer(t, ctx, py, append([]string{peer, "router"}, args...)...)
 	stopped := false
 	stop := func() int {
 		if stopped {
 			return -1
 		}
 		stopped = true
-		_ = stdin.Close()
-		err := cmd.Wait()
+		err := srv.stop()
 		cancel()
-		require.NoError(t, err, "pyzmq router: %s", stderr.String())
+		require.NoError(t, err, "pyzmq router: %s", srv.stderr.String())
 		var st struct{ Served int }
-		require.NoError(t, json.Unmarshal([]byte(strings.TrimSpace(stderr.String())), &st), stderr.String())
+		require.NoError(t, json.Unmarshal([]byte(strings.TrimSpace(srv.stderr.String())), &st), srv.stderr.String())
 		return st.Served
 	}
 	t.Cleanup(func() { stop() })
-	line, err := bufio.NewReader(stdout).ReadString('\n')
 	require.NoError(t, err, "pyzmq router did not start")
-	return strings.TrimSpace(line), stop
+	return ep, stop
 }
 
 func sum(b []byte) string { h := sha256.Sum256(b); return hex.EncodeToString(h[:]) }
