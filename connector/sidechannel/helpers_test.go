@@ -1,6 +1,7 @@
 package sidechannel
 
 import (
+	"context"
 	"net"
 	"sync"
 	"testing"
@@ -8,8 +9,18 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/gonixl/gonixl/connector/protocol"
 	"github.com/gonixl/gonixl/connector/sidechannel/internal/zmtp"
 )
+
+// startServer starts a Server of profile p, closed at the end of the test.
+func startServer(t *testing.T, p protocol.Profile, cfg ServerConfig) *Server {
+	t.Helper()
+	srv, err := NewServer(context.Background(), p, cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, srv.Close()) })
+	return srv
+}
 
 // dialZMTP opens a raw ZMTP connection of type st to srv (closed at the end of the test).
 func dialZMTP(t *testing.T, srv *Server, st zmtp.SocketType) *zmtp.Conn {

@@ -67,9 +67,7 @@ func testServer(t *testing.T, cfg ServerConfig) (*Server, protocol.Profile) {
 	if cfg.Payloads == nil {
 		cfg.Payloads = servePayloads(t, p, "h", 1, 1)
 	}
-	srv, err := NewServer(context.Background(), p, cfg)
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, srv.Close()) })
+	srv := startServer(t, p, cfg)
 	return srv, p
 }
 

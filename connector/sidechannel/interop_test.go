@@ -70,9 +70,7 @@ func TestInteropPythonClientGoServer(t *testing.T) {
 			payloads := servePayloads(t, p, hash, pps, 2)
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
-			srv, err := NewServer(ctx, p, ServerConfig{Payloads: payloads})
-			require.NoError(t, err)
-			defer srv.Close()
+			srv := startServer(t, p, ServerConfig{Payloads: payloads})
 
 			var ranks []string
 			for r := range payloads {

@@ -94,9 +94,7 @@ func TestInteropPyzmqHeartbeatsAndLargeReply(t *testing.T) {
 	p, err := protocol.ProfileByName("0.33")
 	require.NoError(t, err)
 	big := pyPayload(8 << 20)
-	srv, err := NewServer(context.Background(), p, ServerConfig{Payloads: map[protocol.Rank][]byte{{}: big}})
-	require.NoError(t, err)
-	defer srv.Close()
+	srv := startServer(t, p, ServerConfig{Payloads: map[protocol.Rank][]byte{{}: big}})
 	req, err := p.EncodeRequest(protocol.Rank{})
 	require.NoError(t, err)
 	res := runPyClient(t, "req", "--endpoint", srv.Endpoint(), "--heartbeat", "--sleep", "1.5",
@@ -117,9 +115,7 @@ func TestInteropPyzmqHeartbeatsAndLargeReply(t *testing.T) {
 func TestInteropPyzmqDealerPipeline(t *testing.T) {
 	p, err := protocol.ProfileByName("0.16")
 	require.NoError(t, err)
-	srv, err := NewServer(context.Background(), p, ServerConfig{Payloads: servePayloads(t, p, "h", 1, 1)})
-	require.NoError(t, err)
-	defer srv.Close()
+	srv := startServer(t, p, ServerConfig{Payloads: servePayloads(t, p, "h", 1, 1)})
 	req, err := p.EncodeRequest(protocol.Rank{})
 	require.NoError(t, err)
 	res := runPyClient(t, "dealer", "--endpoint", srv.Endpoint(), "--pipeline", "50", "--request", hex.EncodeToString(req))
@@ -185,9 +181,7 @@ func TestInteropGoREQPyzmqPeers(t *testing.T) {
 func TestServerAcceptsZMTP30(t *testing.T) {
 	p, err := protocol.ProfileByName("0.33")
 	require.NoError(t, err)
-	srv, err := NewServer(context.Background(), p, ServerConfig{Payloads: servePayloads(t, p, "h", 1, 1)})
-	require.NoError(t, err)
-	defer srv.Close()
+	srv := startServer(t, p, ServerConfig{Payloads: servePayloads(t, p, "h", 1, 1)})
 	nc, err := net.DialTimeout("tcp", srv.Addr(), 10*time.Second)
 	require.NoError(t, err)
 	defer nc.Close()
