@@ -49,7 +49,8 @@ type DecodeConfig struct {
 	// A/B holds NHD bytes under an "HND" label. Bytes are copied as they are, so the local cache's order must
 	// equal the peer's physical order.
 	PeerOrder layout.BlockOrder
-	// HandshakeTimeout bounds one side-channel round trip (default: the profile's, 5 s in vLLM).
+	// HandshakeTimeout bounds one side-channel round trip (default: the profile's, 5 s in vLLM; see
+	// sidechannel.FetchOptions.Timeout).
 	HandshakeTimeout time.Duration
 	// HandshakeRetries is how many times a failed handshake is retried (default 2).
 	HandshakeRetries int
@@ -131,12 +132,6 @@ func newDecode(cfg DecodeConfig) (*Decode, error) {
 		logger: cfg.Logger, metrics: cfg.Metrics}.setup(&cfg.EngineID, &cfg.TPSize)
 	if err != nil {
 		return nil, err
-	}
-	if cfg.HandshakeTimeout == 0 {
-		cfg.HandshakeTimeout = cfg.Profile.HandshakeTimeout
-		if cfg.HandshakeTimeout == 0 {
-			cfg.HandshakeTimeout = 5 * time.Second
-		}
 	}
 	if cfg.HandshakeRetries == 0 {
 		cfg.HandshakeRetries = 2
