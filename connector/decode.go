@@ -49,7 +49,8 @@ type DecodeConfig struct {
 	// A/B holds NHD bytes under an "HND" label. Bytes are copied as they are, so the local cache's order must
 	// equal the peer's physical order.
 	PeerOrder layout.BlockOrder
-	// HandshakeTimeout bounds one side-channel round trip (default: the profile's, 5 s in vLLM).
+	// HandshakeTimeout bounds one side-channel round trip (default: the profile's, 5 s in vLLM; see
+	// sidechannel.FetchOptions.Timeout).
 	HandshakeTimeout time.Duration
 	// HandshakeRetries is how many times a failed handshake is retried (default 2).
 	HandshakeRetries int
@@ -127,35 +128,13 @@ type source struct {
 // newDecode registers the local cache and prepares its descriptor list (NewDecode, model.go, first derives
 // what a Model implies).
 func newDecode(cfg DecodeConfig) (*Decode, error) {
-	if cfg.Profile.Name == "" {
-		return nil, errors.New("connector: DecodeConfig.Profile is not set (use protocol.ProfileFor)")
-	}
-	if cfg.EngineID == "" {
-		cfg.EngineID = randomID("gonixl-d-")
-	}
-	if cfg.TPSize <= 0 {
-		cfg.TPSize = 1
-	}
-	if cfg.HandshakeTimeout == 0 {
-		cfg.HandshakeTimeout = cfg.Profile.HandshakeTimeout
-		if cfg.HandshakeTimeout == 0 {
-			cfg.HandshakeTimeout = 5 * time.Second
-		}
+	log, metrics, err := roleSpec{role: "decode", profile: cfg.Profile, cache: cfg.Cache, tpRank: cfg.Rank.TP,
+		logger: cfg.Logger, metrics: cfg.Metrics}.setup(&cfg.EngineID, &cfg.TPSize)
+	if err != nil {
+		return nil, err
 	}
 	if cfg.HandshakeRetries == 0 {
 		cfg.HandshakeRetries = 2
-	}
-	log := cfg.Logger
-	if log == nil {
-		log = zap.NewNop()
-	}
-	log = log.With(zap.String("role", "decode"), zap.String("engine_id", cfg.EngineID), zap.Int("tp_rank", cfg.Rank.TP))
-	metrics := cfg.Metrics
-	if metrics == nil {
-		metrics = &Metrics{}
-	}
-	if err := checkPlan(cfg.Profile, cfg.Cache); err != nil {
-		return nil, err
 	}
 	reg, err := register(cfg.Library, fmt.Sprintf("%s-tp%d", cfg.EngineID, cfg.Rank.TP), cfg.Backends,
 		resolveDataDevice(cfg.DataDevice, ""), cfg.Cache, false, log)

@@ -26,8 +26,7 @@ func TestPrefillExpiry(t *testing.T) {
 			clk := newFakeClock()
 			pr := newPair(t, p, pairOpts{hold: hold, prefillLog: plog, clock: clk})
 			ctx := ctxT(t, 30*time.Second)
-			kv, err := pr.pre.Prefill(ctx, "never-read", 3*tinyBlock, patternFill(pr.pcache, 3))
-			require.NoError(t, err)
+			kv := pr.prefill(t, ctx, "never-read", 3*tinyBlock, 3)
 			assert.EqualValues(t, 3, pr.preM.BlocksHeld.Load())
 			advanceAndSettle(t, pr.pre, clk, hold-time.Millisecond)
 			require.Equal(t, 1, pr.pre.Held(), "blocks must not be freed before the hold ends")
@@ -47,7 +46,7 @@ func TestPrefillExpiry(t *testing.T) {
 			assert.EqualValues(t, 3, f["blocks"])
 
 			// A decode peer that shows up late: its notification is for a request no longer held.
-			_, err = pr.dec.Pull(ctx, "late", kv, localBlocks(3, 0))
+			_, err := pr.dec.Pull(ctx, "late", kv, localBlocks(3, 0))
 			require.NoError(t, err)
 			require.Eventually(t, func() bool { return pr.preM.BadMessages.Load() == 1 }, 30*time.Second, 5*time.Millisecond)
 			assert.Zero(t, pr.preM.BlocksFreed.Load())
@@ -122,8 +121,7 @@ func TestPullRejectsBadParams(t *testing.T) {
 		t.Run(p.Name, func(t *testing.T) {
 			pr := newPair(t, p, pairOpts{prefillBlocks: 32, decodeBlocks: 16})
 			ctx := ctxT(t, 20*time.Second)
-			good, err := pr.pre.Prefill(ctx, "r", 2*tinyBlock, patternFill(pr.pcache, 9))
-			require.NoError(t, err)
+			good := pr.prefill(t, ctx, "r", 2*tinyBlock, 9)
 			local := []int{1, 2}
 			with := func(f func(k *protocol.KVTransferParams)) protocol.KVTransferParams {
 				k := good
@@ -160,7 +158,7 @@ func TestPullRejectsBadParams(t *testing.T) {
 				t.Logf("%s: %v", c.name, err)
 			}
 			// A foreign engine id at this address: the handshake names another engine.
-			_, err = pr.dec.Pull(ctx, "bad", with(func(k *protocol.KVTransferParams) { k.RemoteEngineID = "someone-else" }), local)
+			_, err := pr.dec.Pull(ctx, "bad", with(func(k *protocol.KVTransferParams) { k.RemoteEngineID = "someone-else" }), local)
 			require.ErrorIs(t, err, protocol.ErrEngineMismatch)
 
 			assert.EqualValues(t, len(cases)+1, pr.decM.RequestErrors.Load())
@@ -254,9 +252,8 @@ func TestBackendsConfig(t *testing.T) {
 	p, _ := protocol.ProfileByName("0.33")
 	pr := newPair(t, p, pairOpts{backends: ParseBackends([]string{"ucx"})})
 	ctx := ctxT(t, 10*time.Second)
-	kv, err := pr.pre.Prefill(ctx, "b", tinyBlock, patternFill(pr.pcache, 2))
-	require.NoError(t, err)
-	_, err = pr.dec.Pull(ctx, "b", kv, []int{1})
+	kv := pr.prefill(t, ctx, "b", tinyBlock, 2)
+	_, err := pr.dec.Pull(ctx, "b", kv, []int{1})
 	require.NoError(t, err)
 	requirePattern(t, pr.dcache, []int{1}, kv.RemoteBlockIDs[0], 2)
 	names := []string{}

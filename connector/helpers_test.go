@@ -238,6 +238,15 @@ func newPair(t testing.TB, p protocol.Profile, o pairOpts) *pair {
 	return pr
 }
 
+// prefill has the pair's prefill role prefill request id (tokens tokens, the pattern of seed) and returns its
+// kv_transfer_params.
+func (pr *pair) prefill(t testing.TB, ctx context.Context, id string, tokens, seed int) protocol.KVTransferParams {
+	t.Helper()
+	kv, err := pr.pre.Prefill(ctx, id, tokens, patternFill(pr.pcache, seed))
+	require.NoError(t, err)
+	return kv
+}
+
 // localBlocks returns n decode-side block ids (1..n, shifted by off) for a pull.
 func localBlocks(n, off int) []int {
 	out := make([]int, n)
@@ -246,6 +255,10 @@ func localBlocks(n, off int) []int {
 	}
 	return out
 }
+
+// LocalBlocks is localBlocks for the external tests (package connector_test); like every name in a _test.go
+// file it exists only in test builds.
+var LocalBlocks = localBlocks
 
 // ctxT is a context bounded by d and cancelled at the end of the test.
 func ctxT(t testing.TB, d time.Duration) context.Context {

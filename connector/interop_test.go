@@ -59,8 +59,7 @@ func TestInteropPythonDecodeGoPrefill(t *testing.T) {
 		t.Run(p.Name, func(t *testing.T) {
 			pr := newPair(t, p, pairOpts{})
 			ctx := ctxT(t, 60*time.Second)
-			kv, err := pr.pre.Prefill(ctx, "py-dec-1", 40, patternFill(pr.pcache, 21))
-			require.NoError(t, err)
+			kv := pr.prefill(t, ctx, "py-dec-1", 40, 21)
 			raw, err := p.EncodeParams(kv)
 			require.NoError(t, err)
 

@@ -21,12 +21,11 @@ func TestKeepAlive(t *testing.T) {
 			clk := newFakeClock()
 			pr := newPair(t, p, pairOpts{hold: hold, clock: clk})
 			ctx := ctxT(t, 60*time.Second)
-			kv, err := pr.pre.Prefill(ctx, "waiting", 2*tinyBlock, patternFill(pr.pcache, 5))
-			require.NoError(t, err)
+			kv := pr.prefill(t, ctx, "waiting", 2*tinyBlock, 5)
 
 			bad := kv
 			bad.RemoteRequestID = ""
-			_, err = pr.dec.KeepAlive(ctx, bad)
+			_, err := pr.dec.KeepAlive(ctx, bad)
 			require.ErrorIs(t, err, ErrBadParams)
 
 			stop, err := pr.dec.KeepAlive(ctx, kv)

@@ -116,8 +116,7 @@ func TestRegistrationGenerationRehandshake(t *testing.T) {
 	ctx := ctxT(t, 30*time.Second)
 	pull := func(id string, gen int64, local []int) {
 		t.Helper()
-		kv, err := pr.pre.Prefill(ctx, id, tinyBlock, patternFill(pr.pcache, 5))
-		require.NoError(t, err)
+		kv := pr.prefill(t, ctx, id, tinyBlock, 5)
 		require.EqualValues(t, 1, kv.RemoteRegistrationGeneration, "vLLM's first registration is generation 1")
 		b, err := p.EncodeParams(kv)
 		require.NoError(t, err)

@@ -38,8 +38,7 @@ func TestRolesOverLIBFABRIC(t *testing.T) {
 		t.Run(p.Name, func(t *testing.T) {
 			pr := newPair(t, p, pairOpts{backends: backends})
 			ctx := ctxT(t, 30*time.Second)
-			kv, err := pr.pre.Prefill(ctx, "lf", 40, patternFill(pr.pcache, 77))
-			require.NoError(t, err)
+			kv := pr.prefill(t, ctx, "lf", 40, 77)
 			local := localBlocks(3, 0)
 			res, err := pr.dec.Pull(ctx, "lf", kv, local)
 			require.NoError(t, err)

@@ -44,9 +44,8 @@ func TestRemoteEngineRefcount(t *testing.T) {
 	p, _ := protocol.ProfileByName("0.33")
 	pr := newPair(t, p, pairOpts{})
 	ctx := ctxT(t, 20*time.Second)
-	kv, err := pr.pre.Prefill(ctx, "a", tinyBlock, patternFill(pr.pcache, 1))
-	require.NoError(t, err)
-	_, err = pr.dec.Pull(ctx, "a", kv, []int{1})
+	kv := pr.prefill(t, ctx, "a", tinyBlock, 1)
+	_, err := pr.dec.Pull(ctx, "a", kv, []int{1})
 	require.NoError(t, err)
 
 	// An in-flight pull's reference.
@@ -62,8 +61,7 @@ func TestRemoteEngineRefcount(t *testing.T) {
 	require.Len(t, re.sources, 1, "the lists must survive while a pull holds the engine")
 
 	// The held lists still carry a transfer.
-	kvb, err := pr.pre.Prefill(ctx, "b", tinyBlock, patternFill(pr.pcache, 2))
-	require.NoError(t, err)
+	kvb := pr.prefill(t, ctx, "b", tinyBlock, 2)
 	notif, err := p.EncodeNotification(protocol.Notification{RequestID: kvb.RemoteRequestID, Count: 1})
 	require.NoError(t, err)
 	src := re.sources[0]
@@ -78,8 +76,7 @@ func TestRemoteEngineRefcount(t *testing.T) {
 	requirePattern(t, pr.dcache, []int{2}, kvb.RemoteBlockIDs[0], 2)
 
 	// A new pull must wait for the old generation to be released (bounded by its context).
-	kvc, err := pr.pre.Prefill(ctx, "c", tinyBlock, patternFill(pr.pcache, 3))
-	require.NoError(t, err)
+	kvc := pr.prefill(t, ctx, "c", tinyBlock, 3)
 	short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
 	_, err = pr.dec.Pull(short, "c", kvc, []int{3})
 	cancel()
@@ -137,8 +134,7 @@ func TestDecodeConcurrentPullsFailuresAndClose(t *testing.T) {
 		var wg sync.WaitGroup
 		errs := make(chan error, perRound+1)
 		for i := range healthy {
-			kv, err := pr.pre.Prefill(ctx, fmt.Sprintf("h%d-%d", round, i), tinyBlock, patternFill(pr.pcache, round*16+i))
-			require.NoError(t, err)
+			kv := pr.prefill(t, ctx, fmt.Sprintf("h%d-%d", round, i), tinyBlock, round*16+i)
 			wg.Go(func() {
 				l := []int{next()}
 				if _, err := pr.dec.Pull(ctx, kv.RemoteRequestID, kv, l); err != nil {
@@ -187,8 +183,7 @@ func TestDecodeConcurrentPullsFailuresAndClose(t *testing.T) {
 	var closedErrs, okPulls atomic.Int64
 	errs := make(chan error, 2*healthy)
 	for i := range 2 * healthy {
-		kv, err := pr.pre.Prefill(ctx, fmt.Sprintf("c-%d", i), tinyBlock, patternFill(pr.pcache, 200+i))
-		require.NoError(t, err)
+		kv := pr.prefill(t, ctx, fmt.Sprintf("c-%d", i), tinyBlock, 200+i)
 		wg.Go(func() {
 			_, err := pr.dec.Pull(ctx, kv.RemoteRequestID, kv, []int{next()})
 			switch {

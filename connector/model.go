@@ -3,6 +3,9 @@ package connector
 import (
 	"errors"
 	"fmt"
+	"strings"
+
+	"go.uber.org/zap"
 
 	"github.com/gonixl/gonixl/connector/protocol"
 	"github.com/gonixl/gonixl/layout"
@@ -151,6 +154,42 @@ func (s modelSpec) resolve(profile *protocol.Profile, compat *Compat, cache *Cac
 	}
 	*cache = c
 	return c, nil
+}
+
+// roleSpec is what PrefillConfig and DecodeConfig share to set their role up.
+type roleSpec struct {
+	role    string // "prefill" or "decode"
+	profile protocol.Profile
+	cache   Cache
+	tpRank  int
+	logger  *zap.Logger
+	metrics *Metrics
+}
+
+// setup checks that the profile is set and that the cache's region plan is the profile's layout era, defaults
+// the engine id (a random "gonixl-p-…" or "gonixl-d-…") and the TP size (1), and returns the role's logger
+// (tagged with the role, engine id and TP rank) and metrics (a private Metrics when none was given).
+func (s roleSpec) setup(engineID *string, tpSize *int) (*zap.Logger, *Metrics, error) {
+	if s.profile.Name == "" {
+		return nil, nil, fmt.Errorf("connector: %s%sConfig.Profile is not set (use protocol.ProfileFor)",
+			strings.ToUpper(s.role[:1]), s.role[1:])
+	}
+	if *engineID == "" {
+		*engineID = randomID("gonixl-" + s.role[:1] + "-")
+	}
+	if *tpSize <= 0 {
+		*tpSize = 1
+	}
+	log := s.logger
+	if log == nil {
+		log = zap.NewNop()
+	}
+	log = log.With(zap.String("role", s.role), zap.String("engine_id", *engineID), zap.Int("tp_rank", s.tpRank))
+	metrics := s.metrics
+	if metrics == nil {
+		metrics = &Metrics{}
+	}
+	return log, metrics, checkPlan(s.profile, s.cache)
 }
 
 // NewPrefill starts a prefill worker: it derives Profile, Compat and (when Cache is nil) a DRAM cache from

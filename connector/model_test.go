@@ -148,6 +148,8 @@ func TestModelRoles(t *testing.T) {
 	require.True(t, ok)
 	assert.Equal(t, g, own.Geometry())
 	assert.Equal(t, p.Name, dec.Profile().Name)
+	assert.Regexp(t, "^gonixl-p-[0-9a-f]{16}$", pre.EngineID(), "a random engine id by default")
+	assert.Regexp(t, "^gonixl-d-[0-9a-f]{16}$", dec.EngineID(), "a random engine id by default")
 
 	ctx := ctxT(t, 10*time.Second)
 	kv, err := pre.Prefill(ctx, "r1", 2*g.BlockSize, nil)

@@ -142,29 +142,13 @@ func randomID(prefix string) string {
 // newPrefill registers the cache, starts the side channel and the notification loop (NewPrefill, model.go,
 // first derives what a Model implies).
 func newPrefill(cfg PrefillConfig) (*Prefill, error) {
-	if cfg.Profile.Name == "" {
-		return nil, errors.New("connector: PrefillConfig.Profile is not set (use protocol.ProfileFor)")
-	}
-	if cfg.EngineID == "" {
-		cfg.EngineID = randomID("gonixl-p-")
-	}
-	if cfg.TPSize <= 0 {
-		cfg.TPSize = 1
+	log, metrics, err := roleSpec{role: "prefill", profile: cfg.Profile, cache: cfg.Cache, tpRank: cfg.Rank.TP,
+		logger: cfg.Logger, metrics: cfg.Metrics}.setup(&cfg.EngineID, &cfg.TPSize)
+	if err != nil {
+		return nil, err
 	}
 	if cfg.Host == "" {
 		cfg.Host = "127.0.0.1"
-	}
-	log := cfg.Logger
-	if log == nil {
-		log = zap.NewNop()
-	}
-	log = log.With(zap.String("role", "prefill"), zap.String("engine_id", cfg.EngineID), zap.Int("tp_rank", cfg.Rank.TP))
-	metrics := cfg.Metrics
-	if metrics == nil {
-		metrics = &Metrics{}
-	}
-	if err := checkPlan(cfg.Profile, cfg.Cache); err != nil {
-		return nil, err
 	}
 	// The prefill agent is the target of the decode peers' READs and receives their notifications: it runs
 	// without NIXL's progress thread and the role's loop drives progress (see nixl.AgentConfig.NoProgressThread).
@@ -175,7 +159,7 @@ func newPrefill(cfg PrefillConfig) (*Prefill, error) {
 		}
 	}
 	var reg *registered
-	err := withDevice(cfg.DeviceContext, func() (err error) {
+	err = withDevice(cfg.DeviceContext, func() (err error) {
 		reg, err = register(cfg.Library, fmt.Sprintf("%s-pp%d-tp%d", cfg.EngineID, cfg.Rank.PP, cfg.Rank.TP), cfg.Backends,
 			resolveDataDevice(cfg.DataDevice, host), cfg.Cache, true, log)
 		return err

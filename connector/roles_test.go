@@ -31,8 +31,7 @@ func TestRolesRoundTrip(t *testing.T) {
 			var total int64
 			for i, tokens := range []int{1, 16, 17, 40} {
 				id := fmt.Sprintf("req-%d", i)
-				kv, err := pr.pre.Prefill(ctx, id, tokens, patternFill(pr.pcache, i+1))
-				require.NoError(t, err)
+				kv := pr.prefill(t, ctx, id, tokens, i+1)
 				n := (tokens + tinyBlock - 1) / tinyBlock
 				checkParams(t, p, pr.pre, kv, id, tokens, n)
 				assert.Equal(t, 1, pr.pre.Held())
@@ -162,9 +161,7 @@ func TestRolesConcurrentPulls(t *testing.T) {
 	const reqs = 8
 	kvs := make([]protocol.KVTransferParams, reqs)
 	for i := range kvs {
-		var err error
-		kvs[i], err = pr.pre.Prefill(ctx, fmt.Sprintf("c-%d", i), 3*tinyBlock, patternFill(pr.pcache, 10+i))
-		require.NoError(t, err)
+		kvs[i] = pr.prefill(t, ctx, fmt.Sprintf("c-%d", i), 3*tinyBlock, 10+i)
 	}
 	var wg sync.WaitGroup
 	errs := make([]error, reqs)

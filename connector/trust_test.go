@@ -93,9 +93,8 @@ func TestDataPlaneStaysOnLoopback(t *testing.T) {
 	}
 	pr := newPair(t, p, pairOpts{decodeDevice: lo})
 	ctx := ctxT(t, 30*time.Second)
-	kv, err := pr.pre.Prefill(ctx, "lo", 2*tinyBlock, patternFill(pr.pcache, 5))
-	require.NoError(t, err)
-	_, err = pr.dec.Pull(ctx, "lo", kv, localBlocks(2, 0))
+	kv := pr.prefill(t, ctx, "lo", 2*tinyBlock, 5)
+	_, err := pr.dec.Pull(ctx, "lo", kv, localBlocks(2, 0))
 	require.NoError(t, err)
 	requirePattern(t, pr.dcache, localBlocks(2, 0), kv.RemoteBlockIDs[0], 5)
 	ls := listeners(t)
@@ -176,8 +175,7 @@ func TestNotifyFromAllowList(t *testing.T) {
 			return []string{"someone-else", decID + "-*"}
 		}})
 		ctx := ctxT(t, 30*time.Second)
-		kv, err := pr.pre.Prefill(ctx, "victim", 2*tinyBlock, patternFill(pr.pcache, 8))
-		require.NoError(t, err)
+		kv := pr.prefill(t, ctx, "victim", 2*tinyBlock, 8)
 		forge(t, pr, "victim")
 		// The counter moves before the log line is written: wait for the line.
 		const dropped = "notification from an agent outside NotifyFrom dropped"
@@ -188,7 +186,7 @@ func TestNotifyFromAllowList(t *testing.T) {
 		require.Len(t, rejected, 1)
 		assert.Contains(t, fieldsOf(rejected[0])["from"], "intruder-")
 
-		_, err = pr.dec.Pull(ctx, "victim", kv, localBlocks(2, 0))
+		_, err := pr.dec.Pull(ctx, "victim", kv, localBlocks(2, 0))
 		require.NoError(t, err)
 		requirePattern(t, pr.dcache, localBlocks(2, 0), kv.RemoteBlockIDs[0], 8)
 		require.Eventually(t, func() bool { return pr.pre.Held() == 0 }, 30*time.Second, time.Millisecond,

@@ -152,3 +152,11 @@ func TestLeaseExtension(t *testing.T) {
 		assert.InDelta(t, float64(c.want), float64(pr.leaseExtension()), float64(time.Microsecond), "%s hold %v", c.p.Name, c.hold)
 	}
 }
+
+// A role without a profile is refused before anything is registered, with the config field to set.
+func TestRolesNeedAProfile(t *testing.T) {
+	_, err := NewPrefill(PrefillConfig{})
+	require.ErrorContains(t, err, "connector: PrefillConfig.Profile is not set")
+	_, err = NewDecode(DecodeConfig{})
+	require.ErrorContains(t, err, "connector: DecodeConfig.Profile is not set")
+}

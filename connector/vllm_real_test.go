@@ -77,10 +77,13 @@ func vllmPython(t *testing.T, version string) string {
 }
 
 // realModel writes the model folder; its path is vLLM's model name, hashed as "model".
-func realModel(t *testing.T) string {
-	dir := filepath.Join(t.TempDir(), "qwen3-0.6b-4l")
+func realModel(t *testing.T) string { return writeModel(t, "qwen3-0.6b-4l", realLayers) }
+
+// writeModel writes a model folder named name with the tier's model of the given number of layers.
+func writeModel(t *testing.T, name string, layers int) string {
+	dir := filepath.Join(t.TempDir(), name)
 	require.NoError(t, os.MkdirAll(dir, 0o755))
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "config.json"), []byte(fmt.Sprintf(qwen3Config, realKVHeads, realHeadDim, realLayers)), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "config.json"), []byte(fmt.Sprintf(qwen3Config, realKVHeads, realHeadDim, layers)), 0o644))
 	return dir
 }
 
@@ -93,12 +96,14 @@ func realCompat(p protocol.Profile, version, model string) connector.Compat {
 	return connector.Compat{CompatInputs: in}
 }
 
-func realGeom(t *testing.T, p protocol.Profile) layout.Geometry { return realGeomN(t, p, realBlocks) }
+func realGeom(t *testing.T, p protocol.Profile) layout.Geometry {
+	return realGeomN(t, p, realLayers, realBlocks)
+}
 
-func realGeomN(t *testing.T, p protocol.Profile, numBlocks int) layout.Geometry {
+func realGeomN(t *testing.T, p protocol.Profile, layers, numBlocks int) layout.Geometry {
 	plan, err := connector.PlanFor(p)
 	require.NoError(t, err)
-	g := layout.Geometry{NumLayers: realLayers, NumBlocks: numBlocks, BlockSize: realBlockSize, NumKVHeads: realKVHeads,
+	g := layout.Geometry{NumLayers: layers, NumBlocks: numBlocks, BlockSize: realBlockSize, NumKVHeads: realKVHeads,
 		HeadDim: realHeadDim, DType: layout.BF16, Order: layout.HND, Plan: plan}
 	require.NoError(t, g.Validate())
 	return g
@@ -308,34 +313,110 @@ func realNIXL(t *testing.T) *nixl.Library {
 	return realLib
 }
 
-// TestVLLMReal runs vLLM's own NixlConnector against gonixl's roles, per release, both directions at once
-// (one vLLM process per direction).
-func TestVLLMReal(t *testing.T) {
-	lib := realNIXL(t)
+// release is one vLLM release of the tier: its version string, the interpreter of its venv, and its profile.
+type release struct {
+	version string
+	py      string
+	p       protocol.Profile
+}
+
+// eachRelease runs fn as a subtest per release of vllmVersions.
+func eachRelease(t *testing.T, fn func(t *testing.T, r release)) {
 	for _, v := range vllmVersions() {
 		t.Run(v, func(t *testing.T) {
 			py := vllmPython(t, v)
 			p, err := protocol.ProfileFor(v)
 			require.NoError(t, err)
-			model := realModel(t)
-			t.Run("vllm-decode-gonixl-prefill", func(t *testing.T) {
-				t.Parallel()
-				vllmDecodeGoPrefill(t, lib, py, v, p, model)
-			})
-			t.Run("gonixl-decode-vllm-prefill", func(t *testing.T) {
-				t.Parallel()
-				goDecodeVLLMPrefill(t, lib, py, v, p, model)
-			})
+			fn(t, release{version: v, py: py, p: p})
 		})
 	}
 }
 
+// closeAtEnd closes c at the end of the test, failing it if Close fails.
+func closeAtEnd(t *testing.T, c interface{ Close() error }) {
+	t.Cleanup(func() { require.NoError(t, c.Close()) })
+}
+
+// realCache allocates a DRAM cache of geometry g, closed at the end of the test.
+func realCache(t *testing.T, g layout.Geometry) *connector.DRAMCache {
+	c, err := connector.NewDRAMCache(g, false)
+	require.NoError(t, err)
+	closeAtEnd(t, c)
+	return c
+}
+
+// startPrefill and startDecode start gonixl's roles, closed at the end of the test (before the caches made
+// earlier).
+func startPrefill(t *testing.T, cfg connector.PrefillConfig) *connector.Prefill {
+	pre, err := connector.NewPrefill(cfg)
+	require.NoError(t, err)
+	closeAtEnd(t, pre)
+	return pre
+}
+
+func startDecode(t *testing.T, cfg connector.DecodeConfig) *connector.Decode {
+	dec, err := connector.NewDecode(cfg)
+	require.NoError(t, err)
+	closeAtEnd(t, dec)
+	return dec
+}
+
+// prefill has vLLM's prefill instance prefill a request (its KV filled from seed) and returns the "params" event.
+func (d *driver) prefill(ctx context.Context, reqID string, tokens, seed int) event {
+	d.t.Helper()
+	d.send(map[string]any{"cmd": "prefill", "req_id": reqID, "num_tokens": tokens, "seed": seed})
+	return d.next(ctx, "params", reqID)
+}
+
+// pull has vLLM's decode instance read a request with P's kv_transfer_params (holding it waiting for hold
+// first) and returns the "pulled" event.
+func (d *driver) pull(ctx context.Context, reqID string, tokens int, params json.RawMessage, hold time.Duration) event {
+	d.t.Helper()
+	d.send(map[string]any{"cmd": "pull", "req_id": reqID, "num_tokens": tokens, "kv_transfer_params": params,
+		"hold_s": hold.Seconds()})
+	return d.next(ctx, "pulled", reqID)
+}
+
+// decodeParams decodes the kv_transfer_params of vLLM's "params" event.
+func decodeParams(t *testing.T, p protocol.Profile, ev event) protocol.KVTransferParams {
+	t.Helper()
+	kv, err := p.DecodeParams(ev.Params)
+	require.NoError(t, err, "vLLM's kv_transfer_params: %s", ev.Params)
+	return kv
+}
+
+// encodeParams encodes gonixl's kv_transfer_params for vLLM's decode.
+func encodeParams(t *testing.T, p protocol.Profile, kv protocol.KVTransferParams) json.RawMessage {
+	t.Helper()
+	raw, err := p.EncodeParams(kv)
+	require.NoError(t, err)
+	return raw
+}
+
+// TestVLLMReal runs vLLM's own NixlConnector against gonixl's roles, per release, both directions at once
+// (one vLLM process per direction).
+func TestVLLMReal(t *testing.T) {
+	lib := realNIXL(t)
+	eachRelease(t, func(t *testing.T, r release) {
+		model := realModel(t)
+		t.Run("vllm-decode-gonixl-prefill", func(t *testing.T) {
+			t.Parallel()
+			vllmDecodeGoPrefill(t, lib, r, model)
+		})
+		t.Run("gonixl-decode-vllm-prefill", func(t *testing.T) {
+			t.Parallel()
+			goDecodeVLLMPrefill(t, lib, r, model)
+		})
+	})
+}
+
 // (a) vLLM decode ← gonixl prefill.
-func vllmDecodeGoPrefill(t *testing.T, lib *nixl.Library, py, version string, p protocol.Profile, model string) {
+func vllmDecodeGoPrefill(t *testing.T, lib *nixl.Library, r release, model string) {
+	version, p := r.version, r.p
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	// vLLM's decode heartbeats every kv_lease_duration // 6 s: 1 s with a 6 s lease.
-	d := startDriver(t, ctx, py, "decode", model, realBlocks, "--lease", "6")
+	d := startDriver(t, ctx, r.py, "decode", model, realBlocks, "--lease", "6")
 	t.Logf("vLLM %s decode ready (import and setup %.1f s): backend %s, kv_cache_layout %q, %d regions of %d-byte blocks",
 		d.ready.Version, d.ready.ImportS, d.ready.Backend, d.ready.Layout, d.ready.Regions, d.ready.BlockLen)
 	require.Equal(t, version, d.ready.Version)
@@ -350,23 +431,15 @@ func vllmDecodeGoPrefill(t *testing.T, lib *nixl.Library, py, version string, p 
 	require.Equal(t, d.ready.BlockLen, g.BlockLen(), "bytes per block and region")
 
 	newPrefill := func(hold time.Duration) (*connector.Prefill, *connector.DRAMCache, *connector.Metrics) {
-		c, err := connector.NewDRAMCache(g, false)
-		require.NoError(t, err)
-		t.Cleanup(func() { require.NoError(t, c.Close()) })
+		c := realCache(t, g)
 		m := &connector.Metrics{}
-		pre, err := connector.NewPrefill(connector.PrefillConfig{Profile: p, Library: lib, Cache: c, Compat: compat,
+		pre := startPrefill(t, connector.PrefillConfig{Profile: p, Library: lib, Cache: c, Compat: compat,
 			Metrics: m, HoldTimeout: hold, EngineID: fmt.Sprintf("gonixl-prefill-%s-%d", version, time.Now().UnixNano())})
-		require.NoError(t, err)
-		t.Cleanup(func() { require.NoError(t, pre.Close()) })
 		return pre, c, m
 	}
 	pre, c, m := newPrefill(0) // vLLM's defaults: lease or abort timeout
 	pull := func(id string, kv protocol.KVTransferParams, tokens int, hold time.Duration) event {
-		raw, err := p.EncodeParams(kv)
-		require.NoError(t, err)
-		d.send(map[string]any{"cmd": "pull", "req_id": "vllm-" + id, "num_tokens": tokens,
-			"kv_transfer_params": json.RawMessage(raw), "hold_s": hold.Seconds()})
-		return d.next(ctx, "pulled", "vllm-"+id)
+		return d.pull(ctx, "vllm-"+id, tokens, encodeParams(t, p, kv), hold)
 	}
 
 	// Two requests, block size 32: 100 tokens (4 blocks, the last partial) and 600 (19 blocks).
@@ -413,37 +486,28 @@ func vllmDecodeGoPrefill(t *testing.T, lib *nixl.Library, py, version string, p 
 }
 
 // (b) gonixl decode ← vLLM prefill.
-func goDecodeVLLMPrefill(t *testing.T, lib *nixl.Library, py, version string, p protocol.Profile, model string) {
+func goDecodeVLLMPrefill(t *testing.T, lib *nixl.Library, r release, model string) {
+	version, p := r.version, r.p
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	const lease = 5 // kv_lease_duration of vLLM's prefill (releases with leases)
-	d := startDriver(t, ctx, py, "prefill", model, 4*realBlocks, "--lease", fmt.Sprint(lease))
+	d := startDriver(t, ctx, r.py, "prefill", model, 4*realBlocks, "--lease", fmt.Sprint(lease))
 	t.Logf("vLLM %s prefill ready (import and setup %.1f s): backend %s, kv_cache_layout %q", d.ready.Version, d.ready.ImportS, d.ready.Backend, d.ready.Layout)
 	require.Equal(t, version, d.ready.Version)
 	compat := realCompat(p, version, model)
-	g := realGeom(t, p)
-	c, err := connector.NewDRAMCache(g, false)
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, c.Close()) })
+	c := realCache(t, realGeom(t, p))
 	m := &connector.Metrics{}
-	dec, err := connector.NewDecode(connector.DecodeConfig{Profile: p, Library: lib, Cache: c, Compat: compat, Metrics: m})
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, dec.Close()) })
+	dec := startDecode(t, connector.DecodeConfig{Profile: p, Library: lib, Cache: c, Compat: compat, Metrics: m})
 
 	next := 1
 	for i, tokens := range []int{100, 600} {
 		id := fmt.Sprintf("req-%d", i)
-		d.send(map[string]any{"cmd": "prefill", "req_id": id, "num_tokens": tokens, "seed": i + 1})
-		ev := d.next(ctx, "params", id)
-		kv, err := p.DecodeParams(ev.Params)
-		require.NoError(t, err, "vLLM's kv_transfer_params: %s", ev.Params)
+		ev := d.prefill(ctx, id, tokens, i+1)
+		kv := decodeParams(t, p, ev)
 		require.Len(t, kv.RemoteBlockIDs, 1)
 		nb := len(kv.RemoteBlockIDs[0])
 		require.Equal(t, (tokens+realBlockSize-1)/realBlockSize, nb)
-		local := make([]int, nb)
-		for j := range local {
-			local[j] = next + j
-		}
+		local := connector.LocalBlocks(nb, next-1)
 		next += nb
 		res, err := dec.Pull(ctx, "gonixl-"+id, kv, local)
 		require.NoError(t, err)
@@ -466,20 +530,13 @@ func goDecodeVLLMPrefill(t *testing.T, lib *nixl.Library, py, version string, p 
 		hp := p
 		hp.HeartbeatInterval = time.Second
 		hm := &connector.Metrics{}
-		hdec, err := connector.NewDecode(connector.DecodeConfig{Profile: hp, Library: lib, Cache: c, Compat: compat, Metrics: hm})
-		require.NoError(t, err)
-		t.Cleanup(func() { require.NoError(t, hdec.Close()) })
-		d.send(map[string]any{"cmd": "prefill", "req_id": "hb", "num_tokens": 100, "seed": 7})
-		ev := d.next(ctx, "params", "hb")
-		kv, err := p.DecodeParams(ev.Params)
-		require.NoError(t, err)
+		hdec := startDecode(t, connector.DecodeConfig{Profile: hp, Library: lib, Cache: c, Compat: compat, Metrics: hm})
+		ev := d.prefill(ctx, "hb", 100, 7)
+		kv := decodeParams(t, p, ev)
 		stop, err := hdec.KeepAlive(ctx, kv)
 		require.NoError(t, err)
 		time.Sleep(2 * lease * time.Second)
-		local := make([]int, len(kv.RemoteBlockIDs[0]))
-		for j := range local {
-			local[j] = 1 + j
-		}
+		local := connector.LocalBlocks(len(kv.RemoteBlockIDs[0]), 0)
 		res, err := hdec.Pull(ctx, "gonixl-hb", kv, local)
 		stop()
 		require.NoError(t, err, "vLLM's prefill let the lease expire although gonixl heartbeated")
@@ -521,77 +578,54 @@ func int64sToInts(v []int64) []int {
 // KV heads of every block, and gonixl frees the blocks once both ranks notified.
 func TestVLLMRealHeteroTP(t *testing.T) {
 	lib := realNIXL(t)
-	for _, v := range vllmVersions() {
-		t.Run(v, func(t *testing.T) {
-			py := vllmPython(t, v)
-			p, err := protocol.ProfileFor(v)
+	eachRelease(t, func(t *testing.T, rel release) {
+		v, p := rel.version, rel.p
+		model := realModel(t)
+		t.Run("vllm-decode-tp2-gonixl-prefill-tp1", func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+			defer cancel()
+			d := startTP2(t, ctx, rel.py, "decode", model)
+			c := realCache(t, realGeom(t, p))
+			m := &connector.Metrics{}
+			pre := startPrefill(t, connector.PrefillConfig{Profile: p, Library: lib, Cache: c, Compat: realCompat(p, v, model), Metrics: m,
+				EngineID: fmt.Sprintf("gonixl-prefill-tp1-%s-%d", v, time.Now().UnixNano())})
+			const tokens = 300
+			kv, err := pre.Prefill(ctx, "tp", tokens, randomFill(c))
 			require.NoError(t, err)
-			model := realModel(t)
-			t.Run("vllm-decode-tp2-gonixl-prefill-tp1", func(t *testing.T) {
-				ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
-				defer cancel()
-				d := startTP2(t, ctx, py, "decode", model)
-				compat := realCompat(p, v, model)
-				g := realGeom(t, p)
-				c, err := connector.NewDRAMCache(g, false)
-				require.NoError(t, err)
-				t.Cleanup(func() { require.NoError(t, c.Close()) })
-				m := &connector.Metrics{}
-				pre, err := connector.NewPrefill(connector.PrefillConfig{Profile: p, Library: lib, Cache: c, Compat: compat, Metrics: m,
-					EngineID: fmt.Sprintf("gonixl-prefill-tp1-%s-%d", v, time.Now().UnixNano())})
-				require.NoError(t, err)
-				t.Cleanup(func() { require.NoError(t, pre.Close()) })
-				const tokens = 300
-				kv, err := pre.Prefill(ctx, "tp", tokens, randomFill(c))
-				require.NoError(t, err)
-				raw, err := p.EncodeParams(kv)
-				require.NoError(t, err)
-				d.send(map[string]any{"cmd": "pull", "req_id": "vllm-tp", "num_tokens": tokens, "kv_transfer_params": json.RawMessage(raw)})
-				res := d.next(ctx, "pulled", "vllm-tp")
-				require.True(t, res.OK, res.raw)
-				require.Len(t, res.RankHashes, 2)
-				blocks := int64sToInts(kv.RemoteBlockIDs[0])
-				for r := range 2 {
-					assert.Equal(t, headHalfHashes(c, blocks, r), res.RankHashes[r], "vLLM rank %d received other bytes than its heads of gonixl's blocks", r)
-				}
-				require.Eventually(t, func() bool { return pre.Held() == 0 }, time.Minute, 10*time.Millisecond)
-				assert.EqualValues(t, 2, m.Notifications.Load(), "one notification per vLLM rank")
-				assert.Zero(t, m.RequestsExpired.Load())
-				t.Logf("vLLM %s decode TP 2 read %d blocks from gonixl's prefill TP 1 in %.3f s", v, len(blocks), res.Seconds)
-			})
-			t.Run("gonixl-decode-tp1-vllm-prefill-tp2", func(t *testing.T) {
-				ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
-				defer cancel()
-				d := startTP2(t, ctx, py, "prefill", model)
-				c, err := connector.NewDRAMCache(realGeom(t, p), false)
-				require.NoError(t, err)
-				t.Cleanup(func() { require.NoError(t, c.Close()) })
-				m := &connector.Metrics{}
-				dec, err := connector.NewDecode(connector.DecodeConfig{Profile: p, Library: lib, Cache: c, Compat: realCompat(p, v, model), Metrics: m})
-				require.NoError(t, err)
-				t.Cleanup(func() { require.NoError(t, dec.Close()) })
-				d.send(map[string]any{"cmd": "prefill", "req_id": "tp", "num_tokens": 300, "seed": 5})
-				ev := d.next(ctx, "params", "tp")
-				kv, err := p.DecodeParams(ev.Params)
-				require.NoError(t, err)
-				require.Equal(t, 2, kv.TPSize)
-				local := make([]int, len(kv.RemoteBlockIDs[0]))
-				for j := range local {
-					local[j] = 3 + j
-				}
-				res, err := dec.Pull(ctx, "gonixl-tp", kv, local)
-				require.NoError(t, err)
-				require.Len(t, ev.RankHashes, 2)
-				for r := range 2 {
-					assert.Equal(t, ev.RankHashes[r], headHalfHashes(c, local, r), "gonixl's heads of vLLM rank %d differ from that rank's blocks", r)
-				}
-				fin := d.next(ctx, "finished_sending", "tp")
-				assert.Zero(t, fin.Expired, "vLLM released the request at expiry, not on gonixl's notifications")
-				t.Logf("gonixl decode TP 1 read %d blocks (%d bytes) from vLLM %s prefill TP 2 in %v; vLLM released it %.3f s after publishing",
-					res.Blocks, res.Bytes, v, res.Transfer, fin.AfterS)
-			})
+			res := d.pull(ctx, "vllm-tp", tokens, encodeParams(t, p, kv), 0)
+			require.True(t, res.OK, res.raw)
+			require.Len(t, res.RankHashes, 2)
+			blocks := int64sToInts(kv.RemoteBlockIDs[0])
+			for r := range 2 {
+				assert.Equal(t, headHalfHashes(c, blocks, r), res.RankHashes[r], "vLLM rank %d received other bytes than its heads of gonixl's blocks", r)
+			}
+			require.Eventually(t, func() bool { return pre.Held() == 0 }, time.Minute, 10*time.Millisecond)
+			assert.EqualValues(t, 2, m.Notifications.Load(), "one notification per vLLM rank")
+			assert.Zero(t, m.RequestsExpired.Load())
+			t.Logf("vLLM %s decode TP 2 read %d blocks from gonixl's prefill TP 1 in %.3f s", v, len(blocks), res.Seconds)
 		})
-	}
+		t.Run("gonixl-decode-tp1-vllm-prefill-tp2", func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+			defer cancel()
+			d := startTP2(t, ctx, rel.py, "prefill", model)
+			c := realCache(t, realGeom(t, p))
+			dec := startDecode(t, connector.DecodeConfig{Profile: p, Library: lib, Cache: c, Compat: realCompat(p, v, model), Metrics: &connector.Metrics{}})
+			ev := d.prefill(ctx, "tp", 300, 5)
+			kv := decodeParams(t, p, ev)
+			require.Equal(t, 2, kv.TPSize)
+			local := connector.LocalBlocks(len(kv.RemoteBlockIDs[0]), 2)
+			res, err := dec.Pull(ctx, "gonixl-tp", kv, local)
+			require.NoError(t, err)
+			require.Len(t, ev.RankHashes, 2)
+			for r := range 2 {
+				assert.Equal(t, ev.RankHashes[r], headHalfHashes(c, local, r), "gonixl's heads of vLLM rank %d differ from that rank's blocks", r)
+			}
+			fin := d.next(ctx, "finished_sending", "tp")
+			assert.Zero(t, fin.Expired, "vLLM released the request at expiry, not on gonixl's notifications")
+			t.Logf("gonixl decode TP 1 read %d blocks (%d bytes) from vLLM %s prefill TP 2 in %v; vLLM released it %.3f s after publishing",
+				res.Blocks, res.Bytes, v, res.Transfer, fin.AfterS)
+		})
+	})
 }
 
 // startTP2 starts the two ranks of a vLLM instance with TP 2 (they join each other's process group before

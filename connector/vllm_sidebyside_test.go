@@ -2,10 +2,8 @@ package connector_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -16,8 +14,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gonixl/gonixl/connector"
-	"github.com/gonixl/gonixl/connector/protocol"
-	"github.com/gonixl/gonixl/layout"
 )
 
 // TestVLLMSideBySide reads the same request shape from the same vLLM prefill worker (vLLM's own
@@ -44,117 +40,94 @@ func TestVLLMSideBySide(t *testing.T) {
 		runs = n
 	}
 	lib := realNIXL(t)
-	for _, version := range vllmVersions() {
-		t.Run(version, func(t *testing.T) {
-			py := vllmPython(t, version)
-			p, err := protocol.ProfileFor(version)
-			require.NoError(t, err)
-			const (
-				layers = 28
-				blocks = 63
-				tokens = blocks * realBlockSize
-			)
-			model := filepath.Join(t.TempDir(), "qwen3-0.6b")
-			require.NoError(t, os.MkdirAll(model, 0o755))
-			require.NoError(t, os.WriteFile(filepath.Join(model, "config.json"), []byte(fmt.Sprintf(qwen3Config, realKVHeads, realHeadDim, layers)), 0o644))
-			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
-			defer cancel()
-			pre := startDriver(t, ctx, py, "prefill", model, 2*blocks+4)
-			dec := startDriver(t, ctx, py, "decode", model, blocks+8)
-			require.Equal(t, version, pre.ready.Version)
+	eachRelease(t, func(t *testing.T, r release) {
+		version, p := r.version, r.p
+		const (
+			layers = 28
+			blocks = 63
+			tokens = blocks * realBlockSize
+		)
+		model := writeModel(t, "qwen3-0.6b", layers)
+		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+		defer cancel()
+		pre := startDriver(t, ctx, r.py, "prefill", model, 2*blocks+4)
+		dec := startDriver(t, ctx, r.py, "decode", model, blocks+8)
+		require.Equal(t, version, pre.ready.Version)
 
-			compat := realCompat(p, version, model)
-			compat.NumHiddenLayers = layers
-			plan, err := connector.PlanFor(p)
-			require.NoError(t, err)
-			g := layout.Geometry{NumLayers: layers, NumBlocks: blocks + 8, BlockSize: realBlockSize, NumKVHeads: realKVHeads,
-				HeadDim: realHeadDim, DType: layout.BF16, Order: layout.HND, Plan: plan}
-			require.NoError(t, g.Validate())
-			c, err := connector.NewDRAMCache(g, false)
-			require.NoError(t, err)
-			t.Cleanup(func() { require.NoError(t, c.Close()) })
-			m := &connector.Metrics{}
-			gd, err := connector.NewDecode(connector.DecodeConfig{Profile: p, Library: lib, Cache: c, Compat: compat, Metrics: m})
-			require.NoError(t, err)
-			t.Cleanup(func() { require.NoError(t, gd.Close()) })
-			local := make([]int, blocks)
-			for i := range local {
-				local[i] = 1 + i
-			}
+		compat := realCompat(p, version, model)
+		compat.NumHiddenLayers = layers
+		g := realGeomN(t, p, layers, blocks+8)
+		c := realCache(t, g)
+		m := &connector.Metrics{}
+		gd := startDecode(t, connector.DecodeConfig{Profile: p, Library: lib, Cache: c, Compat: compat, Metrics: m})
+		local := connector.LocalBlocks(blocks, 0)
 
-			type sample struct {
-				handshake, read time.Duration
-				bytes           int64
-				xfers           int
+		type sample struct {
+			handshake, read time.Duration
+			bytes           int64
+			xfers           int
+		}
+		var vs, gs []sample
+		seq := 0
+		prefill := func() event {
+			seq++
+			return pre.prefill(ctx, fmt.Sprintf("sbs-%d", seq), tokens, seq)
+		}
+		readVLLM := func() {
+			ev := prefill()
+			res := dec.pull(ctx, "vllm-"+ev.ReqID, tokens, ev.Params, 0)
+			require.True(t, res.OK, "vLLM's READ failed: %s", res.raw)
+			require.Equal(t, ev.Hashes, res.Hashes, "vLLM's decode received other bytes than its prefill held")
+			require.Positive(t, res.ReadS, "no READ timing from vLLM's worker: %s", res.raw)
+			pre.next(ctx, "finished_sending", ev.ReqID)
+			vs = append(vs, sample{handshake: secs(res.HandshakeS), read: secs(res.ReadS), bytes: int64(blocks) * g.BlockLen() * int64(g.NumRegions()), xfers: res.Xfers})
+		}
+		readGonixl := func() {
+			ev := prefill()
+			res, err := gd.Pull(ctx, "gonixl-"+ev.ReqID, decodeParams(t, p, ev), local)
+			require.NoError(t, err)
+			require.Equal(t, ev.Hashes, blockHashes(c, local), "gonixl's decode received other bytes than vLLM's prefill held")
+			pre.next(ctx, "finished_sending", ev.ReqID)
+			gs = append(gs, sample{handshake: res.Handshake, read: res.Transfer, bytes: res.Bytes, xfers: 1})
+		}
+		for i := range runs {
+			if i%2 == 0 {
+				readVLLM()
+				readGonixl()
+			} else {
+				readGonixl()
+				readVLLM()
 			}
-			var vs, gs []sample
-			seq := 0
-			prefill := func() (event, json.RawMessage) {
-				seq++
-				id := fmt.Sprintf("sbs-%d", seq)
-				pre.send(map[string]any{"cmd": "prefill", "req_id": id, "num_tokens": tokens, "seed": seq})
-				ev := pre.next(ctx, "params", id)
-				return ev, ev.Params
-			}
-			readVLLM := func() {
-				ev, raw := prefill()
-				dec.send(map[string]any{"cmd": "pull", "req_id": "vllm-" + ev.ReqID, "num_tokens": tokens, "kv_transfer_params": raw})
-				res := dec.next(ctx, "pulled", "vllm-"+ev.ReqID)
-				require.True(t, res.OK, "vLLM's READ failed: %s", res.raw)
-				require.Equal(t, ev.Hashes, res.Hashes, "vLLM's decode received other bytes than its prefill held")
-				require.Positive(t, res.ReadS, "no READ timing from vLLM's worker: %s", res.raw)
-				pre.next(ctx, "finished_sending", ev.ReqID)
-				vs = append(vs, sample{handshake: secs(res.HandshakeS), read: secs(res.ReadS), bytes: int64(blocks) * g.BlockLen() * int64(g.NumRegions()), xfers: res.Xfers})
-			}
-			readGonixl := func() {
-				ev, raw := prefill()
-				kv, err := p.DecodeParams(raw)
-				require.NoError(t, err)
-				res, err := gd.Pull(ctx, "gonixl-"+ev.ReqID, kv, local)
-				require.NoError(t, err)
-				require.Equal(t, ev.Hashes, blockHashes(c, local), "gonixl's decode received other bytes than vLLM's prefill held")
-				pre.next(ctx, "finished_sending", ev.ReqID)
-				gs = append(gs, sample{handshake: res.Handshake, read: res.Transfer, bytes: res.Bytes, xfers: 1})
-			}
-			for i := range runs {
-				if i%2 == 0 {
-					readVLLM()
-					readGonixl()
-				} else {
-					readGonixl()
-					readVLLM()
-				}
-			}
+		}
 
-			// The handshake happens once per reader (the first run); the READs of every run.
-			reads := func(s []sample) []time.Duration {
-				out := make([]time.Duration, len(s))
-				for i, x := range s {
-					out[i] = x.read
-				}
-				slices.Sort(out)
-				return out
+		// The handshake happens once per reader (the first run); the READs of every run.
+		reads := func(s []sample) []time.Duration {
+			out := make([]time.Duration, len(s))
+			for i, x := range s {
+				out[i] = x.read
 			}
-			vr, gr := reads(vs), reads(gs)
-			med := func(d []time.Duration) time.Duration { return d[len(d)/2] }
-			gb := func(n int64, d time.Duration) float64 { return float64(n) / d.Seconds() / 1e9 }
-			var b strings.Builder
-			tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
-			fmt.Fprintf(tw, "reader\thandshake ms\tREAD ms (min / median / max)\tGB/s (median)\tREAD requests\t\n")
-			row := func(name string, s []sample, r []time.Duration) {
-				fmt.Fprintf(tw, "%s\t%.1f\t%.1f / %.1f / %.1f\t%.2f\t%d\t\n", name, ms(s[0].handshake), ms(r[0]), ms(med(r)), ms(r[len(r)-1]),
-					gb(s[0].bytes, med(r)), s[0].xfers)
-			}
-			row("vLLM "+version+" decode", vs, vr)
-			row("gonixl decode", gs, gr)
-			tw.Flush()
-			xRead := med(vr).Seconds() / med(gr).Seconds()
-			xHS := vs[0].handshake.Seconds() / gs[0].handshake.Seconds()
-			t.Logf("side by side, vLLM %s prefill (CPU platform, real NIXL), %d runs per reader alternating, %d bytes per READ:\n%s"+
-				"x_vllm (READ, medians): %.2f   x_vllm (handshake): %.2f   (above 1: gonixl faster)", version, runs, gs[0].bytes, b.String(), xRead, xHS)
-			require.EqualValues(t, 1, m.Handshakes.Load(), "gonixl handshook once")
-		})
-	}
+			slices.Sort(out)
+			return out
+		}
+		vr, gr := reads(vs), reads(gs)
+		med := func(d []time.Duration) time.Duration { return d[len(d)/2] }
+		gb := func(n int64, d time.Duration) float64 { return float64(n) / d.Seconds() / 1e9 }
+		var b strings.Builder
+		tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintf(tw, "reader\thandshake ms\tREAD ms (min / median / max)\tGB/s (median)\tREAD requests\t\n")
+		row := func(name string, s []sample, r []time.Duration) {
+			fmt.Fprintf(tw, "%s\t%.1f\t%.1f / %.1f / %.1f\t%.2f\t%d\t\n", name, ms(s[0].handshake), ms(r[0]), ms(med(r)), ms(r[len(r)-1]),
+				gb(s[0].bytes, med(r)), s[0].xfers)
+		}
+		row("vLLM "+version+" decode", vs, vr)
+		row("gonixl decode", gs, gr)
+		tw.Flush()
+		xRead := med(vr).Seconds() / med(gr).Seconds()
+		xHS := vs[0].handshake.Seconds() / gs[0].handshake.Seconds()
+		t.Logf("side by side, vLLM %s prefill (CPU platform, real NIXL), %d runs per reader alternating, %d bytes per READ:\n%s"+
+			"x_vllm (READ, medians): %.2f   x_vllm (handshake): %.2f   (above 1: gonixl faster)", version, runs, gs[0].bytes, b.String(), xRead, xHS)
+		require.EqualValues(t, 1, m.Handshakes.Load(), "gonixl handshook once")
+	})
 }
 
 func secs(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }

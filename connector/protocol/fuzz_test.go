@@ -15,26 +15,11 @@ import (
 
 func seedHex(f *testing.F, add func(b []byte)) {
 	for _, v := range loadVectors(f) {
-		for _, c := range v.Metadata {
-			b, _ := hex.DecodeString(c.Hex)
-			add(b)
-		}
-		for _, c := range v.MetadataDecode {
-			b, _ := hex.DecodeString(c.Hex)
-			add(b)
-		}
-		for _, c := range v.Payload {
-			b, _ := hex.DecodeString(c.Hex)
-			add(b)
-		}
-		for _, c := range v.Requests {
-			b, _ := hex.DecodeString(c.Hex)
-			add(b)
-		}
-		for _, c := range v.Clock {
-			b, _ := hex.DecodeString(c.Hex)
-			add(b)
-		}
+		seedCases(v.Metadata, add)
+		seedCases(v.MetadataDecode, add)
+		seedCases(v.Payload, add)
+		seedCases(v.Requests, add)
+		seedCases(v.Clock, add)
 	}
 	for _, rv := range loadRealVectors(f) { // what vLLM's own connector sent
 		b, _ := hex.DecodeString(rv.Handshake.PayloadHex)
@@ -45,23 +30,28 @@ func seedHex(f *testing.F, add func(b []byte)) {
 	}
 }
 
+func seedCases[C interface{ bytes() []byte }](cases []C, add func(b []byte)) {
+	for _, c := range cases {
+		add(c.bytes())
+	}
+}
+
+// seedEveryProfile adds b once per profile (the targets' second argument picks the profile).
+func seedEveryProfile(f *testing.F, b []byte) {
+	for i := range Profiles {
+		f.Add(b, uint8(i))
+	}
+}
+
 func FuzzDecodeMetadata(f *testing.F) {
-	seedHex(f, func(b []byte) {
-		for i := range Profiles {
-			f.Add(b, uint8(i))
-		}
-	})
+	seedHex(f, func(b []byte) { seedEveryProfile(f, b) })
 	f.Fuzz(func(t *testing.T, b []byte, which uint8) {
 		p := Profiles[int(which)%len(Profiles)]
 		m, err := p.DecodeMetadata(b)
 		if err != nil {
 			return
 		}
-		enc, err := p.EncodeMetadata(m)
-		require.NoError(t, err)
-		m2, err := p.DecodeMetadata(enc)
-		require.NoError(t, err)
-		require.Equal(t, m, m2)
+		requireRoundTrip(t, m, p.EncodeMetadata, p.DecodeMetadata)
 	})
 }
 
@@ -72,11 +62,7 @@ func FuzzDecodeHandshakePayload(f *testing.F) {
 		if err != nil {
 			return
 		}
-		enc, err := EncodeHandshakePayload(hp)
-		require.NoError(t, err)
-		hp2, err := DecodeHandshakePayload(enc)
-		require.NoError(t, err)
-		require.Equal(t, hp, hp2)
+		requireRoundTrip(t, hp, EncodeHandshakePayload, DecodeHandshakePayload)
 		for _, p := range Profiles {
 			_, _ = p.OpenHandshake(b, HandshakeCheck{LocalHash: hp.CompatibilityHash, EnforceHash: true})
 		}
@@ -84,11 +70,7 @@ func FuzzDecodeHandshakePayload(f *testing.F) {
 }
 
 func FuzzDecodeRequest(f *testing.F) {
-	seedHex(f, func(b []byte) {
-		for i := range Profiles {
-			f.Add(b, uint8(i))
-		}
-	})
+	seedHex(f, func(b []byte) { seedEveryProfile(f, b) })
 	f.Add([]byte("get_meta_msg"), uint8(0))
 	f.Fuzz(func(t *testing.T, b []byte, which uint8) {
 		p := Profiles[int(which)%len(Profiles)]
@@ -112,26 +94,18 @@ func FuzzDecodeClock(f *testing.F) {
 		if err != nil || math.IsNaN(c) || math.IsInf(c, 0) {
 			return
 		}
-		enc, err := EncodeClock(c)
-		require.NoError(t, err)
-		c2, err := DecodeClock(enc)
-		require.NoError(t, err)
-		require.Equal(t, c, c2)
+		requireRoundTrip(t, c, EncodeClock, DecodeClock)
 	})
 }
 
 func FuzzDecodeParams(f *testing.F) {
 	for _, v := range loadVectors(f) {
 		for _, c := range v.Params {
-			for i := range Profiles {
-				f.Add([]byte(c.JSON), uint8(i))
-			}
+			seedEveryProfile(f, []byte(c.JSON))
 		}
 	}
 	for _, rv := range loadRealVectors(f) {
-		for i := range Profiles {
-			f.Add([]byte(rv.KVTransferParams), uint8(i))
-		}
+		seedEveryProfile(f, []byte(rv.KVTransferParams))
 	}
 	f.Add([]byte(PrefillRequestParams), uint8(0))
 	f.Fuzz(func(t *testing.T, b []byte, which uint8) {
@@ -157,9 +131,7 @@ func FuzzDecodeParams(f *testing.F) {
 func FuzzDecodeNotification(f *testing.F) {
 	for _, v := range loadVectors(f) {
 		for _, c := range v.Notifications {
-			for i := range Profiles {
-				f.Add([]byte(c.Text), uint8(i))
-			}
+			seedEveryProfile(f, []byte(c.Text))
 		}
 	}
 	f.Fuzz(func(t *testing.T, b []byte, which uint8) {

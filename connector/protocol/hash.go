@@ -213,26 +213,8 @@ func pyDump(b *strings.Builder, v any, depth int) error {
 		} else {
 			b.WriteString("false")
 		}
-	case int:
-		b.WriteString(strconv.FormatInt(int64(x), 10))
-	case int8:
-		b.WriteString(strconv.FormatInt(int64(x), 10))
-	case int16:
-		b.WriteString(strconv.FormatInt(int64(x), 10))
-	case int32:
-		b.WriteString(strconv.FormatInt(int64(x), 10))
-	case int64:
-		b.WriteString(strconv.FormatInt(x, 10))
-	case uint:
-		b.WriteString(strconv.FormatUint(uint64(x), 10))
-	case uint8:
-		b.WriteString(strconv.FormatUint(uint64(x), 10))
-	case uint16:
-		b.WriteString(strconv.FormatUint(uint64(x), 10))
-	case uint32:
-		b.WriteString(strconv.FormatUint(uint64(x), 10))
-	case uint64:
-		b.WriteString(strconv.FormatUint(x, 10))
+	case int, int8, int16, int32, int64, uint, uint8, uint16, uint32, uint64:
+		fmt.Fprint(b, x) // decimal, as Python's int
 	case *big.Int:
 		if x == nil {
 			b.WriteString("null")
@@ -248,68 +230,44 @@ func pyDump(b *strings.Builder, v any, depth int) error {
 			return err
 		}
 	case []string:
-		b.WriteByte('[')
-		for i, s := range x {
-			if i > 0 {
-				b.WriteString(", ")
-			}
-			if err := pyString(b, s); err != nil {
-				return err
-			}
-		}
-		b.WriteByte(']')
+		return pySeq(b, '[', ']', len(x), func(i int) error { return pyString(b, x[i]) })
 	case []int64:
-		b.WriteByte('[')
-		for i, n := range x {
-			if i > 0 {
-				b.WriteString(", ")
-			}
-			b.WriteString(strconv.FormatInt(n, 10))
-		}
-		b.WriteByte(']')
+		return pySeq(b, '[', ']', len(x), func(i int) error { _, err := fmt.Fprint(b, x[i]); return err })
 	case []int:
-		b.WriteByte('[')
-		for i, n := range x {
-			if i > 0 {
-				b.WriteString(", ")
-			}
-			b.WriteString(strconv.Itoa(n))
-		}
-		b.WriteByte(']')
+		return pySeq(b, '[', ']', len(x), func(i int) error { _, err := fmt.Fprint(b, x[i]); return err })
 	case []any:
-		b.WriteByte('[')
-		for i, e := range x {
-			if i > 0 {
-				b.WriteString(", ")
-			}
-			if err := pyDump(b, e, depth+1); err != nil {
-				return err
-			}
-		}
-		b.WriteByte(']')
+		return pySeq(b, '[', ']', len(x), func(i int) error { return pyDump(b, x[i], depth+1) })
 	case map[string]any:
 		keys := make([]string, 0, len(x))
 		for k := range x {
 			keys = append(keys, k)
 		}
 		sort.Strings(keys) // byte order of UTF-8 = code point order = Python's str ordering
-		b.WriteByte('{')
-		for i, k := range keys {
-			if i > 0 {
-				b.WriteString(", ")
-			}
-			if err := pyString(b, k); err != nil {
+		return pySeq(b, '{', '}', len(keys), func(i int) error {
+			if err := pyString(b, keys[i]); err != nil {
 				return err
 			}
 			b.WriteString(": ")
-			if err := pyDump(b, x[k], depth+1); err != nil {
-				return err
-			}
-		}
-		b.WriteByte('}')
+			return pyDump(b, x[keys[i]], depth+1)
+		})
 	default:
 		return fmt.Errorf("%w: json.dumps of Go type %T is not supported", ErrInvalid, v)
 	}
+	return nil
+}
+
+// pySeq writes n items between left and right, separated as json.dumps separates them (", ").
+func pySeq(b *strings.Builder, left, right byte, n int, item func(i int) error) error {
+	b.WriteByte(left)
+	for i := range n {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		if err := item(i); err != nil {
+			return err
+		}
+	}
+	b.WriteByte(right)
 	return nil
 }
 

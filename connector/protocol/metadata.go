@@ -103,21 +103,27 @@ func checkUTF8(field, s string) error {
 	return nil
 }
 
-func encInts(w *writer, v []int64) {
+// encList writes v as an array, each element by enc.
+func encList[T any](w *writer, v []T, enc func(T) error) error {
 	w.arrayLen(len(v))
-	for _, n := range v {
-		w.int(n)
+	for _, x := range v {
+		if err := enc(x); err != nil {
+			return err
+		}
 	}
+	return nil
 }
 
-func decInts(r *reader, field string) ([]int64, error) {
+// decList reads an array, each element by dec (given the field name); an empty list decodes as nil (nullable
+// fields turn it back into a non-nil empty slice).
+func decList[T any](r *reader, field string, dec func(field string) (T, error)) ([]T, error) {
 	n, err := r.arrayLen(field)
 	if err != nil || n == 0 {
-		return nil, err // an empty list decodes as nil (nullable fields turn it back into a non-nil empty slice)
+		return nil, err
 	}
-	out := make([]int64, 0, min(n, 1024))
-	for i := 0; i < n; i++ {
-		v, err := r.int64(field)
+	out := make([]T, 0, min(n, 1024))
+	for range n {
+		v, err := dec(field)
 		if err != nil {
 			return nil, err
 		}
@@ -126,32 +132,23 @@ func decInts(r *reader, field string) ([]int64, error) {
 	return out, nil
 }
 
+func encInts(w *writer, v []int64) {
+	_ = encList(w, v, func(n int64) error { w.int(n); return nil })
+}
+
+func decInts(r *reader, field string) ([]int64, error) { return decList(r, field, r.int64) }
+
 func encStrs(w *writer, field string, v []string) error {
-	w.arrayLen(len(v))
-	for _, s := range v {
+	return encList(w, v, func(s string) error {
 		if err := checkUTF8(field, s); err != nil {
 			return err
 		}
 		w.str(s)
-	}
-	return nil
+		return nil
+	})
 }
 
-func decStrs(r *reader, field string) ([]string, error) {
-	n, err := r.arrayLen(field)
-	if err != nil || n == 0 {
-		return nil, err
-	}
-	out := make([]string, 0, min(n, 1024))
-	for i := 0; i < n; i++ {
-		s, err := r.str(field)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, s)
-	}
-	return out, nil
-}
+func decStrs(r *reader, field string) ([]string, error) { return decList(r, field, r.str) }
 
 func strField(name string, get func(m *AgentMetadata) *string) *fieldDef {
 	return &fieldDef{name: name, required: true,
@@ -228,27 +225,11 @@ func buildFieldDefs() map[string]*fieldDef {
 	})
 	def(&fieldDef{name: "kv_caches_base_addr", required: true,
 		enc: func(w *writer, m *AgentMetadata) error {
-			w.arrayLen(len(m.KVCachesBaseAddr))
-			for _, a := range m.KVCachesBaseAddr {
-				w.uint(a)
-			}
-			return nil
+			return encList(w, m.KVCachesBaseAddr, func(a uint64) error { w.uint(a); return nil })
 		},
-		dec: func(r *reader, m *AgentMetadata) error {
-			n, err := r.arrayLen("kv_caches_base_addr")
-			if err != nil || n == 0 {
-				m.KVCachesBaseAddr = nil
-				return err
-			}
-			m.KVCachesBaseAddr = make([]uint64, 0, min(n, 1024))
-			for i := 0; i < n; i++ {
-				a, err := r.uint64("kv_caches_base_addr")
-				if err != nil {
-					return err
-				}
-				m.KVCachesBaseAddr = append(m.KVCachesBaseAddr, a)
-			}
-			return nil
+		dec: func(r *reader, m *AgentMetadata) (err error) {
+			m.KVCachesBaseAddr, err = decList(r, "kv_caches_base_addr", r.uint64)
+			return err
 		},
 	})
 	def(intField("device_id", func(m *AgentMetadata) *int64 { return &m.DeviceID }))
@@ -334,29 +315,11 @@ func buildFieldDefs() map[string]*fieldDef {
 	}, func(m *AgentMetadata) { m.PLEBlockLen = nil }))
 	def(optional(&fieldDef{name: "region_members",
 		enc: func(w *writer, m *AgentMetadata) error {
-			w.arrayLen(len(m.RegionMembers))
-			for _, names := range m.RegionMembers {
-				if err := encStrs(w, "region_members", names); err != nil {
-					return err
-				}
-			}
-			return nil
+			return encList(w, m.RegionMembers, func(names []string) error { return encStrs(w, "region_members", names) })
 		},
-		dec: func(r *reader, m *AgentMetadata) error {
-			n, err := r.arrayLen("region_members")
-			if err != nil || n == 0 {
-				m.RegionMembers = nil
-				return err
-			}
-			m.RegionMembers = make([][]string, 0, min(n, 1024))
-			for i := 0; i < n; i++ {
-				names, err := decStrs(r, "region_members")
-				if err != nil {
-					return err
-				}
-				m.RegionMembers = append(m.RegionMembers, names)
-			}
-			return nil
+		dec: func(r *reader, m *AgentMetadata) (err error) {
+			m.RegionMembers, err = decList(r, "region_members", func(f string) ([]string, error) { return decStrs(r, f) })
+			return err
 		},
 	}, func(m *AgentMetadata) { m.RegionMembers = nil }))
 	def(optional(&fieldDef{name: "packed_member_layouts",

@@ -39,41 +39,46 @@ func (r *reader) fail(field, want string, c byte) error {
 	return malformed(r.obj, field, "expected %s, got %s", want, codeName(c))
 }
 
-func (r *reader) mapLen(field string) (int, error) {
+// container describes a msgpack map or array header.
+type container struct {
+	kind, items    string // "map", "entries"
+	isFixed        func(c byte) bool
+	code16, code32 byte
+	decodeLen      func(d *msgpack.Decoder) (int, error)
+	minItemSize    int // bytes an item takes at least: the bound of a length claim
+}
+
+var (
+	mapHeader = container{"map", "entries", msgpcode.IsFixedMap, msgpcode.Map16, msgpcode.Map32,
+		(*msgpack.Decoder).DecodeMapLen, 2}
+	arrayHeader = container{"array", "elements", msgpcode.IsFixedArray, msgpcode.Array16, msgpcode.Array32,
+		(*msgpack.Decoder).DecodeArrayLen, 1}
+)
+
+// is says whether c starts a value of this kind.
+func (h container) is(c byte) bool { return h.isFixed(c) || c == h.code16 || c == h.code32 }
+
+// header reads a map or array header, refusing a length that the bytes left cannot hold.
+func (r *reader) header(field string, h container) (int, error) {
 	c, err := r.peek(field)
 	if err != nil {
 		return 0, err
 	}
-	if !msgpcode.IsFixedMap(c) && c != msgpcode.Map16 && c != msgpcode.Map32 {
-		return 0, r.fail(field, "map", c)
+	if !h.is(c) {
+		return 0, r.fail(field, h.kind, c)
 	}
-	n, err := r.d.DecodeMapLen()
+	n, err := h.decodeLen(r.d)
 	if err != nil {
-		return 0, malformed(r.obj, field, "bad map header: %v", err)
+		return 0, malformed(r.obj, field, "bad %s header: %v", h.kind, err)
 	}
-	if n > r.buf.Len()/2 { // every entry takes at least two bytes
-		return 0, malformed(r.obj, field, "map claims %d entries with %d bytes left", n, r.buf.Len())
+	if n > r.buf.Len()/h.minItemSize {
+		return 0, malformed(r.obj, field, "%s claims %d %s with %d bytes left", h.kind, n, h.items, r.buf.Len())
 	}
 	return n, nil
 }
 
-func (r *reader) arrayLen(field string) (int, error) {
-	c, err := r.peek(field)
-	if err != nil {
-		return 0, err
-	}
-	if !msgpcode.IsFixedArray(c) && c != msgpcode.Array16 && c != msgpcode.Array32 {
-		return 0, r.fail(field, "array", c)
-	}
-	n, err := r.d.DecodeArrayLen()
-	if err != nil {
-		return 0, malformed(r.obj, field, "bad array header: %v", err)
-	}
-	if n > r.buf.Len() { // every element takes at least one byte
-		return 0, malformed(r.obj, field, "array claims %d elements with %d bytes left", n, r.buf.Len())
-	}
-	return n, nil
-}
+func (r *reader) mapLen(field string) (int, error)   { return r.header(field, mapHeader) }
+func (r *reader) arrayLen(field string) (int, error) { return r.header(field, arrayHeader) }
 
 func (r *reader) str(field string) (string, error) {
 	c, err := r.peek(field)
@@ -183,13 +188,22 @@ func isIntCode(c byte) bool {
 		(c >= msgpcode.Int8 && c <= msgpcode.Int64)
 }
 
-func (r *reader) int64(field string) (int64, error) {
+// intCode peeks at the next value's code and fails unless it is an integer.
+func (r *reader) intCode(field string) (byte, error) {
 	c, err := r.peek(field)
 	if err != nil {
 		return 0, err
 	}
 	if !isIntCode(c) {
 		return 0, r.fail(field, "int", c)
+	}
+	return c, nil
+}
+
+func (r *reader) int64(field string) (int64, error) {
+	c, err := r.intCode(field)
+	if err != nil {
+		return 0, err
 	}
 	if c == msgpcode.Uint64 {
 		u, err := r.d.DecodeUint64()
@@ -209,12 +223,9 @@ func (r *reader) int64(field string) (int64, error) {
 }
 
 func (r *reader) uint64(field string) (uint64, error) {
-	c, err := r.peek(field)
+	c, err := r.intCode(field)
 	if err != nil {
 		return 0, err
-	}
-	if !isIntCode(c) {
-		return 0, r.fail(field, "int", c)
 	}
 	if msgpcode.IsFixedNum(c) && c <= msgpcode.PosFixedNumHigh || (c >= msgpcode.Uint8 && c <= msgpcode.Uint64) {
 		u, err := r.d.DecodeUint64()
@@ -273,7 +284,7 @@ func (r *reader) skip(field string, depth int) error {
 		return err
 	}
 	switch {
-	case msgpcode.IsFixedMap(c) || c == msgpcode.Map16 || c == msgpcode.Map32:
+	case mapHeader.is(c):
 		n, err := r.mapLen(field)
 		if err != nil {
 			return err
@@ -284,7 +295,7 @@ func (r *reader) skip(field string, depth int) error {
 			}
 		}
 		return nil
-	case msgpcode.IsFixedArray(c) || c == msgpcode.Array16 || c == msgpcode.Array32:
+	case arrayHeader.is(c):
 		n, err := r.arrayLen(field)
 		if err != nil {
 			return err
@@ -324,9 +335,9 @@ func codeName(c byte) string {
 	switch {
 	case msgpcode.IsFixedNum(c) || (c >= msgpcode.Uint8 && c <= msgpcode.Uint64) || (c >= msgpcode.Int8 && c <= msgpcode.Int64):
 		return "int"
-	case msgpcode.IsFixedMap(c) || c == msgpcode.Map16 || c == msgpcode.Map32:
+	case mapHeader.is(c):
 		return "map"
-	case msgpcode.IsFixedArray(c) || c == msgpcode.Array16 || c == msgpcode.Array32:
+	case arrayHeader.is(c):
 		return "array"
 	case msgpcode.IsFixedString(c) || c == msgpcode.Str8 || c == msgpcode.Str16 || c == msgpcode.Str32:
 		return "str"

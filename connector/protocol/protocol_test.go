@@ -262,6 +262,25 @@ func TestFactorsNeedTheStrings(t *testing.T) {
 	assert.ErrorIs(t, err, ErrInvalid)
 }
 
+// PyJSONDumps of the Go types the typed vectors (TestVectorsPyJSON) do not reach: every integer type, and
+// []string, []int64 and []int, written as json.dumps writes ints and lists.
+func TestPyJSONDumpsGoTypes(t *testing.T) {
+	for _, c := range []struct {
+		v    any
+		want string
+	}{
+		{int(42), "42"}, {int8(-5), "-5"}, {int16(300), "300"}, {int32(-7), "-7"}, {int64(-1 << 62), "-4611686018427387904"},
+		{uint(7), "7"}, {uint8(255), "255"}, {uint16(65535), "65535"}, {uint32(1 << 31), "2147483648"},
+		{uint64(1 << 63), "9223372036854775808"},
+		{[]string{"a", "\u00e9"}, `["a", "\u00e9"]`}, {[]string{}, "[]"}, {[]int64{1, -2}, "[1, -2]"}, {[]int{3}, "[3]"},
+		{map[string]any{"b": []any{true, nil, []int{}}, "a": map[string]any{}}, `{"a": {}, "b": [true, null, []]}`},
+	} {
+		got, err := PyJSONDumps(c.v)
+		require.NoError(t, err, "%#v", c.v)
+		assert.Equal(t, c.want, got, "%#v", c.v)
+	}
+}
+
 func TestDecodeNeverTrustsLengths(t *testing.T) {
 	// Headers that claim huge lengths with no data behind them fail fast instead of allocating.
 	for _, b := range [][]byte{

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"iter"
 	"math/big"
 	"os"
 	"path/filepath"
@@ -45,11 +46,11 @@ type vectorFile struct {
 	Metadata []struct {
 		Name   string          `json:"name"`
 		Fields json.RawMessage `json:"fields"`
-		Hex    string          `json:"hex"`
+		hexCase
 	} `json:"metadata"`
 	MetadataDecode []struct {
-		Name   string          `json:"name"`
-		Hex    string          `json:"hex"`
+		Name string `json:"name"`
+		hexCase
 		Error  *string         `json:"error"`
 		Fields json.RawMessage `json:"fields"`
 	} `json:"metadata_decode"`
@@ -57,15 +58,15 @@ type vectorFile struct {
 		Name     string `json:"name"`
 		Hash     string `json:"hash"`
 		Metadata string `json:"metadata"`
-		Hex      string `json:"hex"`
+		hexCase
 	} `json:"payload"`
 	Requests []struct {
 		PP, TP int
-		Hex    string `json:"hex"`
+		hexCase
 	} `json:"requests"`
 	Clock []struct {
 		Value string `json:"value"`
-		Hex   string `json:"hex"`
+		hexCase
 	} `json:"clock"`
 	Hash []struct {
 		Name       string          `json:"name"`
@@ -87,6 +88,16 @@ type vectorFile struct {
 	} `json:"notifications"`
 }
 
+// hexCase is a vector's message as hex (the fuzz targets are seeded with every one).
+type hexCase struct {
+	Hex string `json:"hex"`
+}
+
+func (c hexCase) bytes() []byte {
+	b, _ := hex.DecodeString(c.Hex)
+	return b
+}
+
 // loadVectors returns every testdata/vllm/<version>/vectors.json; it fails when there are none.
 func loadVectors(tb testing.TB) map[string]vectorFile {
 	tb.Helper()
@@ -102,6 +113,20 @@ func loadVectors(tb testing.TB) map[string]vectorFile {
 		out[v.VLLMVersion] = v
 	}
 	return out
+}
+
+// vectorProfiles yields every vector file with the profile of its vLLM version.
+func vectorProfiles(tb testing.TB) iter.Seq2[vectorFile, Profile] {
+	files := loadVectors(tb)
+	return func(yield func(vectorFile, Profile) bool) {
+		for version, v := range files {
+			p, err := ProfileFor(version)
+			require.NoError(tb, err)
+			if !yield(v, p) {
+				return
+			}
+		}
+	}
 }
 
 func unhex(tb testing.TB, s string) []byte {
@@ -171,6 +196,28 @@ func metaFields(m AgentMetadata) map[string]any {
 	}
 }
 
+// assertMetaFields compares m with the fields gen_vectors.py recorded for vLLM's NixlAgentMetadata.
+func assertMetaFields(tb testing.TB, fields json.RawMessage, m AgentMetadata) {
+	tb.Helper()
+	var want map[string]json.RawMessage
+	require.NoError(tb, json.Unmarshal(fields, &want))
+	got := metaFields(m)
+	for name, w := range want {
+		assert.Equal(tb, normJSON(tb, w), normJSON(tb, got[name]), "field %s", name)
+	}
+}
+
+// requireRoundTrip checks that v encodes to bytes that decode to v again, and returns the bytes.
+func requireRoundTrip[T any](tb testing.TB, v T, enc func(T) ([]byte, error), dec func([]byte) (T, error)) []byte {
+	tb.Helper()
+	b, err := enc(v)
+	require.NoError(tb, err)
+	v2, err := dec(b)
+	require.NoError(tb, err, "%x", b)
+	require.Equal(tb, v, v2)
+	return b
+}
+
 // normJSON re-reads JSON with exact numbers so that values compare structurally.
 func normJSON(tb testing.TB, v any) any {
 	tb.Helper()
@@ -199,10 +246,8 @@ func TestVectorsCoverEveryProfile(t *testing.T) {
 }
 
 func TestVectorsProfileTable(t *testing.T) {
-	for version, v := range loadVectors(t) {
-		t.Run(version, func(t *testing.T) {
-			p, err := ProfileFor(version)
-			require.NoError(t, err)
+	for v, p := range vectorProfiles(t) {
+		t.Run(v.VLLMVersion, func(t *testing.T) {
 			assert.Equal(t, v.Profile, p.Name)
 			// The schema row must equal the dataclass fields of vLLM's own NixlAgentMetadata, in order.
 			assert.Equal(t, v.MetadataFields, p.Schema.Fields())
@@ -250,11 +295,9 @@ func TestVectorsProfileTable(t *testing.T) {
 }
 
 func TestVectorsMetadata(t *testing.T) {
-	for version, v := range loadVectors(t) {
-		p, err := ProfileFor(version)
-		require.NoError(t, err)
+	for v, p := range vectorProfiles(t) {
 		for _, c := range v.Metadata {
-			t.Run(version+"/"+c.Name, func(t *testing.T) {
+			t.Run(v.VLLMVersion+"/"+c.Name, func(t *testing.T) {
 				raw := unhex(t, c.Hex)
 				m, err := p.DecodeMetadata(raw)
 				require.NoError(t, err)
@@ -262,23 +305,16 @@ func TestVectorsMetadata(t *testing.T) {
 				require.NoError(t, err)
 				assert.Equal(t, c.Hex, hex.EncodeToString(enc), "re-encoding must be byte-identical to msgspec")
 
-				var want map[string]json.RawMessage
-				require.NoError(t, json.Unmarshal(c.Fields, &want))
-				got := metaFields(m)
-				for name, w := range want {
-					assert.Equal(t, normJSON(t, w), normJSON(t, got[name]), "field %s", name)
-				}
+				assertMetaFields(t, c.Fields, m)
 			})
 		}
 	}
 }
 
 func TestVectorsMetadataDecode(t *testing.T) {
-	for version, v := range loadVectors(t) {
-		p, err := ProfileFor(version)
-		require.NoError(t, err)
+	for v, p := range vectorProfiles(t) {
 		for _, c := range v.MetadataDecode {
-			t.Run(version+"/"+c.Name, func(t *testing.T) {
+			t.Run(v.VLLMVersion+"/"+c.Name, func(t *testing.T) {
 				m, err := p.DecodeMetadata(unhex(t, c.Hex))
 				if c.Error != nil {
 					require.Error(t, err, "msgspec rejects this: %s", *c.Error)
@@ -291,33 +327,22 @@ func TestVectorsMetadataDecode(t *testing.T) {
 					return
 				}
 				require.NoError(t, err)
-				var want map[string]json.RawMessage
-				require.NoError(t, json.Unmarshal(c.Fields, &want))
-				got := metaFields(m)
-				for name, w := range want {
-					assert.Equal(t, normJSON(t, w), normJSON(t, got[name]), "field %s", name)
-				}
+				assertMetaFields(t, c.Fields, m)
 				// What we encode decodes back to the same values.
-				enc, err := p.EncodeMetadata(m)
-				require.NoError(t, err)
-				m2, err := p.DecodeMetadata(enc)
-				require.NoError(t, err)
-				assert.Equal(t, m, m2)
+				requireRoundTrip(t, m, p.EncodeMetadata, p.DecodeMetadata)
 			})
 		}
 	}
 }
 
 func TestVectorsPayload(t *testing.T) {
-	for version, v := range loadVectors(t) {
-		p, err := ProfileFor(version)
-		require.NoError(t, err)
+	for v, p := range vectorProfiles(t) {
 		meta := map[string]string{}
 		for _, c := range v.Metadata {
 			meta[c.Name] = c.Hex
 		}
 		for _, c := range v.Payload {
-			t.Run(version+"/"+c.Name, func(t *testing.T) {
+			t.Run(v.VLLMVersion+"/"+c.Name, func(t *testing.T) {
 				hp, err := p.DecodeHandshake(unhex(t, c.Hex))
 				require.NoError(t, err)
 				assert.Equal(t, c.Hash, hp.CompatibilityHash)
@@ -337,14 +362,12 @@ func TestVectorsPayload(t *testing.T) {
 }
 
 func TestVectorsRequestsAndClock(t *testing.T) {
-	for version, v := range loadVectors(t) {
-		p, err := ProfileFor(version)
-		require.NoError(t, err)
+	for v, p := range vectorProfiles(t) {
 		for _, c := range v.Requests {
 			r := Rank{PP: c.PP, TP: c.TP}
 			enc, err := p.EncodeRequest(r)
 			require.NoError(t, err)
-			assert.Equal(t, c.Hex, hex.EncodeToString(enc), "%s request %v", version, r)
+			assert.Equal(t, c.Hex, hex.EncodeToString(enc), "%s request %v", v.VLLMVersion, r)
 			got, err := p.DecodeRequest(unhex(t, c.Hex))
 			require.NoError(t, err)
 			assert.Equal(t, MetaRequest{Rank: r}, got)
@@ -397,11 +420,9 @@ func jsonToAny(v any) any {
 }
 
 func TestVectorsHash(t *testing.T) {
-	for version, v := range loadVectors(t) {
-		p, err := ProfileFor(version)
-		require.NoError(t, err)
+	for v, p := range vectorProfiles(t) {
 		for _, c := range v.Hash {
-			t.Run(version+"/"+c.Name, func(t *testing.T) {
+			t.Run(v.VLLMVersion+"/"+c.Name, func(t *testing.T) {
 				var in struct {
 					VLLMVersion       string         `json:"vllm_version"`
 					Model             string         `json:"model"`
@@ -440,7 +461,7 @@ func TestVectorsHash(t *testing.T) {
 				h, err := p.CompatHash(ci)
 				require.NoError(t, err)
 				assert.Equal(t, c.SHA256, h)
-				// The defaults cases: naming the version, the platform and the model is enough.
+				// The defaults cases: naming the v.VLLMVersion, the platform and the model is enough.
 				if pl, ok := map[string]Platform{"defaults_cuda": PlatformCUDA, "defaults_cpu": PlatformCPU}[c.Name]; ok {
 					assert.Equal(t, v.Wire.HMADefault, p.Defaults.HMAEnabled, "the row's HMA default")
 					d := p.DefaultCompatInputs(in.VLLMVersion, pl)
@@ -460,11 +481,9 @@ func TestVectorsHash(t *testing.T) {
 }
 
 func TestVectorsParams(t *testing.T) {
-	for version, v := range loadVectors(t) {
-		p, err := ProfileFor(version)
-		require.NoError(t, err)
+	for v, p := range vectorProfiles(t) {
 		for _, c := range v.Params {
-			t.Run(version+"/"+c.Name, func(t *testing.T) {
+			t.Run(v.VLLMVersion+"/"+c.Name, func(t *testing.T) {
 				k, err := p.DecodeParams([]byte(c.JSON))
 				require.NoError(t, err)
 				if c.Name == "proxy_to_prefill" {
@@ -521,9 +540,7 @@ func jsonKeys(tb testing.TB, s string) []string {
 }
 
 func TestVectorsNotifications(t *testing.T) {
-	for version, v := range loadVectors(t) {
-		p, err := ProfileFor(version)
-		require.NoError(t, err)
+	for v, p := range vectorProfiles(t) {
 		for _, c := range v.Notifications {
 			n, err := p.DecodeNotification(unhex(t, c.Hex))
 			require.NoError(t, err, c.Text)

@@ -76,21 +76,10 @@ func FetchAll(ctx context.Context, p protocol.Profile, addr string, ranks []prot
 	if err != nil {
 		return nil, err
 	}
-	if opts.Timeout <= 0 {
-		opts.Timeout = p.HandshakeTimeout
-		if opts.Timeout <= 0 {
-			opts.Timeout = 5 * time.Second
-		}
-	}
-	if opts.Attempts <= 0 {
-		opts.Attempts = 3
-	}
-	if opts.Backoff <= 0 {
-		opts.Backoff = 100 * time.Millisecond
-	}
-	if opts.MaxReplySize <= 0 {
-		opts.MaxReplySize = 64 << 20
-	}
+	opts.Timeout = positiveOr(opts.Timeout, positiveOr(p.HandshakeTimeout, 5*time.Second))
+	opts.Attempts = positiveOr(opts.Attempts, 3)
+	opts.Backoff = positiveOr(opts.Backoff, 100*time.Millisecond)
+	opts.MaxReplySize = positiveOr(opts.MaxReplySize, 64<<20)
 	log := opts.Logger
 	if log == nil {
 		log = zap.NewNop()

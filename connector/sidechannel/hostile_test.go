@@ -67,9 +67,7 @@ func testServer(t *testing.T, cfg ServerConfig) (*Server, protocol.Profile) {
 	if cfg.Payloads == nil {
 		cfg.Payloads = servePayloads(t, p, "h", 1, 1)
 	}
-	srv, err := NewServer(context.Background(), p, cfg)
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, srv.Close()) })
+	srv := startServer(t, p, cfg)
 	return srv, p
 }
 
@@ -368,75 +366,40 @@ func TestBadInputLogRateLimit(t *testing.T) {
 func TestClientTimeoutResetsConnection(t *testing.T) {
 	p, err := protocol.ProfileByName("0.16")
 	require.NoError(t, err)
-	ln, err := net.Listen("tcp4", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer ln.Close()
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	accepted := make(chan int, 10)
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for n := 1; ; n++ {
-			nc, err := ln.Accept()
+	addr := serveLoopback(t, func(n int, nc net.Conn) {
+		_ = nc.SetDeadline(time.Now().Add(patience))
+		c, err := zmtp.Handshake(nc, zmtp.Options{Type: zmtp.ROUTER})
+		if err != nil {
+			return
+		}
+		for {
+			msg, err := c.ReadMessage()
 			if err != nil {
 				return
 			}
-			accepted <- n
-			wg.Add(1)
-			go func(n int, nc net.Conn) {
-				defer wg.Done()
-				defer nc.Close()
-				_ = nc.SetDeadline(time.Now().Add(patience))
-				c, err := zmtp.Handshake(nc, zmtp.Options{Type: zmtp.ROUTER})
-				if err != nil {
-					return
-				}
-				for {
-					msg, err := c.ReadMessage()
-					if err != nil {
-						return
-					}
-					if n == 1 {
-						continue // the first connection never answers
-					}
-					if c.WriteMessage([][]byte{{}, []byte(fmt.Sprintf("reply-%d-%x", n, msg[1]))}) != nil {
-						return
-					}
-				}
-			}(n, nc)
+			if n == 1 {
+				continue // the first connection never answers
+			}
+			if c.WriteMessage([][]byte{{}, []byte(fmt.Sprintf("reply-%d-%x", n, msg[1]))}) != nil {
+				return
+			}
 		}
-	}()
-	res, err := Fetch(context.Background(), p, ln.Addr().String(), protocol.Rank{TP: 3},
+	})
+	res, err := Fetch(context.Background(), p, addr, protocol.Rank{TP: 3},
 		FetchOptions{Timeout: 300 * time.Millisecond, Attempts: 3, Backoff: time.Millisecond})
 	require.NoError(t, err)
 	req, _ := p.EncodeRequest(protocol.Rank{TP: 3})
 	assert.Equal(t, fmt.Sprintf("reply-2-%x", req), string(res.Payload), "answered on the second connection")
-	require.NoError(t, ln.Close())
 }
 
 // The client refuses a peer that is not a ZMTP ROUTER/REP, and a reply over MaxReplySize, with clear errors.
 func TestClientHostileServers(t *testing.T) {
 	p := protocol.Profiles[0]
 	serve := func(handle func(nc net.Conn)) string {
-		ln, err := net.Listen("tcp4", "127.0.0.1:0")
-		require.NoError(t, err)
-		var wg sync.WaitGroup
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				nc, err := ln.Accept()
-				if err != nil {
-					return
-				}
-				_ = nc.SetDeadline(time.Now().Add(patience))
-				handle(nc)
-				_ = nc.Close()
-			}
-		}()
-		t.Cleanup(func() { _ = ln.Close(); wg.Wait() })
-		return ln.Addr().String()
+		return serveLoopback(t, func(_ int, nc net.Conn) {
+			_ = nc.SetDeadline(time.Now().Add(patience))
+			handle(nc)
+		})
 	}
 	opts := FetchOptions{Timeout: 5 * time.Second, Attempts: 1, MaxReplySize: 1 << 20}
 	// An HTTP server.

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -69,9 +70,7 @@ func TestInteropPythonClientGoServer(t *testing.T) {
 			payloads := servePayloads(t, p, hash, pps, 2)
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
-			srv, err := NewServer(ctx, p, ServerConfig{Payloads: payloads})
-			require.NoError(t, err)
-			defer srv.Close()
+			srv := startServer(t, p, ServerConfig{Payloads: payloads})
 
 			var ranks []string
 			for r := range payloads {
@@ -157,24 +156,14 @@ func goClientAgainst(t *testing.T, mode string) {
 			if mode == "server" {
 				args = append(args, "--fast-poll")
 			}
-			cmd := exec.CommandContext(ctx, py, args...)
-			stdin, err := cmd.StdinPipe()
-			require.NoError(t, err)
-			stdout, err := cmd.StdoutPipe()
-			require.NoError(t, err)
-			var stderr syncBuffer
-			cmd.Stderr = &stderr
-			require.NoError(t, cmd.Start())
-			defer func() {
-				_ = stdin.Close()
-				_ = cmd.Wait()
-			}()
-			line, err := bufio.NewReader(stdout).ReadString('\n')
-			if err != nil && strings.Contains(waitStderr(cmd, &stderr), "NO_WHEEL") {
-				testenv.Missing(t, "the vLLM "+vec.VLLMVersion+" wheel", "set VLLM_WHEEL_DIR or run `make vectors` (downloads it)")
+			srv, ep, err := startPyServer(t, ctx, py, args...)
+			if err != nil {
+				_ = srv.stop() // its stderr is complete once it exited
+				if strings.Contains(srv.stderr.String(), "NO_WHEEL") {
+					testenv.Missing(t, "the vLLM "+vec.VLLMVersion+" wheel", "set VLLM_WHEEL_DIR or run `make vectors` (downloads it)")
+				}
 			}
-			require.NoError(t, err, "python server: %s", stderr.String())
-			ep := strings.TrimSpace(line)
+			require.NoError(t, err, "python server: %s", srv.stderr.String())
 
 			res, err := FetchAll(ctx, p, ep, ranks, FetchOptions{Timeout: 5 * time.Second})
 			require.NoError(t, err)
@@ -191,12 +180,11 @@ func goClientAgainst(t *testing.T, mode string) {
 				_, err = p.OpenHandshake(r.Payload, protocol.HandshakeCheck{LocalHash: "other", EnforceHash: false})
 				assert.NoError(t, err)
 			}
-			require.NoError(t, stdin.Close())
-			require.NoError(t, cmd.Wait())
+			require.NoError(t, srv.stop(), "python server: %s", srv.stderr.String())
 			if mode == "server" {
-				assert.Contains(t, stderr.String(), fmt.Sprintf(`"served": %d`, len(ranks)))
+				assert.Contains(t, srv.stderr.String(), fmt.Sprintf(`"served": %d`, len(ranks)))
 			} else {
-				assert.Contains(t, stderr.String(), `"listener_alive": false`, "vLLM's listener stops on its stop event")
+				assert.Contains(t, srv.stderr.String(), `"listener_alive": false`, "vLLM's listener stops on its stop event")
 			}
 		})
 	}
@@ -242,9 +230,40 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-func waitStderr(cmd *exec.Cmd, stderr *syncBuffer) string {
-	_ = cmd.Wait()
-	return stderr.String()
+// pyServer is a Python peer that prints its endpoint as the first line of its stdout and runs until its stdin
+// closes.
+type pyServer struct {
+	cmd     *exec.Cmd
+	stdin   io.WriteCloser
+	stderr  syncBuffer
+	once    sync.Once
+	waitErr error
+}
+
+// startPyServer starts py with args and returns the peer's first line of output, trimmed; err says why there
+// is none (stop, then read stderr). The peer is stopped at the end of the test at the latest.
+func startPyServer(t *testing.T, ctx context.Context, py string, args ...string) (*pyServer, string, error) {
+	t.Helper()
+	s := &pyServer{cmd: exec.CommandContext(ctx, py, args...)}
+	var err error
+	s.stdin, err = s.cmd.StdinPipe()
+	require.NoError(t, err)
+	stdout, err := s.cmd.StdoutPipe()
+	require.NoError(t, err)
+	s.cmd.Stderr = &s.stderr
+	require.NoError(t, s.cmd.Start())
+	t.Cleanup(func() { _ = s.stop() })
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	return s, strings.TrimSpace(line), err
+}
+
+// stop closes the peer's stdin (its signal to exit) and waits for it to exit; every call returns the exit's error.
+func (s *pyServer) stop() error {
+	s.once.Do(func() {
+		_ = s.stdin.Close()
+		s.waitErr = s.cmd.Wait()
+	})
+	return s.waitErr
 }
 
 func stderrOf(err error) string {

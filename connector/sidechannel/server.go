@@ -1,6 +1,7 @@
 package sidechannel
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -198,51 +199,10 @@ func monotonicSeconds() float64 { return time.Since(processStart).Seconds() }
 // NewServer binds the listening socket and starts serving in goroutines. It returns once the socket is bound
 // (or with the bind error). Cancel ctx or call Close to stop it.
 func NewServer(ctx context.Context, p protocol.Profile, cfg ServerConfig) (*Server, error) {
-	if cfg.Host == "" {
-		cfg.Host = DefaultHost
-	}
 	if cfg.Port < 0 || cfg.Port > 65535 {
 		return nil, fmt.Errorf("%w: port %d out of range", ErrConfig, cfg.Port)
 	}
-	if cfg.MaxRequestSize <= 0 {
-		cfg.MaxRequestSize = DefaultMaxRequestSize
-	}
-	if cfg.Clock == nil {
-		cfg.Clock = monotonicSeconds
-	}
-	if cfg.MaxConnections <= 0 {
-		cfg.MaxConnections = DefaultMaxConnections
-	}
-	if cfg.MaxConnectionsPerHost <= 0 {
-		cfg.MaxConnectionsPerHost = min(DefaultMaxConnsPerHost, cfg.MaxConnections)
-	}
-	if cfg.MaxQueuedReplies <= 0 {
-		cfg.MaxQueuedReplies = DefaultMaxQueuedReplies
-	}
-	if cfg.RequestRate == 0 {
-		cfg.RequestRate = DefaultRequestRate
-	}
-	if cfg.RequestBurst <= 0 {
-		cfg.RequestBurst = DefaultRequestBurst
-	}
-	if cfg.HandshakeTimeout <= 0 {
-		cfg.HandshakeTimeout = DefaultHandshakeTimeout
-	}
-	if cfg.IdleTimeout == 0 {
-		cfg.IdleTimeout = DefaultIdleTimeout
-	}
-	if cfg.WriteTimeout <= 0 {
-		cfg.WriteTimeout = DefaultWriteTimeout
-	}
-	if cfg.SendBufferSize == 0 {
-		cfg.SendBufferSize = DefaultSendBufferSize
-	}
-	if cfg.LogLimit <= 0 {
-		cfg.LogLimit = DefaultLogLimit
-	}
-	if cfg.LogInterval <= 0 {
-		cfg.LogInterval = DefaultLogInterval
-	}
+	cfg = cfg.withDefaults()
 	log := cfg.Logger
 	if log == nil {
 		log = zap.NewNop()
@@ -272,6 +232,37 @@ func NewServer(ctx context.Context, p protocol.Profile, cfg ServerConfig) (*Serv
 	go s.run(ctx)
 	s.log.Debug("serving", zap.String("endpoint", s.endpoint))
 	return s, nil
+}
+
+// withDefaults returns cfg with the defaults in the fields left 0 (nil, ""). A negative value also means the
+// default, except where the field gives it a meaning: RequestRate (no limit), IdleTimeout (none) and
+// SendBufferSize (the kernel's autotuning).
+func (cfg ServerConfig) withDefaults() ServerConfig {
+	cfg.Host = cmp.Or(cfg.Host, DefaultHost)
+	if cfg.Clock == nil {
+		cfg.Clock = monotonicSeconds
+	}
+	cfg.MaxRequestSize = positiveOr(cfg.MaxRequestSize, DefaultMaxRequestSize)
+	cfg.MaxConnections = positiveOr(cfg.MaxConnections, DefaultMaxConnections)
+	cfg.MaxConnectionsPerHost = positiveOr(cfg.MaxConnectionsPerHost, min(DefaultMaxConnsPerHost, cfg.MaxConnections))
+	cfg.MaxQueuedReplies = positiveOr(cfg.MaxQueuedReplies, DefaultMaxQueuedReplies)
+	cfg.RequestRate = cmp.Or(cfg.RequestRate, DefaultRequestRate)
+	cfg.RequestBurst = positiveOr(cfg.RequestBurst, DefaultRequestBurst)
+	cfg.HandshakeTimeout = positiveOr(cfg.HandshakeTimeout, DefaultHandshakeTimeout)
+	cfg.IdleTimeout = cmp.Or(cfg.IdleTimeout, DefaultIdleTimeout)
+	cfg.WriteTimeout = positiveOr(cfg.WriteTimeout, DefaultWriteTimeout)
+	cfg.SendBufferSize = cmp.Or(cfg.SendBufferSize, DefaultSendBufferSize)
+	cfg.LogLimit = positiveOr(cfg.LogLimit, DefaultLogLimit)
+	cfg.LogInterval = positiveOr(cfg.LogInterval, DefaultLogInterval)
+	return cfg
+}
+
+// positiveOr returns v when it is positive, else def.
+func positiveOr[T int | int64 | float64 | time.Duration](v, def T) T {
+	if v > 0 {
+		return v
+	}
+	return def
 }
 
 // listenAddr picks the network and address to listen on: IPv4 only unless the host is an IPv6 literal (libzmq

@@ -57,9 +57,7 @@ func TestServerAndClientEveryProfile(t *testing.T) {
 			if p.Framing >= protocol.FramingH3 {
 				pps = 2
 			}
-			srv, err := NewServer(ctx, p, ServerConfig{Payloads: servePayloads(t, p, hash, pps, 2)})
-			require.NoError(t, err)
-			defer srv.Close()
+			srv := startServer(t, p, ServerConfig{Payloads: servePayloads(t, p, hash, pps, 2)})
 			assert.True(t, strings.HasPrefix(srv.Endpoint(), "tcp://127.0.0.1:"), "binds loopback by default: %s", srv.Endpoint())
 
 			var ranks []protocol.Rank
@@ -99,9 +97,7 @@ func TestServerSurvivesBadRequests(t *testing.T) {
 	p, err := protocol.ProfileByName("0.33")
 	require.NoError(t, err)
 	ctx := context.Background()
-	srv, err := NewServer(ctx, p, ServerConfig{Payloads: servePayloads(t, p, "h", 1, 1), MaxRequestSize: 256})
-	require.NoError(t, err)
-	defer srv.Close()
+	srv := startServer(t, p, ServerConfig{Payloads: servePayloads(t, p, "h", 1, 1), MaxRequestSize: 256})
 
 	// Unknown rank: answered with an empty payload, the client reports ErrRejected without retrying.
 	_, err = Fetch(ctx, p, srv.Addr(), protocol.Rank{PP: 0, TP: 7}, fastOpts())
@@ -175,19 +171,15 @@ func TestServerStopsOnContextCancel(t *testing.T) {
 
 func TestServerPortInUse(t *testing.T) {
 	p := protocol.Profiles[0]
-	a, err := NewServer(context.Background(), p, ServerConfig{})
-	require.NoError(t, err)
-	defer a.Close()
-	_, err = NewServer(context.Background(), p, ServerConfig{Port: a.Port()})
+	a := startServer(t, p, ServerConfig{})
+	_, err := NewServer(context.Background(), p, ServerConfig{Port: a.Port()})
 	require.ErrorIs(t, err, ErrConfig)
 }
 
 func TestSetPayloads(t *testing.T) {
 	p := protocol.Profiles[0]
-	srv, err := NewServer(context.Background(), p, ServerConfig{})
-	require.NoError(t, err)
-	defer srv.Close()
-	_, err = Fetch(context.Background(), p, srv.Addr(), protocol.Rank{}, fastOpts())
+	srv := startServer(t, p, ServerConfig{})
+	_, err := Fetch(context.Background(), p, srv.Addr(), protocol.Rank{}, fastOpts())
 	require.ErrorIs(t, err, ErrRejected)
 	srv.SetPayloads(servePayloads(t, p, "h", 1, 1))
 	_, err = Fetch(context.Background(), p, srv.Addr(), protocol.Rank{}, fastOpts())
@@ -235,4 +227,23 @@ func TestIPv6Loopback(t *testing.T) {
 	res, err := Fetch(context.Background(), p, srv.Addr(), protocol.Rank{}, fastOpts())
 	require.NoError(t, err)
 	assert.NotEmpty(t, res.Payload)
+}
+
+// ServerConfig's zero values take the defaults; a negative RequestRate, IdleTimeout or SendBufferSize keeps its
+// meaning (no limit, none, the kernel's autotuning), other negative values take the default too.
+func TestServerConfigDefaults(t *testing.T) {
+	d := ServerConfig{}.withDefaults()
+	assert.NotNil(t, d.Clock)
+	d.Clock = nil // funcs do not compare
+	assert.Equal(t, ServerConfig{Host: DefaultHost, MaxRequestSize: DefaultMaxRequestSize, MaxConnections: DefaultMaxConnections,
+		MaxConnectionsPerHost: DefaultMaxConnsPerHost, MaxQueuedReplies: DefaultMaxQueuedReplies, RequestRate: DefaultRequestRate,
+		RequestBurst: DefaultRequestBurst, HandshakeTimeout: DefaultHandshakeTimeout, IdleTimeout: DefaultIdleTimeout,
+		WriteTimeout: DefaultWriteTimeout, SendBufferSize: DefaultSendBufferSize, LogLimit: DefaultLogLimit,
+		LogInterval: DefaultLogInterval}, d)
+
+	n := ServerConfig{RequestRate: -1, IdleTimeout: -1, SendBufferSize: -1, MaxQueuedReplies: -1, WriteTimeout: -1}.withDefaults()
+	assert.Equal(t, []any{-1.0, time.Duration(-1), -1, DefaultMaxQueuedReplies, DefaultWriteTimeout},
+		[]any{n.RequestRate, n.IdleTimeout, n.SendBufferSize, n.MaxQueuedReplies, n.WriteTimeout})
+
+	assert.Equal(t, 3, ServerConfig{MaxConnections: 3}.withDefaults().MaxConnectionsPerHost, "at most MaxConnections")
 }

@@ -1,7 +1,6 @@
 package sidechannel
 
 import (
-	"bufio"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -60,32 +59,23 @@ func startPyRouter(t *testing.T, args ...string) (string, func() int) {
 	t.Helper()
 	py, peer := zmtpPeer(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	cmd := exec.CommandContext(ctx, py, append([]string{peer, "router"}, args...)...)
-	stdin, err := cmd.StdinPipe()
-	require.NoError(t, err)
-	stdout, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	var stderr syncBuffer
-	cmd.Stderr = &stderr
-	require.NoError(t, cmd.Start())
+	srv, ep, err := startPyServer(t, ctx, py, append([]string{peer, "router"}, args...)...)
 	stopped := false
 	stop := func() int {
 		if stopped {
 			return -1
 		}
 		stopped = true
-		_ = stdin.Close()
-		err := cmd.Wait()
+		err := srv.stop()
 		cancel()
-		require.NoError(t, err, "pyzmq router: %s", stderr.String())
+		require.NoError(t, err, "pyzmq router: %s", srv.stderr.String())
 		var st struct{ Served int }
-		require.NoError(t, json.Unmarshal([]byte(strings.TrimSpace(stderr.String())), &st), stderr.String())
+		require.NoError(t, json.Unmarshal([]byte(strings.TrimSpace(srv.stderr.String())), &st), srv.stderr.String())
 		return st.Served
 	}
 	t.Cleanup(func() { stop() })
-	line, err := bufio.NewReader(stdout).ReadString('\n')
 	require.NoError(t, err, "pyzmq router did not start")
-	return strings.TrimSpace(line), stop
+	return ep, stop
 }
 
 func sum(b []byte) string { h := sha256.Sum256(b); return hex.EncodeToString(h[:]) }
@@ -104,9 +94,7 @@ func TestInteropPyzmqHeartbeatsAndLargeReply(t *testing.T) {
 	p, err := protocol.ProfileByName("0.33")
 	require.NoError(t, err)
 	big := pyPayload(8 << 20)
-	srv, err := NewServer(context.Background(), p, ServerConfig{Payloads: map[protocol.Rank][]byte{{}: big}})
-	require.NoError(t, err)
-	defer srv.Close()
+	srv := startServer(t, p, ServerConfig{Payloads: map[protocol.Rank][]byte{{}: big}})
 	req, err := p.EncodeRequest(protocol.Rank{})
 	require.NoError(t, err)
 	res := runPyClient(t, "req", "--endpoint", srv.Endpoint(), "--heartbeat", "--sleep", "1.5",
@@ -127,9 +115,7 @@ func TestInteropPyzmqHeartbeatsAndLargeReply(t *testing.T) {
 func TestInteropPyzmqDealerPipeline(t *testing.T) {
 	p, err := protocol.ProfileByName("0.16")
 	require.NoError(t, err)
-	srv, err := NewServer(context.Background(), p, ServerConfig{Payloads: servePayloads(t, p, "h", 1, 1)})
-	require.NoError(t, err)
-	defer srv.Close()
+	srv := startServer(t, p, ServerConfig{Payloads: servePayloads(t, p, "h", 1, 1)})
 	req, err := p.EncodeRequest(protocol.Rank{})
 	require.NoError(t, err)
 	res := runPyClient(t, "dealer", "--endpoint", srv.Endpoint(), "--pipeline", "50", "--request", hex.EncodeToString(req))
@@ -195,9 +181,7 @@ func TestInteropGoREQPyzmqPeers(t *testing.T) {
 func TestServerAcceptsZMTP30(t *testing.T) {
 	p, err := protocol.ProfileByName("0.33")
 	require.NoError(t, err)
-	srv, err := NewServer(context.Background(), p, ServerConfig{Payloads: servePayloads(t, p, "h", 1, 1)})
-	require.NoError(t, err)
-	defer srv.Close()
+	srv := startServer(t, p, ServerConfig{Payloads: servePayloads(t, p, "h", 1, 1)})
 	nc, err := net.DialTimeout("tcp", srv.Addr(), 10*time.Second)
 	require.NoError(t, err)
 	defer nc.Close()
