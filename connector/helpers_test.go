@@ -3,7 +3,6 @@ package connector
 import (
 	"context"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -19,19 +18,10 @@ import (
 	"github.com/gonixl/gonixl/nixl"
 )
 
-var (
-	libOnce sync.Once
-	lib     *nixl.Library
-	libErr  error
-)
-
 // testLib loads the real NIXL (from `make nixl`) once per process, or fails/skips the test.
 func testLib(t testing.TB) *nixl.Library {
 	t.Helper()
-	dir := testenv.RequireNIXLLibDir(t)
-	libOnce.Do(func() { lib, libErr = nixl.Load(nixl.LoadOptions{LibDir: dir}) })
-	require.NoError(t, libErr)
-	return lib
+	return testenv.NIXL(t)
 }
 
 // Tiny model used by every test: 2 layers, 2 KV heads of 64, bf16, vLLM's block size 16.

@@ -12,8 +12,6 @@ import (
 
 	"github.com/gonixl/gonixl/cuda"
 	"github.com/gonixl/gonixl/internal/benchpeer"
-	"github.com/gonixl/gonixl/internal/testenv"
-	"github.com/gonixl/gonixl/nixl"
 )
 
 // runner closes the package's shared device after the tests, before goleak looks.
@@ -90,20 +88,6 @@ func gpu(tb testing.TB) *cuda.Device {
 	}
 	require.NoError(tb, shared.err)
 	return shared.dev
-}
-
-var nixlLib struct {
-	once sync.Once
-	lib  *nixl.Library
-	err  error
-}
-
-func loadNIXL(tb testing.TB) *nixl.Library {
-	tb.Helper()
-	dir := testenv.RequireNIXLLibDir(tb)
-	nixlLib.once.Do(func() { nixlLib.lib, nixlLib.err = nixl.Load(nixl.LoadOptions{LibDir: dir}) })
-	require.NoError(tb, nixlLib.err)
-	return nixlLib.lib
 }
 
 // peerDevice runs a benchmark peer with GPU 0's primary context bound to its OS thread.

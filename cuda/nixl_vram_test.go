@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gonixl/gonixl/cuda"
+	"github.com/gonixl/gonixl/internal/testenv"
 	"github.com/gonixl/gonixl/layout"
 	"github.com/gonixl/gonixl/nixl"
 )
@@ -18,7 +19,7 @@ var agentSeq atomic.Int64
 
 func newAgent(tb testing.TB, role string) *nixl.Agent {
 	tb.Helper()
-	lib := loadNIXL(tb)
+	lib := testenv.NIXL(tb)
 	a, err := lib.NewAgent(fmt.Sprintf("cuda-%s-%d-%d", role, os.Getpid(), agentSeq.Add(1)),
 		nixl.AgentConfig{Backends: []nixl.BackendSpec{{Plugin: "UCX"}}})
 	require.NoError(tb, err)

@@ -175,6 +175,19 @@ func (a *Agent) use(op string) (func(), error) {
 	return a.mu.RUnlock, nil
 }
 
+// useOpts is use plus the call's options converted for C (nil when there are none); end releases both.
+func (a *Agent) useOpts(op string, opts []Option) (o C.gx_h, end func(), err error) {
+	done, err := a.use(op)
+	if err != nil {
+		return nil, nil, err
+	}
+	if o, err = buildOpts(op, opts); err != nil {
+		done()
+		return nil, nil, err
+	}
+	return o, func() { freeOpts(o); done() }, nil
+}
+
 // Close releases every child handle still open, then destroys the agent. It is idempotent.
 func (a *Agent) Close() error {
 	a.mu.Lock()

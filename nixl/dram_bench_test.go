@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gonixl/gonixl/internal/benchpeer"
+	"github.com/gonixl/gonixl/internal/testenv"
 	"github.com/gonixl/gonixl/nixl"
 )
 
@@ -39,8 +40,8 @@ func BenchmarkDRAMToDRAM(b *testing.B) {
 	}
 	for _, opts := range variants {
 		b.Run("ucx="+opts.name, func(b *testing.B) {
-			peer := benchpeer.Start(b, loadLib(b), 2*total, opts.params, false)
-			a, err := loadLib(b).NewAgent(fmt.Sprintf("dram-bench-%s", opts.name), nixl.AgentConfig{
+			peer := benchpeer.Start(b, testenv.NIXL(b), 2*total, opts.params, false)
+			a, err := testenv.NIXL(b).NewAgent(fmt.Sprintf("dram-bench-%s", opts.name), nixl.AgentConfig{
 				Backends: []nixl.BackendSpec{{Plugin: "UCX", Params: opts.params}}})
 			require.NoError(b, err)
 			defer a.Close()
@@ -127,7 +128,7 @@ func BenchmarkDRAMToDRAM(b *testing.B) {
 // TestBenchPeer READs from the benchmarks' DRAM peer process (internal/benchpeer) and checks its bytes, so the
 // separate-process set-up of the benchmarks is tested where they do not run.
 func TestBenchPeer(t *testing.T) {
-	l := loadLib(t)
+	l := testenv.NIXL(t)
 	peer := benchpeer.Start(t, l, 1<<20, nil, false)
 	a, err := l.NewAgent(fmt.Sprintf("benchpeer-test-%d", os.Getpid()), nixl.AgentConfig{Backends: []nixl.BackendSpec{{Plugin: "UCX"}}})
 	require.NoError(t, err)

@@ -44,25 +44,11 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-var (
-	libOnce sync.Once
-	lib     *nixl.Library
-	libErr  error
-)
-
-func loadLib(t testing.TB) *nixl.Library {
-	t.Helper()
-	dir := testenv.RequireNIXLLibDir(t)
-	libOnce.Do(func() { lib, libErr = nixl.Load(nixl.LoadOptions{LibDir: dir}) })
-	require.NoError(t, libErr)
-	return lib
-}
-
 var agentSeq atomic.Int64
 
 func newAgent(t testing.TB, prefix string) *nixl.Agent {
 	t.Helper()
-	l := loadLib(t)
+	l := testenv.NIXL(t)
 	name := fmt.Sprintf("%s-%d-%d", prefix, os.Getpid(), agentSeq.Add(1))
 	a, err := l.NewAgent(name, nixl.AgentConfig{Backends: []nixl.BackendSpec{{Plugin: "UCX"}}})
 	require.NoError(t, err)
@@ -307,7 +293,7 @@ func TestErrorPaths(t *testing.T) {
 		require.ErrorIs(t, err, nixl.ErrNotFound)
 	})
 	t.Run("bad backend params", func(t *testing.T) {
-		a, err := loadLib(t).NewAgent(fmt.Sprintf("badbe-%d", os.Getpid()), nixl.AgentConfig{})
+		a, err := testenv.NIXL(t).NewAgent(fmt.Sprintf("badbe-%d", os.Getpid()), nixl.AgentConfig{})
 		require.NoError(t, err)
 		defer a.Close()
 		_, err = a.CreateBackend("NO_SUCH_PLUGIN", nil)
@@ -332,7 +318,7 @@ func TestErrorPaths(t *testing.T) {
 		require.Error(t, err)
 		_, err = p.init.CreateXfer(nixl.Read, nixl.DRAM, []nixl.Desc{{Addr: d.Addr, Len: 8}}, nixl.DRAM, []nixl.Desc{{Addr: p.targetMem.Addr(), Len: 16}}, p.target.Name())
 		require.ErrorIs(t, err, nixl.ErrInvalidParam)
-		_, err = loadLib(t).NewAgent("", nixl.AgentConfig{})
+		_, err = testenv.NIXL(t).NewAgent("", nixl.AgentConfig{})
 		require.ErrorIs(t, err, nixl.ErrInvalidParam)
 		_, err = nixl.AllocHost(0, nixl.HostOptions{})
 		require.ErrorIs(t, err, nixl.ErrInvalidParam)
@@ -350,7 +336,7 @@ func TestErrorPaths(t *testing.T) {
 }
 
 func TestAgentCloseReleasesChildren(t *testing.T) {
-	l := loadLib(t)
+	l := testenv.NIXL(t)
 	a, err := l.NewAgent(fmt.Sprintf("closer-%d", os.Getpid()), nixl.AgentConfig{Backends: []nixl.BackendSpec{{Plugin: "UCX"}}})
 	require.NoError(t, err)
 	m := hostMem(t, 1<<16)
@@ -397,7 +383,7 @@ func TestLeakedHandleIsReportedAndReleased(t *testing.T) {
 }
 
 func TestTelemetryAndCost(t *testing.T) {
-	l := loadLib(t)
+	l := testenv.NIXL(t)
 	a, b := telemetryAgent(t, l, "tel-a"), telemetryAgent(t, l, "tel-b")
 	ma, mb := hostMem(t, 1<<20), hostMem(t, 1<<20)
 	connectDRAM(t, a, b, ma, mb)
@@ -617,7 +603,7 @@ func loadFailMain() int {
 }
 
 func TestLibraryInfo(t *testing.T) {
-	l := loadLib(t)
+	l := testenv.NIXL(t)
 	require.FileExists(t, l.Path())
 	require.DirExists(t, l.PluginDir())
 	require.Equal(t, l.PluginDir(), os.Getenv("NIXL_PLUGIN_DIR"))
