@@ -219,12 +219,15 @@ type resource struct {
 	free   func() error
 }
 
-// newResource registers a child of the device; the device must be in use (st.use) by the caller.
-func (st *devState) newResource(what string, free func() error) *resource {
+// newResource registers a child of the device, the native handle of owner, which free releases: on owner's
+// Close, on the device's Close, or when owner is garbage-collected unclosed. The device must be in use
+// (st.use) by the caller.
+func newResource[T any](st *devState, owner *T, what string, free func() error) *resource {
 	r := &resource{st: st, what: what, free: free}
 	st.regMu.Lock()
 	st.children[r] = struct{}{}
 	st.regMu.Unlock()
+	runtime.AddCleanup(owner, func(r *resource) { _ = r.close() }, r)
 	return r
 }
 
@@ -252,20 +255,27 @@ func (r *resource) close() error {
 	return r.free()
 }
 
+// queryDone reads the result of a cu*Query call (op): done (Success), still running (ErrNotReady), or an
+// error.
+func queryDone(r Result, op string) (bool, error) {
+	switch r {
+	case Success:
+		return true, nil
+	case Result(600): // CUDA_ERROR_NOT_READY
+		return false, nil
+	default:
+		return false, check(r, op, "")
+	}
+}
+
 // pollWait calls query until it reports done (Success), an error, or ctx ends. query returns
 // ErrNotReady while the work runs; the polls are paced by poll.Default.
 func pollWait(ctx context.Context, query func() Result, op string) error {
 	var err error
 	if cerr := poll.Default.Until(ctx, func() bool {
-		switch r := query(); r {
-		case Success:
-			return true
-		case Result(600): // CUDA_ERROR_NOT_READY
-			return false
-		default:
-			err = check(r, op, "")
-			return true
-		}
+		var done bool
+		done, err = queryDone(query(), op)
+		return done || err != nil
 	}); cerr != nil {
 		return fmt.Errorf("cuda: %s: %w", op, cerr)
 	}
