@@ -63,8 +63,8 @@ type Source interface {
 type run struct{ src, dst, n int64 }
 
 // fetchPlan computes the compact shape and the contiguous runs that fetch (row, heads, tokens) of kv's
-// tensor: one run per head.
-func fetchPlan(spec SourceSpec, layer int, kv layout.KV, row, firstHead, heads, tokens int) (layout.Source, []run, error) {
+// tensor: one run per head, into a dst of dstLen bytes (checked to be large enough).
+func fetchPlan(spec SourceSpec, layer int, kv layout.KV, row, firstHead, heads, tokens, dstLen int) (layout.Source, []run, error) {
 	sh := spec.shape(kv)
 	switch {
 	case layer < 0 || layer >= spec.NumLayers:
@@ -89,6 +89,9 @@ func fetchPlan(spec SourceSpec, layer int, kv layout.KV, row, firstHead, heads, 
 	runs := make([]run, heads)
 	for h := range heads {
 		runs[h] = run{src: (int64(row)*int64(sh.Heads) + int64(firstHead+h)) * plane, dst: int64(h) * per, n: per}
+	}
+	if need := runs[heads-1].dst + runs[heads-1].n; int64(dstLen) < need {
+		return out, nil, fmt.Errorf("%w: fetch buffer of %d bytes, need %d", ErrBadArgument, dstLen, need)
 	}
 	return out, runs, nil
 }
@@ -147,12 +150,9 @@ func (d *DeviceSource) Spec() SourceSpec { return d.spec }
 
 // Fetch reads the runs of one (layer, kv) with a single native batch call.
 func (d *DeviceSource) Fetch(layer int, kv layout.KV, row, firstHead, heads, tokens int, dst []byte) (layout.Source, error) {
-	sh, runs, err := fetchPlan(d.spec, layer, kv, row, firstHead, heads, tokens)
+	sh, runs, err := fetchPlan(d.spec, layer, kv, row, firstHead, heads, tokens, len(dst))
 	if err != nil {
 		return sh, err
-	}
-	if need := runs[len(runs)-1].dst + runs[len(runs)-1].n; int64(len(dst)) < need {
-		return sh, fmt.Errorf("%w: fetch buffer of %d bytes, need %d", ErrBadArgument, len(dst), need)
 	}
 	t := d.k[layer]
 	if kv == layout.V {
@@ -195,12 +195,9 @@ func (h *HostSource) Spec() SourceSpec { return h.spec }
 
 // Fetch copies the runs of one (layer, kv).
 func (h *HostSource) Fetch(layer int, kv layout.KV, row, firstHead, heads, tokens int, dst []byte) (layout.Source, error) {
-	sh, runs, err := fetchPlan(h.spec, layer, kv, row, firstHead, heads, tokens)
+	sh, runs, err := fetchPlan(h.spec, layer, kv, row, firstHead, heads, tokens, len(dst))
 	if err != nil {
 		return sh, err
-	}
-	if need := runs[len(runs)-1].dst + runs[len(runs)-1].n; int64(len(dst)) < need {
-		return sh, fmt.Errorf("%w: fetch buffer of %d bytes, need %d", ErrBadArgument, len(dst), need)
 	}
 	src := h.k[layer]
 	if kv == layout.V {
