@@ -127,6 +127,14 @@ func ctxT(t testing.TB) context.Context {
 	return ctx
 }
 
+// postWait posts x and waits until it is done (bounded by ctx).
+func postWait(t testing.TB, ctx context.Context, x *nixl.Xfer) {
+	t.Helper()
+	_, err := x.Post()
+	require.NoError(t, err)
+	require.NoError(t, x.Wait(ctx))
+}
+
 func TestPluginsAndParams(t *testing.T) {
 	a := newAgent(t, "plugins")
 	plugins, err := a.AvailablePlugins()
@@ -160,9 +168,7 @@ func TestWriteAndReadWithNotifications(t *testing.T) {
 	notif := []byte("req-1\x00:tp=2\x00")
 	x, err := p.init.CreateXfer(nixl.Write, nixl.DRAM, []nixl.Desc{p.initMem.Desc()}, nixl.DRAM, []nixl.Desc{p.targetMem.Desc()}, p.target.Name(), nixl.WithNotification(notif))
 	require.NoError(t, err)
-	_, err = x.Post()
-	require.NoError(t, err)
-	require.NoError(t, x.Wait(ctxT(t)))
+	postWait(t, ctxT(t), x)
 	n, err := p.target.WaitNotification(ctxT(t), func(n nixl.Notification) bool { return true }, nil)
 	require.NoError(t, err)
 	require.Equal(t, p.init.Name(), n.Agent)
@@ -182,9 +188,7 @@ func TestWriteAndReadWithNotifications(t *testing.T) {
 	r, err := p.init.MakeXfer(nixl.Read, local, []int{0}, remote, []int{0}, nixl.WithNotification([]byte("read-done")))
 	require.NoError(t, err)
 	defer r.Close()
-	_, err = r.Post()
-	require.NoError(t, err)
-	require.NoError(t, r.Wait(ctxT(t)))
+	postWait(t, ctxT(t), r)
 	require.True(t, bytes.Equal(src, dst), "READ moved the wrong bytes")
 	n, err = p.target.WaitNotification(ctxT(t), func(n nixl.Notification) bool { return string(n.Msg) == "read-done" }, nil)
 	require.NoError(t, err)
@@ -239,9 +243,7 @@ func TestManyDescriptorsOneRequest(t *testing.T) {
 	require.NoError(t, err)
 	defer x.Close()
 	require.Equal(t, n, x.Len())
-	_, err = x.Post()
-	require.NoError(t, err)
-	require.NoError(t, x.Wait(ctxT(t)))
+	postWait(t, ctxT(t), x)
 	for i := 0; i < n; i++ {
 		if !bytes.Equal(src[i*dlen:(i+1)*dlen], dst[(n-1-i)*dlen:(n-i)*dlen]) {
 			t.Fatalf("descriptor %d moved the wrong bytes", i)
@@ -347,9 +349,7 @@ func TestAgentCloseReleasesChildren(t *testing.T) {
 	// Loopback: the agent reads its own memory (no metadata to load).
 	x, err := a.CreateXfer(nixl.Read, nixl.DRAM, []nixl.Desc{{Addr: m.Addr(), Len: 4096}}, nixl.DRAM, []nixl.Desc{{Addr: m.Addr() + 8192, Len: 4096}}, a.Name())
 	require.NoError(t, err)
-	_, err = x.Post()
-	require.NoError(t, err)
-	require.NoError(t, x.Wait(ctxT(t)))
+	postWait(t, ctxT(t), x)
 
 	require.NoError(t, a.Close())
 	require.NoError(t, a.Close(), "Close is idempotent")
@@ -395,9 +395,7 @@ func TestTelemetryAndCost(t *testing.T) {
 	} else {
 		require.True(t, errors.Is(err, nixl.ErrBackend) || errors.Is(err, nixl.ErrInvalidParam), "unexpected error %v", err)
 	}
-	_, err = x.Post()
-	require.NoError(t, err)
-	require.NoError(t, x.Wait(ctxT(t)))
+	postWait(t, ctxT(t), x)
 	tel, err := x.Telemetry()
 	require.NoError(t, err)
 	require.EqualValues(t, 1<<20, tel.Bytes)
@@ -408,9 +406,7 @@ func TestTelemetryAndCost(t *testing.T) {
 	y, err := p.init.CreateXfer(nixl.Read, nixl.DRAM, []nixl.Desc{p.initMem.Desc()}, nixl.DRAM, []nixl.Desc{p.targetMem.Desc()}, p.target.Name())
 	require.NoError(t, err)
 	defer y.Close()
-	_, err = y.Post()
-	require.NoError(t, err)
-	require.NoError(t, y.Wait(ctxT(t)))
+	postWait(t, ctxT(t), y)
 	_, err = y.Telemetry()
 	require.ErrorIs(t, err, nixl.ErrNoTelemetry)
 }
@@ -505,9 +501,7 @@ func TestTwoProcesses(t *testing.T) {
 	x, err := a.CreateXfer(nixl.Read, nixl.DRAM, []nixl.Desc{m.Desc()}, nixl.DRAM, []nixl.Desc{{Addr: addr, Len: 1 << 20}}, peer, nixl.WithNotification([]byte("read\x00done")))
 	require.NoError(t, err)
 	defer x.Close()
-	_, err = x.Post()
-	require.NoError(t, err)
-	require.NoError(t, x.Wait(ctx))
+	postWait(t, ctx, x)
 	want := make([]byte, 1<<20)
 	fill(want, 42)
 	require.True(t, bytes.Equal(want, m.Bytes()), "READ from the other process moved the wrong bytes")
@@ -516,9 +510,7 @@ func TestTwoProcesses(t *testing.T) {
 	w, err := a.CreateXfer(nixl.Write, nixl.DRAM, []nixl.Desc{m.Desc()}, nixl.DRAM, []nixl.Desc{{Addr: addr, Len: 1 << 20}}, peer, nixl.WithNotification([]byte("write-done")))
 	require.NoError(t, err)
 	defer w.Close()
-	_, err = w.Post()
-	require.NoError(t, err)
-	require.NoError(t, w.Wait(ctx))
+	postWait(t, ctx, w)
 	require.Equal(t, "OK read\x00done", strings.ReplaceAll(readLine(), `\0`, "\x00"))
 	require.Equal(t, "OK write-done verified", readLine())
 	stdin.Close()

@@ -69,9 +69,7 @@ func TestUCXOptionsTransfer(t *testing.T) {
 			x, err := a.CreateXfer(nixl.Read, nixl.DRAM, ld, nixl.DRAM, rd, b.Name())
 			require.NoError(t, err)
 			defer x.Close()
-			_, err = x.Post()
-			require.NoError(t, err)
-			require.NoError(t, x.Wait(ctxT(t)))
+			postWait(t, ctxT(t), x)
 			require.Equal(t, mb.Bytes(), ma.Bytes())
 		})
 	}
