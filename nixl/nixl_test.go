@@ -44,18 +44,6 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-var agentSeq atomic.Int64
-
-func newAgent(t testing.TB, prefix string) *nixl.Agent {
-	t.Helper()
-	l := testenv.NIXL(t)
-	name := fmt.Sprintf("%s-%d-%d", prefix, os.Getpid(), agentSeq.Add(1))
-	a, err := l.NewAgent(name, nixl.AgentConfig{Backends: []nixl.BackendSpec{{Plugin: "UCX"}}})
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, a.Close()) })
-	return a
-}
-
 func hostMem(t testing.TB, size int64) *nixl.HostMem {
 	t.Helper()
 	m, err := nixl.AllocHost(size, nixl.HostOptions{})
@@ -106,7 +94,7 @@ type pair struct {
 
 func newPair(t testing.TB, size int64) *pair {
 	t.Helper()
-	p := &pair{init: newAgent(t, "init"), target: newAgent(t, "target")}
+	p := &pair{init: testenv.NIXLAgent(t, "init"), target: testenv.NIXLAgent(t, "target")}
 	p.initMem, p.targetMem = hostMem(t, size), hostMem(t, size)
 	var err error
 	p.initReg, err = p.init.RegisterMem(nixl.DRAM, []nixl.Desc{p.initMem.Desc()})
@@ -136,7 +124,7 @@ func postWait(t testing.TB, ctx context.Context, x *nixl.Xfer) {
 }
 
 func TestPluginsAndParams(t *testing.T) {
-	a := newAgent(t, "plugins")
+	a := testenv.NIXLAgent(t, "plugins")
 	plugins, err := a.AvailablePlugins()
 	require.NoError(t, err)
 	require.Contains(t, plugins, "UCX")
@@ -326,7 +314,7 @@ func TestErrorPaths(t *testing.T) {
 		require.ErrorIs(t, err, nixl.ErrInvalidParam)
 	})
 	t.Run("invalidated remote", func(t *testing.T) {
-		other := newAgent(t, "inval")
+		other := testenv.NIXLAgent(t, "inval")
 		md, err := other.LocalMetadata()
 		require.NoError(t, err)
 		name, err := p.init.LoadRemoteMetadata(md)
@@ -363,7 +351,7 @@ func TestAgentCloseReleasesChildren(t *testing.T) {
 }
 
 func TestLeakedHandleIsReportedAndReleased(t *testing.T) {
-	a := newAgent(t, "leaky")
+	a := testenv.NIXLAgent(t, "leaky")
 	m := hostMem(t, 1<<16)
 	before := leaks.Load()
 	func() {
@@ -465,7 +453,7 @@ func TestConcurrentTransfers(t *testing.T) {
 
 func TestTwoProcesses(t *testing.T) {
 	dir := testenv.RequireNIXLLibDir(t)
-	a := newAgent(t, "parent")
+	a := testenv.NIXLAgent(t, "parent")
 	m := hostMem(t, 1<<20)
 	reg, err := a.RegisterMem(nixl.DRAM, []nixl.Desc{m.Desc()})
 	require.NoError(t, err)
