@@ -80,11 +80,7 @@ func (c *cache) Descs() ([]nixl.Desc, error) {
 	if err != nil {
 		return nil, err
 	}
-	out := make([]nixl.Desc, len(ds))
-	for i, d := range ds {
-		out[i] = nixl.Desc(d)
-	}
-	return out, nil
+	return nixl.DescsOf(ds), nil
 }
 
 // keep takes what RegisterMem returned and, on success, adds the registration to those close deregisters

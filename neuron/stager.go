@@ -209,11 +209,7 @@ func (s *Stager) Descs() ([]nixl.Desc, error) {
 	if err != nil {
 		return nil, err
 	}
-	out := make([]nixl.Desc, len(ld))
-	for i, d := range ld {
-		out[i] = nixl.Desc(d)
-	}
-	return out, nil
+	return nixl.DescsOf(ld), nil
 }
 
 // Region returns region r of the arena (read it only while no Stage writes the blocks you look at).

@@ -53,6 +53,16 @@ type Desc struct {
 	DevID uint64 // device ordinal (VRAM), 0 for DRAM, file descriptor (FILE), ...
 }
 
+// DescsOf converts a list of descriptors with Desc's field set, such as layout.Desc (Geometry.Descs,
+// RemoteDescs, ...), to []Desc.
+func DescsOf[D ~struct{ Addr, Len, DevID uint64 }](ds []D) []Desc {
+	out := make([]Desc, len(ds))
+	for i, d := range ds {
+		out[i] = Desc(d)
+	}
+	return out
+}
+
 // RegDesc is a registration descriptor: a Desc plus per-descriptor metadata (e.g. a file path for FILE).
 type RegDesc struct {
 	Desc

@@ -99,10 +99,10 @@ func TestLayoutPlansPostedDescs(t *testing.T) {
 			require.NoError(t, err)
 			rd, err := p.RemoteDescs(bases(mb), 0)
 			require.NoError(t, err)
-			lp, err := a.Prep("", nixl.DRAM, toNixl(ld))
+			lp, err := a.Prep("", nixl.DRAM, nixl.DescsOf(ld))
 			require.NoError(t, err)
 			defer lp.Close()
-			rp, err := a.Prep(b.Name(), nixl.DRAM, toNixl(rd))
+			rp, err := a.Prep(b.Name(), nixl.DRAM, nixl.DescsOf(rd))
 			require.NoError(t, err)
 			defer rp.Close()
 
@@ -138,10 +138,8 @@ func TestLayoutPlansPostedDescs(t *testing.T) {
 	}
 }
 
-func toNixl(ds []layout.Desc) []nixl.Desc {
-	out := make([]nixl.Desc, len(ds))
-	for i, d := range ds {
-		out[i] = nixl.Desc(d)
-	}
-	return out
+func TestDescsOf(t *testing.T) {
+	ds := []layout.Desc{{Addr: 0x1000, Len: 64, DevID: 0}, {Addr: 0x2000, Len: 128, DevID: 3}}
+	require.Equal(t, []nixl.Desc{{Addr: 0x1000, Len: 64, DevID: 0}, {Addr: 0x2000, Len: 128, DevID: 3}}, nixl.DescsOf(ds))
+	require.Empty(t, nixl.DescsOf([]layout.Desc(nil)))
 }
