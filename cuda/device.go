@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"sync"
 
+	"github.com/gonixl/gonixl/internal/lifetime"
 	"github.com/gonixl/gonixl/internal/poll"
 )
 
@@ -183,13 +184,10 @@ func (dev *Device) Do(fn func() error) error {
 // context. It is idempotent.
 func (dev *Device) Close() error { return dev.st.close() }
 
-func (st *devState) close() error {
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	if st.closed {
-		return nil
-	}
-	st.closed = true
+func (st *devState) close() error { return lifetime.CloseOnce(&st.mu, &st.closed, st.teardown) }
+
+// teardown is close's work, run once with st.mu locked.
+func (st *devState) teardown() error {
 	st.regMu.Lock()
 	kids := make([]*resource, 0, len(st.children))
 	for r := range st.children {
@@ -243,16 +241,12 @@ func (r *resource) use() error {
 func (r *resource) done() { r.mu.RUnlock() }
 
 func (r *resource) close() error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.closed {
-		return nil
-	}
-	r.closed = true
-	r.st.regMu.Lock()
-	delete(r.st.children, r)
-	r.st.regMu.Unlock()
-	return r.free()
+	return lifetime.CloseOnce(&r.mu, &r.closed, func() error {
+		r.st.regMu.Lock()
+		delete(r.st.children, r)
+		r.st.regMu.Unlock()
+		return r.free()
+	})
 }
 
 // queryDone reads the result of a cu*Query call (op): done (Success), still running (ErrNotReady), or an

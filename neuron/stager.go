@@ -10,6 +10,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/gonixl/gonixl/internal/lifetime"
 	"github.com/gonixl/gonixl/layout"
 	"github.com/gonixl/gonixl/nixl"
 )
@@ -351,13 +352,9 @@ func (s *Stager) run(ctx context.Context, req Request) error {
 // Close unmaps the arena, after running Stage calls returned; deregister it first (close the role that
 // registered it). It is idempotent.
 func (s *Stager) Close() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return nil
-	}
-	s.closed = true
-	err := s.mem.Close()
-	s.arena = nil
-	return err
+	return lifetime.CloseOnce(&s.mu, &s.closed, func() error {
+		err := s.mem.Close()
+		s.arena = nil
+		return err
+	})
 }

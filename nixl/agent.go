@@ -17,6 +17,8 @@ import (
 	"unsafe"
 
 	"go.uber.org/zap"
+
+	"github.com/gonixl/gonixl/internal/lifetime"
 )
 
 // ThreadSync is NIXL's agent locking mode.
@@ -189,13 +191,10 @@ func (a *Agent) useOpts(op string, opts []Option) (o C.gx_h, end func(), err err
 }
 
 // Close releases every child handle still open, then destroys the agent. It is idempotent.
-func (a *Agent) Close() error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.closed {
-		return nil
-	}
-	a.closed = true
+func (a *Agent) Close() error { return lifetime.CloseOnce(&a.mu, &a.closed, a.teardown) }
+
+// teardown is Close's work, run once with a.mu locked.
+func (a *Agent) teardown() error {
 	a.closedAt.Store(true)
 	var firstErr error
 	a.childMu.Lock()
