@@ -90,6 +90,24 @@ func gpu(tb testing.TB) *cuda.Device {
 	return shared.dev
 }
 
+// newStream is a new stream on dev, closed when the test ends.
+func newStream(tb testing.TB, dev *cuda.Device) *cuda.Stream {
+	tb.Helper()
+	s, err := dev.NewStream()
+	require.NoError(tb, err)
+	tb.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+// newEvent is a new event on dev (timing: Elapsed works on it), closed when the test ends.
+func newEvent(tb testing.TB, dev *cuda.Device, timing bool) *cuda.Event {
+	tb.Helper()
+	e, err := dev.NewEvent(timing)
+	require.NoError(tb, err)
+	tb.Cleanup(func() { _ = e.Close() })
+	return e
+}
+
 // peerDevice runs a benchmark peer with GPU 0's primary context bound to its OS thread.
 func peerDevice(run func() error) error {
 	drv, err := cuda.Load(cuda.LoadOptions{})

@@ -111,9 +111,7 @@ func benchDRAMToVRAM(b *testing.B, dev *cuda.Device, lib *nixl.Library, params m
 	_, err = a.LoadRemoteMetadata(peer.Metadata)
 	require.NoError(b, err)
 	defer a.InvalidateRemoteMetadata(peer.Agent)
-	s, err := dev.NewStream()
-	require.NoError(b, err)
-	defer s.Close()
+	s := newStream(b, dev)
 
 	for _, blk := range []int{32 << 10, 2 << 20} {
 		nb := 2 * total / blk
