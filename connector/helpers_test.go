@@ -13,7 +13,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/gonixl/gonixl/connector/protocol"
-	"github.com/gonixl/gonixl/internal/testenv"
+	"github.com/gonixl/gonixl/internal/nixltest"
 	"github.com/gonixl/gonixl/layout"
 	"github.com/gonixl/gonixl/nixl"
 )
@@ -21,7 +21,7 @@ import (
 // testLib loads the real NIXL (from `make nixl`) once per process, or fails/skips the test.
 func testLib(t testing.TB) *nixl.Library {
 	t.Helper()
-	return testenv.NIXL(t)
+	return nixltest.Lib(t)
 }
 
 // Tiny model used by every test: 2 layers, 2 KV heads of 64, bf16, vLLM's block size 16.

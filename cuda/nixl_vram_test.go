@@ -7,7 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gonixl/gonixl/cuda"
-	"github.com/gonixl/gonixl/internal/testenv"
+	"github.com/gonixl/gonixl/internal/nixltest"
 	"github.com/gonixl/gonixl/layout"
 	"github.com/gonixl/gonixl/nixl"
 )
@@ -27,7 +27,7 @@ type prefillDecode struct {
 func newPrefillDecode(tb testing.TB, g layout.Geometry) *prefillDecode {
 	tb.Helper()
 	dev := gpu(tb)
-	x := &prefillDecode{dev: dev, g: g, p: testenv.NIXLAgent(tb, "cuda-dram"), d: testenv.NIXLAgent(tb, "cuda-vram")}
+	x := &prefillDecode{dev: dev, g: g, p: nixltest.Agent(tb, "cuda-dram"), d: nixltest.Agent(tb, "cuda-vram")}
 	var err error
 	x.host, err = cuda.NewHostKVCache(dev, g)
 	require.NoError(tb, err)

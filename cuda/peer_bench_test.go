@@ -11,7 +11,7 @@ import (
 
 	"github.com/gonixl/gonixl/cuda"
 	"github.com/gonixl/gonixl/internal/benchpeer"
-	"github.com/gonixl/gonixl/internal/testenv"
+	"github.com/gonixl/gonixl/internal/nixltest"
 	"github.com/gonixl/gonixl/nixl"
 )
 
@@ -27,7 +27,7 @@ import (
 // section has one run's figures).
 func BenchmarkDRAMToVRAM(b *testing.B) {
 	dev := gpu(b)
-	lib := testenv.NIXL(b)
+	lib := nixltest.Lib(b)
 	rma := map[string]string{nixl.UCXRMAPipeline: "y"}
 	def := nixl.DefaultUCXOptions()
 	withThreads := func(n, split int) nixl.UCXOptions {

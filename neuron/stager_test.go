@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/gonixl/gonixl/internal/testenv"
+	"github.com/gonixl/gonixl/internal/nixltest"
 	"github.com/gonixl/gonixl/layout"
 	"github.com/gonixl/gonixl/nixl"
 )
@@ -421,7 +421,7 @@ func TestNIXLReadOfStagedBlocks(t *testing.T) {
 			rt := openFake(t, LoadOptions{})
 			c := newTestCache(smallSpec(true))
 			g := smallGeometry(layout.HND, plan)
-			prefill, decode := testenv.NIXLAgent(t, "prefill"), testenv.NIXLAgent(t, "decode")
+			prefill, decode := nixltest.Agent(t, "prefill"), nixltest.Agent(t, "decode")
 			s := newStager(t, StagerConfig{Geometry: g, Source: c.device(t, rt), FirstHead: 1})
 			registerArena(t, prefill, s) // what the connector's prefill role does
 			assert.Equal(t, nixl.DRAM, s.MemType())

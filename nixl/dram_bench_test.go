@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gonixl/gonixl/internal/benchpeer"
-	"github.com/gonixl/gonixl/internal/testenv"
+	"github.com/gonixl/gonixl/internal/nixltest"
 	"github.com/gonixl/gonixl/nixl"
 )
 
@@ -40,7 +40,7 @@ func BenchmarkDRAMToDRAM(b *testing.B) {
 	}
 	for _, opts := range variants {
 		b.Run("ucx="+opts.name, func(b *testing.B) {
-			peer := benchpeer.Start(b, testenv.NIXL(b), 2*total, opts.params, false)
+			peer := benchpeer.Start(b, nixltest.Lib(b), 2*total, opts.params, false)
 			a, m := peerReader(b, fmt.Sprintf("dram-bench-%s", opts.name), opts.params, peer, 2*total)
 			for _, blk := range []int{32 << 10, 2 << 20} {
 				nb := 2 * total / blk // blocks in each buffer; a transfer moves half of them
@@ -118,7 +118,7 @@ func BenchmarkDRAMToDRAM(b *testing.B) {
 // TestBenchPeer READs from the benchmarks' DRAM peer process (internal/benchpeer) and checks its bytes, so the
 // separate-process set-up of the benchmarks is tested where they do not run.
 func TestBenchPeer(t *testing.T) {
-	peer := benchpeer.Start(t, testenv.NIXL(t), 1<<20, nil, false)
+	peer := benchpeer.Start(t, nixltest.Lib(t), 1<<20, nil, false)
 	a, m := peerReader(t, fmt.Sprintf("benchpeer-test-%d", os.Getpid()), nil, peer, 64<<10)
 	const off = 300 << 10
 	x, err := a.CreateXfer(nixl.Read, nixl.DRAM, []nixl.Desc{m.Desc()}, nixl.DRAM,
@@ -137,7 +137,7 @@ func TestBenchPeer(t *testing.T) {
 // memory registered and peer's metadata loaded, all released when tb ends.
 func peerReader(tb testing.TB, name string, params map[string]string, peer *benchpeer.Peer, size int64) (*nixl.Agent, *nixl.HostMem) {
 	tb.Helper()
-	a, err := testenv.NIXL(tb).NewAgent(name, nixl.AgentConfig{Backends: []nixl.BackendSpec{{Plugin: "UCX", Params: params}}})
+	a, err := nixltest.Lib(tb).NewAgent(name, nixl.AgentConfig{Backends: []nixl.BackendSpec{{Plugin: "UCX", Params: params}}})
 	require.NoError(tb, err)
 	tb.Cleanup(func() { _ = a.Close() })
 	m := hostMem(tb, size)

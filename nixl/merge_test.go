@@ -5,7 +5,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/gonixl/gonixl/internal/testenv"
+	"github.com/gonixl/gonixl/internal/nixltest"
 	"github.com/gonixl/gonixl/layout"
 	"github.com/gonixl/gonixl/nixl"
 )
@@ -15,7 +15,7 @@ import (
 // merged into one descriptor unless WithoutDescMerge is given; descriptors that are not adjacent (a strided
 // list, e.g. vLLM's K halves) or indices out of order are not merged. CreateXfer lists are posted as given.
 func TestDescMerge(t *testing.T) {
-	l := testenv.NIXL(t)
+	l := nixltest.Lib(t)
 	a, b := telemetryAgent(t, l, "merge-a"), telemetryAgent(t, l, "merge-b")
 	const blk, n = 4096, 64
 	ma, mb := hostMem(t, 2*blk*n), hostMem(t, 2*blk*n)
@@ -72,7 +72,7 @@ func TestDescMerge(t *testing.T) {
 // as separate regions), and for a scattered one the same as without the merge. The bytes land where the
 // plan says.
 func TestLayoutPlansPostedDescs(t *testing.T) {
-	l := testenv.NIXL(t)
+	l := nixltest.Lib(t)
 	a, b := telemetryAgent(t, l, "plans-a"), telemetryAgent(t, l, "plans-b")
 	for _, plan := range []layout.RegionPlan{layout.PlanSplitKV, layout.PlanKVHalves, layout.PlanPackedKV} {
 		t.Run(plan.String(), func(t *testing.T) {

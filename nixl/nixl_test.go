@@ -19,6 +19,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/gonixl/gonixl/internal/benchpeer"
+	"github.com/gonixl/gonixl/internal/nixltest"
 	"github.com/gonixl/gonixl/internal/testenv"
 	"github.com/gonixl/gonixl/nixl"
 )
@@ -94,7 +95,7 @@ type pair struct {
 
 func newPair(t testing.TB, size int64) *pair {
 	t.Helper()
-	p := &pair{init: testenv.NIXLAgent(t, "init"), target: testenv.NIXLAgent(t, "target")}
+	p := &pair{init: nixltest.Agent(t, "init"), target: nixltest.Agent(t, "target")}
 	p.initMem, p.targetMem = hostMem(t, size), hostMem(t, size)
 	var err error
 	p.initReg, err = p.init.RegisterMem(nixl.DRAM, []nixl.Desc{p.initMem.Desc()})
@@ -124,7 +125,7 @@ func postWait(t testing.TB, ctx context.Context, x *nixl.Xfer) {
 }
 
 func TestPluginsAndParams(t *testing.T) {
-	a := testenv.NIXLAgent(t, "plugins")
+	a := nixltest.Agent(t, "plugins")
 	plugins, err := a.AvailablePlugins()
 	require.NoError(t, err)
 	require.Contains(t, plugins, "UCX")
@@ -283,7 +284,7 @@ func TestErrorPaths(t *testing.T) {
 		require.ErrorIs(t, err, nixl.ErrNotFound)
 	})
 	t.Run("bad backend params", func(t *testing.T) {
-		a, err := testenv.NIXL(t).NewAgent(fmt.Sprintf("badbe-%d", os.Getpid()), nixl.AgentConfig{})
+		a, err := nixltest.Lib(t).NewAgent(fmt.Sprintf("badbe-%d", os.Getpid()), nixl.AgentConfig{})
 		require.NoError(t, err)
 		defer a.Close()
 		_, err = a.CreateBackend("NO_SUCH_PLUGIN", nil)
@@ -308,13 +309,13 @@ func TestErrorPaths(t *testing.T) {
 		require.Error(t, err)
 		_, err = p.init.CreateXfer(nixl.Read, nixl.DRAM, []nixl.Desc{{Addr: d.Addr, Len: 8}}, nixl.DRAM, []nixl.Desc{{Addr: p.targetMem.Addr(), Len: 16}}, p.target.Name())
 		require.ErrorIs(t, err, nixl.ErrInvalidParam)
-		_, err = testenv.NIXL(t).NewAgent("", nixl.AgentConfig{})
+		_, err = nixltest.Lib(t).NewAgent("", nixl.AgentConfig{})
 		require.ErrorIs(t, err, nixl.ErrInvalidParam)
 		_, err = nixl.AllocHost(0, nixl.HostOptions{})
 		require.ErrorIs(t, err, nixl.ErrInvalidParam)
 	})
 	t.Run("invalidated remote", func(t *testing.T) {
-		other := testenv.NIXLAgent(t, "inval")
+		other := nixltest.Agent(t, "inval")
 		md, err := other.LocalMetadata()
 		require.NoError(t, err)
 		name, err := p.init.LoadRemoteMetadata(md)
@@ -326,7 +327,7 @@ func TestErrorPaths(t *testing.T) {
 }
 
 func TestAgentCloseReleasesChildren(t *testing.T) {
-	l := testenv.NIXL(t)
+	l := nixltest.Lib(t)
 	a, err := l.NewAgent(fmt.Sprintf("closer-%d", os.Getpid()), nixl.AgentConfig{Backends: []nixl.BackendSpec{{Plugin: "UCX"}}})
 	require.NoError(t, err)
 	m := hostMem(t, 1<<16)
@@ -351,7 +352,7 @@ func TestAgentCloseReleasesChildren(t *testing.T) {
 }
 
 func TestLeakedHandleIsReportedAndReleased(t *testing.T) {
-	a := testenv.NIXLAgent(t, "leaky")
+	a := nixltest.Agent(t, "leaky")
 	m := hostMem(t, 1<<16)
 	before := leaks.Load()
 	func() {
@@ -371,7 +372,7 @@ func TestLeakedHandleIsReportedAndReleased(t *testing.T) {
 }
 
 func TestTelemetryAndCost(t *testing.T) {
-	l := testenv.NIXL(t)
+	l := nixltest.Lib(t)
 	a, b := telemetryAgent(t, l, "tel-a"), telemetryAgent(t, l, "tel-b")
 	ma, mb := hostMem(t, 1<<20), hostMem(t, 1<<20)
 	connectDRAM(t, a, b, ma, mb)
@@ -453,7 +454,7 @@ func TestConcurrentTransfers(t *testing.T) {
 
 func TestTwoProcesses(t *testing.T) {
 	dir := testenv.RequireNIXLLibDir(t)
-	a := testenv.NIXLAgent(t, "parent")
+	a := nixltest.Agent(t, "parent")
 	m := hostMem(t, 1<<20)
 	reg, err := a.RegisterMem(nixl.DRAM, []nixl.Desc{m.Desc()})
 	require.NoError(t, err)
@@ -583,7 +584,7 @@ func loadFailMain() int {
 }
 
 func TestLibraryInfo(t *testing.T) {
-	l := testenv.NIXL(t)
+	l := nixltest.Lib(t)
 	require.FileExists(t, l.Path())
 	require.DirExists(t, l.PluginDir())
 	require.Equal(t, l.PluginDir(), os.Getenv("NIXL_PLUGIN_DIR"))

@@ -8,14 +8,14 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/gonixl/gonixl/internal/testenv"
+	"github.com/gonixl/gonixl/internal/nixltest"
 	"github.com/gonixl/gonixl/nixl"
 )
 
 // TestFileMemoryWithPOSIX registers a FILE (descriptor metadata = its path, DevID = its fd) with the POSIX
 // backend, asks QueryMem about it, and WRITEs and READs it from DRAM through the agent itself.
 func TestFileMemoryWithPOSIX(t *testing.T) {
-	l := testenv.NIXL(t)
+	l := nixltest.Lib(t)
 	a, err := l.NewAgent("posix-"+t.Name(), nixl.AgentConfig{})
 	require.NoError(t, err)
 	defer a.Close()

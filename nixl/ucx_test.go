@@ -7,7 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/gonixl/gonixl/internal/testenv"
+	"github.com/gonixl/gonixl/internal/nixltest"
 	"github.com/gonixl/gonixl/nixl"
 )
 
@@ -38,7 +38,7 @@ func TestUCXOptionsParams(t *testing.T) {
 // TestUCXOptionsTransfer runs a READ of many descriptors through agents made with explicit options: the
 // thread-pool engine splitting the request, no peer error handling, the RMA pipeline; NIXL accepts each.
 func TestUCXOptionsTransfer(t *testing.T) {
-	l := testenv.NIXL(t)
+	l := nixltest.Lib(t)
 	for i, o := range []nixl.UCXOptions{
 		nixl.DefaultUCXOptions(),
 		{NumThreads: 2, SplitBatchSize: 8, Engine: map[string]string{nixl.UCXRMAPipeline: "y"}},
