@@ -59,20 +59,25 @@ func (a *Agent) Prep(remote string, mem MemType, descs []Desc, opts ...Option) (
 	if remote != "" {
 		side = "remote agent " + remote
 	}
-	var h C.gx_h
+	var p *Prepped
 	if err := a.withRemote(op, remote, opts, func(cr *C.char, o C.gx_h) error {
 		l, err := buildXferList(op, mem, descs, false)
 		if err != nil {
 			return err
 		}
 		defer C.gx_destroy_xfer_dlist(l)
-		return check(op, C.gx_prep_xfer_dlist(a.h, cr, l, &h, o),
-			fmt.Sprintf("%d %s descriptors for %s: is the memory registered (and the remote metadata loaded)?", len(descs), mem, side))
+		var h C.gx_h
+		if err := check(op, C.gx_prep_xfer_dlist(a.h, cr, l, &h, o),
+			fmt.Sprintf("%d %s descriptors for %s: is the memory registered (and the remote metadata loaded)?", len(descs), mem, side)); err != nil {
+			return err
+		}
+		// Owned by the agent before its lock is released, so that a concurrent Close releases it.
+		id := a.addChild(&child{kind: kindPrepped, h: h, desc: fmt.Sprintf("%d %s descriptors (%s)", len(descs), mem, side)})
+		p = &Prepped{ref: childRef{a, id}, agent: remote, mem: mem, n: len(descs), remote: remote != ""}
+		return nil
 	}); err != nil {
 		return nil, err
 	}
-	id := a.addChild(&child{kind: kindPrepped, h: h, desc: fmt.Sprintf("%d %s descriptors (%s)", len(descs), mem, side)})
-	p := &Prepped{ref: childRef{a, id}, agent: remote, mem: mem, n: len(descs), remote: remote != ""}
 	runtime.AddCleanup(p, func(ref childRef) { ref.leaked() }, p.ref)
 	return p, nil
 }
@@ -178,7 +183,7 @@ func (a *Agent) CreateXfer(op Op, localMem MemType, local []Desc, remoteMem MemT
 			return nil, goErr(name, ErrInvalidParam, fmt.Sprintf("pair %d: local length %d != remote length %d", i, local[i].Len, remote[i].Len))
 		}
 	}
-	var h C.gx_h
+	var x *Xfer
 	if err := a.withRemote(name, remoteAgent, opts, func(cr *C.char, o C.gx_h) error {
 		lh, err := buildXferList(name, localMem, local, false)
 		if err != nil {
@@ -190,12 +195,17 @@ func (a *Agent) CreateXfer(op Op, localMem MemType, local []Desc, remoteMem MemT
 			return err
 		}
 		defer C.gx_destroy_xfer_dlist(rh)
-		return check(name, C.gx_create_xfer_req(a.h, C.int(op), lh, rh, cr, &h, o),
-			fmt.Sprintf("%s of %d descriptors with %s: is its metadata loaded and are both sides registered?", op, len(local), remoteAgent))
+		var h C.gx_h
+		if err := check(name, C.gx_create_xfer_req(a.h, C.int(op), lh, rh, cr, &h, o),
+			fmt.Sprintf("%s of %d descriptors with %s: is its metadata loaded and are both sides registered?", op, len(local), remoteAgent)); err != nil {
+			return err
+		}
+		x = a.newXfer(h, op, remoteAgent, len(local)) // under the agent's lock, like Prep's child
+		return nil
 	}); err != nil {
 		return nil, err
 	}
-	return a.newXfer(h, op, remoteAgent, len(local)), nil
+	return x, nil
 }
 
 func (a *Agent) newXfer(h C.gx_h, op Op, remote string, n int) *Xfer {
