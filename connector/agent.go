@@ -151,13 +151,7 @@ func (r *registered) close() error {
 	return err
 }
 
-func toNixl(ds []layout.Desc) []nixl.Desc {
-	out := make([]nixl.Desc, len(ds))
-	for i, d := range ds {
-		out[i] = nixl.Desc(d)
-	}
-	return out
-}
+func toNixl(ds []layout.Desc) []nixl.Desc { return nixl.DescsOf(ds) }
 
 // Compat carries what both sides hash into the compatibility hash (vLLM ≥ 0.13), plus the opt-out.
 type Compat struct {

@@ -3,7 +3,6 @@ package connector
 import (
 	"context"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -14,24 +13,15 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/gonixl/gonixl/connector/protocol"
-	"github.com/gonixl/gonixl/internal/testenv"
+	"github.com/gonixl/gonixl/internal/nixltest"
 	"github.com/gonixl/gonixl/layout"
 	"github.com/gonixl/gonixl/nixl"
-)
-
-var (
-	libOnce sync.Once
-	lib     *nixl.Library
-	libErr  error
 )
 
 // testLib loads the real NIXL (from `make nixl`) once per process, or fails/skips the test.
 func testLib(t testing.TB) *nixl.Library {
 	t.Helper()
-	dir := testenv.RequireNIXLLibDir(t)
-	libOnce.Do(func() { lib, libErr = nixl.Load(nixl.LoadOptions{LibDir: dir}) })
-	require.NoError(t, libErr)
-	return lib
+	return nixltest.Lib(t)
 }
 
 // Tiny model used by every test: 2 layers, 2 KV heads of 64, bf16, vLLM's block size 16.

@@ -54,9 +54,7 @@ func BenchmarkQwen3DRAMToVRAM(b *testing.B) {
 		}
 	}
 	contig := []cuda.Copy{{Dst: db[0], Src: hb[0], Len: uint64(bytesMoved)}}
-	s, err := x.dev.NewStream()
-	require.NoError(b, err)
-	defer s.Close()
+	s := newStream(b, x.dev)
 
 	// Warm up both paths (UCX connection set-up, driver paths) and check the NIXL data once.
 	x.post(b, xf)
@@ -144,9 +142,7 @@ func BenchmarkQwen3HostBufferedDecode(b *testing.B) {
 			ops = append(ops, cuda.Copy{Dst: db[r] + uint64(dst[i])*bl, Src: hbases[r] + uint64(src[i])*bl, Len: bl})
 		}
 	}
-	s, err := x.dev.NewStream()
-	require.NoError(b, err)
-	defer s.Close()
+	s := newStream(b, x.dev)
 	ctx := ctxT(b)
 	step := func() (read, h2d time.Duration) {
 		t0 := time.Now()

@@ -14,25 +14,10 @@ import (
 // This file is the only one that calls into C. Each helper is one cgo call; batch operations pass whole
 // arrays so that a copy of many blocks costs a single crossing.
 
-func driverErrorName(r Result) string {
-	if C.gcu_loaded() == 0 {
-		return ""
-	}
-	if s := C.gcu_error_name(C.gcu_result(r)); s != nil {
-		return C.GoString(s)
-	}
-	return ""
-}
-
-func driverErrorString(r Result) string {
-	if C.gcu_loaded() == 0 {
-		return ""
-	}
-	if s := C.gcu_error_string(C.gcu_result(r)); s != nil {
-		return C.GoString(s)
-	}
-	return ""
-}
+// driverErrorName and driverErrorString are the driver's name and description of r; "" (C's NULL) before
+// the driver is loaded or when it does not know r.
+func driverErrorName(r Result) string   { return C.GoString(C.gcu_error_name(C.gcu_result(r))) }
+func driverErrorString(r Result) string { return C.GoString(C.gcu_error_string(C.gcu_result(r))) }
 
 func cLoad(path string) (string, bool) {
 	cp := C.CString(path)

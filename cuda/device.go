@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"sync"
 
+	"github.com/gonixl/gonixl/internal/lifetime"
 	"github.com/gonixl/gonixl/internal/poll"
 )
 
@@ -183,13 +184,10 @@ func (dev *Device) Do(fn func() error) error {
 // context. It is idempotent.
 func (dev *Device) Close() error { return dev.st.close() }
 
-func (st *devState) close() error {
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	if st.closed {
-		return nil
-	}
-	st.closed = true
+func (st *devState) close() error { return lifetime.CloseOnce(&st.mu, &st.closed, st.teardown) }
+
+// teardown is close's work, run once with st.mu locked.
+func (st *devState) teardown() error {
 	st.regMu.Lock()
 	kids := make([]*resource, 0, len(st.children))
 	for r := range st.children {
@@ -219,12 +217,15 @@ type resource struct {
 	free   func() error
 }
 
-// newResource registers a child of the device; the device must be in use (st.use) by the caller.
-func (st *devState) newResource(what string, free func() error) *resource {
+// newResource registers a child of the device, the native handle of owner, which free releases: on owner's
+// Close, on the device's Close, or when owner is garbage-collected unclosed. The device must be in use
+// (st.use) by the caller.
+func newResource[T any](st *devState, owner *T, what string, free func() error) *resource {
 	r := &resource{st: st, what: what, free: free}
 	st.regMu.Lock()
 	st.children[r] = struct{}{}
 	st.regMu.Unlock()
+	runtime.AddCleanup(owner, func(r *resource) { _ = r.close() }, r)
 	return r
 }
 
@@ -240,16 +241,25 @@ func (r *resource) use() error {
 func (r *resource) done() { r.mu.RUnlock() }
 
 func (r *resource) close() error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.closed {
-		return nil
+	return lifetime.CloseOnce(&r.mu, &r.closed, func() error {
+		r.st.regMu.Lock()
+		delete(r.st.children, r)
+		r.st.regMu.Unlock()
+		return r.free()
+	})
+}
+
+// queryDone reads the result of a cu*Query call (op): done (Success), still running (ErrNotReady), or an
+// error.
+func queryDone(r Result, op string) (bool, error) {
+	switch r {
+	case Success:
+		return true, nil
+	case Result(600): // CUDA_ERROR_NOT_READY
+		return false, nil
+	default:
+		return false, check(r, op, "")
 	}
-	r.closed = true
-	r.st.regMu.Lock()
-	delete(r.st.children, r)
-	r.st.regMu.Unlock()
-	return r.free()
 }
 
 // pollWait calls query until it reports done (Success), an error, or ctx ends. query returns
@@ -257,15 +267,9 @@ func (r *resource) close() error {
 func pollWait(ctx context.Context, query func() Result, op string) error {
 	var err error
 	if cerr := poll.Default.Until(ctx, func() bool {
-		switch r := query(); r {
-		case Success:
-			return true
-		case Result(600): // CUDA_ERROR_NOT_READY
-			return false
-		default:
-			err = check(r, op, "")
-			return true
-		}
+		var done bool
+		done, err = queryDone(query(), op)
+		return done || err != nil
 	}); cerr != nil {
 		return fmt.Errorf("cuda: %s: %w", op, cerr)
 	}

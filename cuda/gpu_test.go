@@ -123,12 +123,8 @@ func TestAllocCopyRoundTrip(t *testing.T) {
 	require.True(t, bytes.Equal(want[4<<20:5<<20], chunk))
 	require.NoError(t, m2.Read(8<<20, chunk))
 	require.True(t, bytes.Equal(want[:1<<20], chunk))
-	s, err := dev.NewStream()
-	require.NoError(t, err)
-	defer s.Close()
-	ev, err := dev.NewEvent(false)
-	require.NoError(t, err)
-	defer ev.Close()
+	s := newStream(t, dev)
+	ev := newEvent(t, dev, false)
 	require.NoError(t, s.Enqueue(cuda.DeviceToDevice, []cuda.Copy{{Dst: m2.Ptr(), Src: m.Ptr(), Len: size}}))
 	require.NoError(t, ev.Record(s))
 	require.NoError(t, ev.Synchronize())
@@ -167,15 +163,9 @@ func TestPinnedHostStreamsAndEvents(t *testing.T) {
 	require.Equal(t, cuda.MemoryHost, pi.MemoryType)
 	require.Equal(t, uint64(h1.Addr()), pi.HostPtr)
 
-	s, err := dev.NewStream()
-	require.NoError(t, err)
-	defer s.Close()
-	start, err := dev.NewEvent(true)
-	require.NoError(t, err)
-	defer start.Close()
-	end, err := dev.NewEvent(true)
-	require.NoError(t, err)
-	defer end.Close()
+	s := newStream(t, dev)
+	start := newEvent(t, dev, true)
+	end := newEvent(t, dev, true)
 
 	// Upload in 1 MiB pieces (one cgo call), download reversed piece order, all on one stream.
 	const piece = 1 << 20
@@ -200,9 +190,7 @@ func TestPinnedHostStreamsAndEvents(t *testing.T) {
 	t.Logf("64 MiB through the GPU (32 up, 32 down) in %v: %.1f GB/s", el, 2*size/el.Seconds()/1e9)
 
 	// A second stream waits for the first through an event; synchronous batch on the default stream.
-	s2, err := dev.NewStream()
-	require.NoError(t, err)
-	defer s2.Close()
+	s2 := newStream(t, dev)
 	clear(h2.Bytes())
 	require.NoError(t, s.Enqueue(cuda.HostToDevice, []cuda.Copy{{Dst: m.Ptr(), Src: uint64(h1.Addr()), Len: size}}))
 	require.NoError(t, end.Record(s))
@@ -368,9 +356,7 @@ func TestKVCacheBlockCopies(t *testing.T) {
 	}
 
 	// Back to a second host cache, on a stream.
-	s, err := dev.NewStream()
-	require.NoError(t, err)
-	defer s.Close()
+	s := newStream(t, dev)
 	require.NoError(t, kv.CopyToHost(back, dst, []int{7, 8, 9, 30}, s))
 	require.NoError(t, s.Wait(ctxT(t)))
 	for r := range g.NumRegions() {

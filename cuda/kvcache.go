@@ -80,21 +80,22 @@ func (c *cache) Descs() ([]nixl.Desc, error) {
 	if err != nil {
 		return nil, err
 	}
-	out := make([]nixl.Desc, len(ds))
-	for i, d := range ds {
-		out[i] = nixl.Desc(d)
-	}
-	return out, nil
+	return nixl.DescsOf(ds), nil
 }
 
-func (c *cache) addReg(reg *nixl.Registration) error {
+// keep takes what RegisterMem returned and, on success, adds the registration to those close deregisters
+// (deregistering it at once when the cache is already closed).
+func (c *cache) keep(reg *nixl.Registration, err error) (*nixl.Registration, error) {
+	if err != nil {
+		return nil, err
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
-		return errors.Join(closedErr("KV cache"), reg.Close())
+		return reg, errors.Join(closedErr("KV cache"), reg.Close())
 	}
 	c.regs = append(c.regs, reg)
-	return nil
+	return reg, nil
 }
 
 // closeRegs marks the cache closed and deregisters what it registered (children before the memory).
@@ -111,6 +112,15 @@ func (c *cache) closeRegs() (bool, error) {
 	}
 	c.regs = nil
 	return true, errors.Join(errs...)
+}
+
+// close deregisters (closeRegs), then frees the cache's memory with free; calls after the first do nothing.
+func (c *cache) close(free func() error) error {
+	first, err := c.closeRegs()
+	if !first {
+		return nil
+	}
+	return errors.Join(err, free())
 }
 
 // KVCache is a paged KV cache in device memory (VRAM), laid out by a layout.Geometry: every region in one
@@ -157,21 +167,12 @@ func (c *KVCache) Register(a *nixl.Agent, opts ...nixl.Option) (*nixl.Registrati
 		reg, err = a.RegisterMem(nixl.VRAM, c.RegionDescs(), opts...)
 		return err
 	})
-	if err != nil {
-		return nil, err
-	}
-	return reg, c.addReg(reg)
+	return c.keep(reg, err)
 }
 
 // Close deregisters the cache from every agent it was registered with, then frees the device memory.
 // It is idempotent.
-func (c *KVCache) Close() error {
-	first, err := c.closeRegs()
-	if !first {
-		return nil
-	}
-	return errors.Join(err, c.m.Close())
-}
+func (c *KVCache) Close() error { return c.close(c.m.Close) }
 
 // HostKVCache is a paged KV cache in pinned host memory (cuMemHostAlloc), laid out like KVCache: the host
 // buffer of vLLM's host-buffered mode, registered with NIXL as DRAM. Safe for concurrent use like KVCache.
@@ -207,22 +208,12 @@ func (c *HostKVCache) Block(r, b int) []byte {
 
 // Register registers every region with agent a as DRAM (one descriptor per region).
 func (c *HostKVCache) Register(a *nixl.Agent, opts ...nixl.Option) (*nixl.Registration, error) {
-	reg, err := a.RegisterMem(nixl.DRAM, c.RegionDescs(), opts...)
-	if err != nil {
-		return nil, err
-	}
-	return reg, c.addReg(reg)
+	return c.keep(a.RegisterMem(nixl.DRAM, c.RegionDescs(), opts...))
 }
 
 // Close deregisters the cache from every agent it was registered with, then frees the pinned memory.
 // It is idempotent.
-func (c *HostKVCache) Close() error {
-	first, err := c.closeRegs()
-	if !first {
-		return nil
-	}
-	return errors.Join(err, c.h.Close())
-}
+func (c *HostKVCache) Close() error { return c.close(c.h.Close) }
 
 // BlockCopies builds the copy list that moves blocks srcIDs[i] of src to dstIDs[i] of dst in every region,
 // region-major, with runs of consecutive blocks merged (Coalesce). The geometries must have the same

@@ -12,8 +12,6 @@ import (
 
 	"github.com/gonixl/gonixl/cuda"
 	"github.com/gonixl/gonixl/internal/benchpeer"
-	"github.com/gonixl/gonixl/internal/testenv"
-	"github.com/gonixl/gonixl/nixl"
 )
 
 // runner closes the package's shared device after the tests, before goleak looks.
@@ -92,18 +90,22 @@ func gpu(tb testing.TB) *cuda.Device {
 	return shared.dev
 }
 
-var nixlLib struct {
-	once sync.Once
-	lib  *nixl.Library
-	err  error
+// newStream is a new stream on dev, closed when the test ends.
+func newStream(tb testing.TB, dev *cuda.Device) *cuda.Stream {
+	tb.Helper()
+	s, err := dev.NewStream()
+	require.NoError(tb, err)
+	tb.Cleanup(func() { _ = s.Close() })
+	return s
 }
 
-func loadNIXL(tb testing.TB) *nixl.Library {
+// newEvent is a new event on dev (timing: Elapsed works on it), closed when the test ends.
+func newEvent(tb testing.TB, dev *cuda.Device, timing bool) *cuda.Event {
 	tb.Helper()
-	dir := testenv.RequireNIXLLibDir(tb)
-	nixlLib.once.Do(func() { nixlLib.lib, nixlLib.err = nixl.Load(nixl.LoadOptions{LibDir: dir}) })
-	require.NoError(tb, nixlLib.err)
-	return nixlLib.lib
+	e, err := dev.NewEvent(timing)
+	require.NoError(tb, err)
+	tb.Cleanup(func() { _ = e.Close() })
+	return e
 }
 
 // peerDevice runs a benchmark peer with GPU 0's primary context bound to its OS thread.

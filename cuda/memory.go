@@ -2,7 +2,6 @@ package cuda
 
 import (
 	"fmt"
-	"runtime"
 	"unsafe"
 )
 
@@ -52,10 +51,9 @@ func (dev *Device) Alloc(size uint64) (*DeviceMem, error) {
 	}
 	ctx := st.ctx
 	m := &DeviceMem{dev: dev, ptr: p, size: size}
-	m.r = st.newResource(fmt.Sprintf("device memory %#x (%d bytes)", p, size), func() error {
+	m.r = newResource(st, m, fmt.Sprintf("device memory %#x (%d bytes)", p, size), func() error {
 		return check(cMemFree(ctx, p), "cuMemFree_v2", fmt.Sprintf("%#x", p))
 	})
-	runtime.AddCleanup(m, func(r *resource) { _ = r.close() }, m.r)
 	return m, nil
 }
 
@@ -177,10 +175,9 @@ func (dev *Device) AllocHost(size uint64) (*HostMem, error) {
 	}
 	ctx := st.ctx
 	h := &HostMem{dev: dev, addr: p, size: size}
-	h.r = st.newResource(fmt.Sprintf("pinned host memory %#x (%d bytes)", p, size), func() error {
+	h.r = newResource(st, h, fmt.Sprintf("pinned host memory %#x (%d bytes)", p, size), func() error {
 		return check(cHostFree(ctx, p), "cuMemFreeHost", fmt.Sprintf("%#x", p))
 	})
-	runtime.AddCleanup(h, func(r *resource) { _ = r.close() }, h.r)
 	return h, nil
 }
 
@@ -223,10 +220,9 @@ func (dev *Device) RegisterHost(addr uintptr, size uint64) (*HostRegistration, e
 	}
 	ctx := st.ctx
 	hr := &HostRegistration{addr: addr, size: size}
-	hr.r = st.newResource(fmt.Sprintf("host registration %#x (%d bytes)", addr, size), func() error {
+	hr.r = newResource(st, hr, fmt.Sprintf("host registration %#x (%d bytes)", addr, size), func() error {
 		return check(cHostUnregister(ctx, addr), "cuMemHostUnregister", fmt.Sprintf("%#x", addr))
 	})
-	runtime.AddCleanup(hr, func(r *resource) { _ = r.close() }, hr.r)
 	return hr, nil
 }
 

@@ -2,29 +2,15 @@ package cuda_test
 
 import (
 	"bytes"
-	"fmt"
-	"os"
-	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/gonixl/gonixl/cuda"
+	"github.com/gonixl/gonixl/internal/nixltest"
 	"github.com/gonixl/gonixl/layout"
 	"github.com/gonixl/gonixl/nixl"
 )
-
-var agentSeq atomic.Int64
-
-func newAgent(tb testing.TB, role string) *nixl.Agent {
-	tb.Helper()
-	lib := loadNIXL(tb)
-	a, err := lib.NewAgent(fmt.Sprintf("cuda-%s-%d-%d", role, os.Getpid(), agentSeq.Add(1)),
-		nixl.AgentConfig{Backends: []nixl.BackendSpec{{Plugin: "UCX"}}})
-	require.NoError(tb, err)
-	tb.Cleanup(func() { require.NoError(tb, a.Close()) })
-	return a
-}
 
 // prefillDecode is a DRAM-side agent (like a prefill rank staging its KV cache in host memory) and a
 // VRAM-side agent (a decode rank's GPU cache), in one process, each with its cache registered.
@@ -41,7 +27,7 @@ type prefillDecode struct {
 func newPrefillDecode(tb testing.TB, g layout.Geometry) *prefillDecode {
 	tb.Helper()
 	dev := gpu(tb)
-	x := &prefillDecode{dev: dev, g: g, p: newAgent(tb, "dram"), d: newAgent(tb, "vram")}
+	x := &prefillDecode{dev: dev, g: g, p: nixltest.Agent(tb, "cuda-dram"), d: nixltest.Agent(tb, "cuda-vram")}
 	var err error
 	x.host, err = cuda.NewHostKVCache(dev, g)
 	require.NoError(tb, err)

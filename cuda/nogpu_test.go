@@ -16,11 +16,7 @@ import (
 // These tests need no GPU: loading failures, error values, and the copy-list math.
 
 func TestLoadMissingPathListsWhatWasTried(t *testing.T) {
-	_, err := cuda.Load(cuda.LoadOptions{Path: "/nonexistent/gonixl/libcuda.so.1", NoSearch: true})
-	require.ErrorIs(t, err, cuda.ErrNotLoaded)
-	var le *cuda.LoadError
-	require.ErrorAs(t, err, &le)
-	require.Equal(t, []string{"/nonexistent/gonixl/libcuda.so.1"}, le.Tried)
+	le, err := loadError(t, "/nonexistent/gonixl/libcuda.so.1")
 	require.Equal(t, []string{"not present"}, le.Why)
 	require.Contains(t, err.Error(), "install the NVIDIA driver")
 	require.Contains(t, err.Error(), "/nonexistent/gonixl/libcuda.so.1: not present")
@@ -28,12 +24,20 @@ func TestLoadMissingPathListsWhatWasTried(t *testing.T) {
 
 func TestLoadNonCUDALibraryIsRefused(t *testing.T) {
 	// libc is loadable everywhere but is no CUDA driver: the missing entry point is named.
-	_, err := cuda.Load(cuda.LoadOptions{Path: "libc.so.6", NoSearch: true})
+	le, _ := loadError(t, "libc.so.6")
+	require.Contains(t, le.Why[0], "does not export cuInit")
+}
+
+// loadError loads path alone (NoSearch), which must fail with ErrNotLoaded after trying only path, and
+// returns the LoadError and the error.
+func loadError(t *testing.T, path string) (*cuda.LoadError, error) {
+	t.Helper()
+	_, err := cuda.Load(cuda.LoadOptions{Path: path, NoSearch: true})
 	require.ErrorIs(t, err, cuda.ErrNotLoaded)
 	var le *cuda.LoadError
 	require.ErrorAs(t, err, &le)
-	require.Equal(t, []string{"libc.so.6"}, le.Tried)
-	require.Contains(t, le.Why[0], "does not export cuInit")
+	require.Equal(t, []string{path}, le.Tried)
+	return le, err
 }
 
 func TestLoadNoSearchNeedsPath(t *testing.T) {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/gonixl/gonixl/cuda"
 	"github.com/gonixl/gonixl/internal/benchpeer"
+	"github.com/gonixl/gonixl/internal/nixltest"
 	"github.com/gonixl/gonixl/nixl"
 )
 
@@ -26,7 +27,7 @@ import (
 // section has one run's figures).
 func BenchmarkDRAMToVRAM(b *testing.B) {
 	dev := gpu(b)
-	lib := loadNIXL(b)
+	lib := nixltest.Lib(b)
 	rma := map[string]string{nixl.UCXRMAPipeline: "y"}
 	def := nixl.DefaultUCXOptions()
 	withThreads := func(n, split int) nixl.UCXOptions {
@@ -110,9 +111,7 @@ func benchDRAMToVRAM(b *testing.B, dev *cuda.Device, lib *nixl.Library, params m
 	_, err = a.LoadRemoteMetadata(peer.Metadata)
 	require.NoError(b, err)
 	defer a.InvalidateRemoteMetadata(peer.Agent)
-	s, err := dev.NewStream()
-	require.NoError(b, err)
-	defer s.Close()
+	s := newStream(b, dev)
 
 	for _, blk := range []int{32 << 10, 2 << 20} {
 		nb := 2 * total / blk

@@ -3,7 +3,6 @@ package cuda
 import (
 	"context"
 	"fmt"
-	"runtime"
 	"time"
 )
 
@@ -30,11 +29,10 @@ func (dev *Device) NewStream() (*Stream, error) {
 	}
 	ctx := st.ctx
 	s := &Stream{dev: dev, h: h}
-	s.r = st.newResource(fmt.Sprintf("stream %#x", h), func() error {
+	s.r = newResource(st, s, fmt.Sprintf("stream %#x", h), func() error {
 		// Destroying a stream with work pending is allowed; the driver frees it once the work completes.
 		return check(cStreamDestroy(ctx, h), "cuStreamDestroy_v2", "")
 	})
-	runtime.AddCleanup(s, func(r *resource) { _ = r.close() }, s.r)
 	return s, nil
 }
 
@@ -52,40 +50,19 @@ func (s *Stream) Enqueue(dir Direction, ops []Copy) error {
 	return batchErr(dir, ops, i, r)
 }
 
+func (s *Stream) work() work {
+	return work{s.r, s.h, cStreamSync, "cuStreamSynchronize", cStreamQuery, "cuStreamQuery"}
+}
+
 // Synchronize blocks the calling goroutine (and its OS thread) until the stream is idle
 // (cuStreamSynchronize). Use Wait to honour a context.
-func (s *Stream) Synchronize() error {
-	if err := s.r.use(); err != nil {
-		return err
-	}
-	defer s.r.done()
-	return check(cStreamSync(s.r.st.ctx, s.h), "cuStreamSynchronize", "")
-}
+func (s *Stream) Synchronize() error { return s.work().synchronize() }
 
 // Query reports whether all work on the stream has completed (cuStreamQuery).
-func (s *Stream) Query() (bool, error) {
-	if err := s.r.use(); err != nil {
-		return false, err
-	}
-	defer s.r.done()
-	switch r := cStreamQuery(s.r.st.ctx, s.h); r {
-	case Success:
-		return true, nil
-	case Result(600):
-		return false, nil
-	default:
-		return false, check(r, "cuStreamQuery", "")
-	}
-}
+func (s *Stream) Query() (bool, error) { return s.work().query() }
 
 // Wait polls the stream until it is idle, an error occurs, or ctx ends.
-func (s *Stream) Wait(ctx context.Context) error {
-	if err := s.r.use(); err != nil {
-		return err
-	}
-	defer s.r.done()
-	return pollWait(ctx, func() Result { return cStreamQuery(s.r.st.ctx, s.h) }, "cuStreamQuery")
-}
+func (s *Stream) Wait(ctx context.Context) error { return s.work().wait(ctx) }
 
 // WaitEvent makes future work on s wait for e (cuStreamWaitEvent); it does not block the host.
 func (s *Stream) WaitEvent(e *Event) error {
@@ -129,10 +106,9 @@ func (dev *Device) NewEvent(timing bool) (*Event, error) {
 	}
 	ctx := st.ctx
 	e := &Event{dev: dev, h: h}
-	e.r = st.newResource(fmt.Sprintf("event %#x", h), func() error {
+	e.r = newResource(st, e, fmt.Sprintf("event %#x", h), func() error {
 		return check(cEventDestroy(ctx, h), "cuEventDestroy_v2", "")
 	})
-	runtime.AddCleanup(e, func(r *resource) { _ = r.close() }, e.r)
 	return e, nil
 }
 
@@ -153,39 +129,18 @@ func (e *Event) Record(s *Stream) error {
 	return check(cEventRecord(e.r.st.ctx, e.h, h), "cuEventRecord", "")
 }
 
-// Synchronize blocks until the recorded work has completed (cuEventSynchronize).
-func (e *Event) Synchronize() error {
-	if err := e.r.use(); err != nil {
-		return err
-	}
-	defer e.r.done()
-	return check(cEventSync(e.r.st.ctx, e.h), "cuEventSynchronize", "")
+func (e *Event) work() work {
+	return work{e.r, e.h, cEventSync, "cuEventSynchronize", cEventQuery, "cuEventQuery"}
 }
+
+// Synchronize blocks until the recorded work has completed (cuEventSynchronize).
+func (e *Event) Synchronize() error { return e.work().synchronize() }
 
 // Query reports whether the recorded work has completed (cuEventQuery).
-func (e *Event) Query() (bool, error) {
-	if err := e.r.use(); err != nil {
-		return false, err
-	}
-	defer e.r.done()
-	switch r := cEventQuery(e.r.st.ctx, e.h); r {
-	case Success:
-		return true, nil
-	case Result(600):
-		return false, nil
-	default:
-		return false, check(r, "cuEventQuery", "")
-	}
-}
+func (e *Event) Query() (bool, error) { return e.work().query() }
 
 // Wait polls until the recorded work has completed, an error occurs, or ctx ends.
-func (e *Event) Wait(ctx context.Context) error {
-	if err := e.r.use(); err != nil {
-		return err
-	}
-	defer e.r.done()
-	return pollWait(ctx, func() Result { return cEventQuery(e.r.st.ctx, e.h) }, "cuEventQuery")
-}
+func (e *Event) Wait(ctx context.Context) error { return e.work().wait(ctx) }
 
 // Close destroys the event. It is idempotent.
 func (e *Event) Close() error { return e.r.close() }
@@ -208,4 +163,39 @@ func Elapsed(start, end *Event) (time.Duration, error) {
 		return 0, err
 	}
 	return time.Duration(float64(ms) * float64(time.Millisecond)), nil
+}
+
+// work is what a Stream and an Event share: a handle whose enqueued work the host can synchronize with
+// (syncFn, named syncOp), query (queryFn, named queryOp) or wait for, each with the handle in use.
+type work struct {
+	r       *resource
+	h       uintptr
+	syncFn  func(ctxHandle, uintptr) Result
+	syncOp  string
+	queryFn func(ctxHandle, uintptr) Result
+	queryOp string
+}
+
+func (w work) synchronize() error {
+	if err := w.r.use(); err != nil {
+		return err
+	}
+	defer w.r.done()
+	return check(w.syncFn(w.r.st.ctx, w.h), w.syncOp, "")
+}
+
+func (w work) query() (bool, error) {
+	if err := w.r.use(); err != nil {
+		return false, err
+	}
+	defer w.r.done()
+	return queryDone(w.queryFn(w.r.st.ctx, w.h), w.queryOp)
+}
+
+func (w work) wait(ctx context.Context) error {
+	if err := w.r.use(); err != nil {
+		return err
+	}
+	defer w.r.done()
+	return pollWait(ctx, func() Result { return w.queryFn(w.r.st.ctx, w.h) }, w.queryOp)
 }

@@ -38,3 +38,16 @@ func TestPollWait(t *testing.T) {
 	require.True(t, errors.As(err, &ce))
 	require.True(t, ce.Native)
 }
+
+func TestQueryDone(t *testing.T) {
+	done, err := queryDone(Success, "cuEventQuery")
+	require.NoError(t, err)
+	require.True(t, done)
+	done, err = queryDone(Result(600), "cuEventQuery") // CUDA_ERROR_NOT_READY: still running
+	require.NoError(t, err)
+	require.False(t, done)
+	done, err = queryDone(Result(700), "cuStreamQuery")
+	require.ErrorIs(t, err, ErrIllegalAddress)
+	require.Contains(t, err.Error(), "cuStreamQuery")
+	require.False(t, done)
+}

@@ -16,6 +16,16 @@ func model2L(nb, bs, heads int, plan RegionPlan) Geometry {
 	return Geometry{NumLayers: 2, NumBlocks: nb, BlockSize: bs, NumKVHeads: heads, HeadDim: 128, DType: BF16, Order: HND, Plan: plan}
 }
 
+// sameTP is the worked examples' read plan between TP-1 peers of model2L with 8 heads and block size 16:
+// local 20 blocks, remote 10.
+func sameTP(t *testing.T, plan RegionPlan) (Geometry, *ReadPlan) {
+	t.Helper()
+	local := model2L(20, 16, 8, plan)
+	p, err := NewReadPlan(local, 1, 0, model2L(10, 16, 8, plan), 1, 8)
+	require.NoError(t, err)
+	return local, p
+}
+
 func bases(n int, start, step uint64) []uint64 {
 	out := make([]uint64, n)
 	for i := range out {
@@ -76,9 +86,7 @@ func TestDescsRejectBadBases(t *testing.T) {
 // TestVLLMWorkedExampleEraA: vllm-nixl-connector.md §6.5 — era A, 2 layers, H=8, Dh=128, bf16, bs=16,
 // P_nb=10, D_nb=20.
 func TestVLLMWorkedExampleEraA(t *testing.T) {
-	local, remote := model2L(20, 16, 8, PlanSplitKV), model2L(10, 16, 8, PlanSplitKV)
-	p, err := NewReadPlan(local, 1, 0, remote, 1, 8)
-	require.NoError(t, err)
+	local, p := sameTP(t, PlanSplitKV)
 	l, r, err := p.Indices([]int{7, 8, 9}, []int{3, 4, 5}, nil, nil)
 	require.NoError(t, err)
 	require.Equal(t, []int{7, 8, 9, 27, 28, 29, 47, 48, 49, 67, 68, 69}, l)
@@ -102,10 +110,8 @@ func TestVLLMWorkedExampleEraA(t *testing.T) {
 
 // Era C, same model: block_len 65536, regions [L0, L1], remote ids [3,4,5,13,14,15].
 func TestVLLMWorkedExampleEraC(t *testing.T) {
-	local, remote := model2L(20, 16, 8, PlanPackedKV), model2L(10, 16, 8, PlanPackedKV)
-	require.EqualValues(t, 65536, remote.BlockLen())
-	p, err := NewReadPlan(local, 1, 0, remote, 1, 8)
-	require.NoError(t, err)
+	require.EqualValues(t, 65536, model2L(10, 16, 8, PlanPackedKV).BlockLen())
+	_, p := sameTP(t, PlanPackedKV)
 	l, r, err := p.Indices([]int{7, 8, 9}, []int{3, 4, 5}, nil, nil)
 	require.NoError(t, err)
 	require.Equal(t, []int{3, 4, 5, 13, 14, 15}, r)
@@ -114,9 +120,7 @@ func TestVLLMWorkedExampleEraC(t *testing.T) {
 
 // Era B: 4 descriptor regions (L0K, L0V, L1K, L1V) over 2 registered regions.
 func TestVLLMWorkedExampleEraB(t *testing.T) {
-	local, remote := model2L(20, 16, 8, PlanKVHalves), model2L(10, 16, 8, PlanKVHalves)
-	p, err := NewReadPlan(local, 1, 0, remote, 1, 8)
-	require.NoError(t, err)
+	_, p := sameTP(t, PlanKVHalves)
 	_, r, err := p.Indices([]int{7, 8, 9}, []int{3, 4, 5}, nil, nil)
 	require.NoError(t, err)
 	require.Equal(t, []int{3, 4, 5, 13, 14, 15, 23, 24, 25, 33, 34, 35}, r)
@@ -128,9 +132,7 @@ func TestVLLMWorkedExampleEraB(t *testing.T) {
 
 // 0.16 _read_blocks: a partial prefix hit keeps the last remote blocks.
 func TestVLLMPrefixHitTrimsRemote(t *testing.T) {
-	local, remote := model2L(20, 16, 8, PlanSplitKV), model2L(10, 16, 8, PlanSplitKV)
-	p, err := NewReadPlan(local, 1, 0, remote, 1, 8)
-	require.NoError(t, err)
+	_, p := sameTP(t, PlanSplitKV)
 	l, r, err := p.Indices([]int{8, 9}, []int{3, 4, 5}, make([]int, 0, 8), make([]int, 0, 8))
 	require.NoError(t, err)
 	require.Equal(t, []int{4, 5, 14, 15, 24, 25, 34, 35}, r)

@@ -157,46 +157,37 @@ func ParseRegionPlan(s string) (RegionPlan, error) {
 }
 
 // MarshalText implements encoding.TextMarshaler (the canonical name).
-func (t DType) MarshalText() ([]byte, error) {
-	if !t.Valid() {
-		return nil, fmt.Errorf("%w: cannot marshal %v", ErrInvalidGeometry, t)
-	}
-	return []byte(t.String()), nil
-}
+func (t DType) MarshalText() ([]byte, error) { return marshalEnum(t) }
 
 // UnmarshalText implements encoding.TextUnmarshaler via ParseDType.
-func (t *DType) UnmarshalText(b []byte) error {
-	v, err := ParseDType(string(b))
-	*t = v
-	return err
-}
+func (t *DType) UnmarshalText(b []byte) error { return unmarshalEnum(t, b, ParseDType) }
 
 // MarshalText implements encoding.TextMarshaler ("NHD" or "HND").
-func (o BlockOrder) MarshalText() ([]byte, error) {
-	if !o.Valid() {
-		return nil, fmt.Errorf("%w: cannot marshal %v", ErrInvalidGeometry, o)
-	}
-	return []byte(o.String()), nil
-}
+func (o BlockOrder) MarshalText() ([]byte, error) { return marshalEnum(o) }
 
 // UnmarshalText implements encoding.TextUnmarshaler via ParseBlockOrder.
-func (o *BlockOrder) UnmarshalText(b []byte) error {
-	v, err := ParseBlockOrder(string(b))
-	*o = v
-	return err
-}
+func (o *BlockOrder) UnmarshalText(b []byte) error { return unmarshalEnum(o, b, ParseBlockOrder) }
 
 // MarshalText implements encoding.TextMarshaler ("split-kv", "kv-halves", "packed-kv").
-func (p RegionPlan) MarshalText() ([]byte, error) {
-	if !p.Valid() {
-		return nil, fmt.Errorf("%w: cannot marshal %v", ErrInvalidGeometry, p)
-	}
-	return []byte(p.String()), nil
-}
+func (p RegionPlan) MarshalText() ([]byte, error) { return marshalEnum(p) }
 
 // UnmarshalText implements encoding.TextUnmarshaler via ParseRegionPlan.
-func (p *RegionPlan) UnmarshalText(b []byte) error {
-	v, err := ParseRegionPlan(string(b))
-	*p = v
+func (p *RegionPlan) UnmarshalText(b []byte) error { return unmarshalEnum(p, b, ParseRegionPlan) }
+
+// marshalEnum is MarshalText of DType, BlockOrder and RegionPlan: the canonical name of a valid value.
+func marshalEnum[T interface {
+	Valid() bool
+	String() string
+}](v T) ([]byte, error) {
+	if !v.Valid() {
+		return nil, fmt.Errorf("%w: cannot marshal %v", ErrInvalidGeometry, v)
+	}
+	return []byte(v.String()), nil
+}
+
+// unmarshalEnum is UnmarshalText of DType, BlockOrder and RegionPlan: *dst = parse(b), also on error.
+func unmarshalEnum[T any](dst *T, b []byte, parse func(string) (T, error)) error {
+	v, err := parse(string(b))
+	*dst = v
 	return err
 }

@@ -16,18 +16,21 @@ func encSource(c int, s Source) []byte {
 		for h := range s.Heads {
 			for p := range s.SeqLen {
 				for d := range s.HeadDim {
-					var i int
-					if s.Transposed {
-						i = ((b*s.Heads+h)*s.HeadDim+d)*s.SeqLen + p
-					} else {
-						i = ((b*s.Heads+h)*s.SeqLen+p)*s.HeadDim + d
-					}
+					i := elemIndex(s, b, h, p, d)
 					binary.LittleEndian.PutUint16(out[2*i:], enc(c, b, h, p, d))
 				}
 			}
 		}
 	}
 	return out
+}
+
+// elemIndex is the element index of (b, h, p, d) in a BHSD tensor shaped by s (BHDS when transposed).
+func elemIndex(s Source, b, h, p, d int) int {
+	if s.Transposed {
+		return ((b*s.Heads+h)*s.HeadDim+d)*s.SeqLen + p
+	}
+	return ((b*s.Heads+h)*s.SeqLen+p)*s.HeadDim + d
 }
 
 func u16(b []byte) []uint16 {
@@ -95,13 +98,7 @@ func refToPaged(g Geometry, dst []byte, kv KV, src []byte, s Source, q Seq) {
 						}
 						continue
 					}
-					sh := q.Row*s.Heads + q.FirstHead + h
-					var si int
-					if s.Transposed {
-						si = (sh*D+d)*s.SeqLen + p
-					} else {
-						si = (sh*s.SeqLen+p)*D + d
-					}
+					si := elemIndex(s, q.Row, q.FirstHead+h, p, d)
 					copy(dst[do:do+e], src[si*e:si*e+e])
 				}
 			}

@@ -69,13 +69,7 @@ func TestPropertyToPagedMatchesReference(t *testing.T) {
 			for h := range s.Heads {
 				for p := range s.SeqLen {
 					for d := range s.HeadDim {
-						var ei int
-						if s.Transposed {
-							ei = ((b*s.Heads+h)*s.HeadDim+d)*s.SeqLen + p
-						} else {
-							ei = ((b*s.Heads+h)*s.SeqLen+p)*s.HeadDim + d
-						}
-						o := ei * e
+						o := elemIndex(s, b, h, p, d) * e
 						in := b == q.Row && h >= q.FirstHead && h < q.FirstHead+g.NumKVHeads && p < q.Tokens
 						ref := before
 						if in {

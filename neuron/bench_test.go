@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gonixl/gonixl/internal/nixltest"
 	"github.com/gonixl/gonixl/layout"
 	"github.com/gonixl/gonixl/nixl"
 )
@@ -113,7 +114,7 @@ func BenchmarkStageQwen3(b *testing.B) {
 // BenchmarkStageAndNIXLRead stages the request and has a second NIXL agent READ every block of it (UCX,
 // same host), end to end; x_hostcopy compares with the plain host copy measured in the same run.
 func BenchmarkStageAndNIXLRead(b *testing.B) {
-	prefill, decode := newAgent(b, "bprefill"), newAgent(b, "bdecode")
+	prefill, decode := nixltest.Agent(b, "bprefill"), nixltest.Agent(b, "bdecode")
 	s, req, c := benchSetup(b, 0, true, prefill)
 	g := s.Geometry()
 	_, dbases := peerArena(b, decode, g)

@@ -92,6 +92,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/gonixl/gonixl/internal/dl"
+	"github.com/gonixl/gonixl/internal/lifetime"
 )
 
 // EnvLibPath names an environment variable that, when set, is the libnrt.so.1 tried right after
@@ -370,13 +371,10 @@ func (r *Runtime) HasBatch() bool { return r.lib.readBatch != nil }
 
 // Close frees every tensor still allocated through this Runtime (children first) and closes libnrt. It is
 // idempotent.
-func (r *Runtime) Close() error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.closed {
-		return nil
-	}
-	r.closed = true
+func (r *Runtime) Close() error { return lifetime.CloseOnce(&r.mu, &r.closed, r.teardown) }
+
+// teardown is Close's work, run once with r.mu locked.
+func (r *Runtime) teardown() error {
 	for t := range r.tensors {
 		t.freeLocked()
 	}

@@ -63,8 +63,8 @@ type Source interface {
 type run struct{ src, dst, n int64 }
 
 // fetchPlan computes the compact shape and the contiguous runs that fetch (row, heads, tokens) of kv's
-// tensor: one run per head.
-func fetchPlan(spec SourceSpec, layer int, kv layout.KV, row, firstHead, heads, tokens int) (layout.Source, []run, error) {
+// tensor: one run per head, into a dst of dstLen bytes (checked to be large enough).
+func fetchPlan(spec SourceSpec, layer int, kv layout.KV, row, firstHead, heads, tokens, dstLen int) (layout.Source, []run, error) {
 	sh := spec.shape(kv)
 	switch {
 	case layer < 0 || layer >= spec.NumLayers:
@@ -90,6 +90,9 @@ func fetchPlan(spec SourceSpec, layer int, kv layout.KV, row, firstHead, heads, 
 	for h := range heads {
 		runs[h] = run{src: (int64(row)*int64(sh.Heads) + int64(firstHead+h)) * plane, dst: int64(h) * per, n: per}
 	}
+	if need := runs[heads-1].dst + runs[heads-1].n; int64(dstLen) < need {
+		return out, nil, fmt.Errorf("%w: fetch buffer of %d bytes, need %d", ErrBadArgument, dstLen, need)
+	}
 	return out, runs, nil
 }
 
@@ -102,13 +105,35 @@ func (s SourceSpec) FetchLen(heads, tokens int) int64 {
 	return int64(heads) * int64(tokens) * int64(s.Shape.HeadDim) * e
 }
 
+// perLayer is what DeviceSource and HostSource share: the spec and one K and one V tensor (T) per layer.
+type perLayer[T any] struct {
+	spec SourceSpec
+	k, v []T
+}
+
+// Spec returns the source's shape description.
+func (p *perLayer[T]) Spec() SourceSpec { return p.spec }
+
+// plan is fetchPlan for a Fetch into dst, plus the tensor of (layer, kv) that the runs read.
+func (p *perLayer[T]) plan(layer int, kv layout.KV, row, firstHead, heads, tokens int, dst []byte) (layout.Source, []run, T, error) {
+	var t T
+	sh, runs, err := fetchPlan(p.spec, layer, kv, row, firstHead, heads, tokens, len(dst))
+	if err != nil {
+		return sh, nil, t, err
+	}
+	t = p.k[layer]
+	if kv == layout.V {
+		t = p.v[layer]
+	}
+	return sh, runs, t, nil
+}
+
 // DeviceSource reads NxDI's KV tensors from Neuron device memory through libnrt: each Fetch is one native
 // call (nrt_tensor_read_batch when available) carrying one read per head.
 // Concurrency: safe for concurrent Fetch calls.
 type DeviceSource struct {
-	spec SourceSpec
-	rt   *Runtime
-	k, v []*Tensor
+	perLayer[*Tensor]
+	rt *Runtime
 }
 
 // NewDeviceSource wraps one K and one V device tensor per layer (k[l], v[l]; NxDI's
@@ -139,24 +164,14 @@ func NewDeviceSource(spec SourceSpec, k, v []*Tensor) (*DeviceSource, error) {
 			}
 		}
 	}
-	return &DeviceSource{spec: spec, rt: rt, k: append([]*Tensor(nil), k...), v: append([]*Tensor(nil), v...)}, nil
+	return &DeviceSource{perLayer: perLayer[*Tensor]{spec: spec, k: append([]*Tensor(nil), k...), v: append([]*Tensor(nil), v...)}, rt: rt}, nil
 }
-
-// Spec returns the source's shape description.
-func (d *DeviceSource) Spec() SourceSpec { return d.spec }
 
 // Fetch reads the runs of one (layer, kv) with a single native batch call.
 func (d *DeviceSource) Fetch(layer int, kv layout.KV, row, firstHead, heads, tokens int, dst []byte) (layout.Source, error) {
-	sh, runs, err := fetchPlan(d.spec, layer, kv, row, firstHead, heads, tokens)
+	sh, runs, t, err := d.plan(layer, kv, row, firstHead, heads, tokens, dst)
 	if err != nil {
 		return sh, err
-	}
-	if need := runs[len(runs)-1].dst + runs[len(runs)-1].n; int64(len(dst)) < need {
-		return sh, fmt.Errorf("%w: fetch buffer of %d bytes, need %d", ErrBadArgument, len(dst), need)
-	}
-	t := d.k[layer]
-	if kv == layout.V {
-		t = d.v[layer]
 	}
 	ops := make([]Op, len(runs))
 	for i, r := range runs {
@@ -169,8 +184,7 @@ func (d *DeviceSource) Fetch(layer int, kv layout.KV, row, firstHead, heads, tok
 // NeuronCores and is handed the KV by the process that does).
 // Concurrency: safe for concurrent Fetch calls; the caller must not modify the buffers while staging.
 type HostSource struct {
-	spec SourceSpec
-	k, v [][]byte
+	perLayer[[]byte]
 }
 
 // NewHostSource wraps one K and one V host buffer per layer, each exactly spec's tensor size.
@@ -187,24 +201,14 @@ func NewHostSource(spec SourceSpec, k, v [][]byte) (*HostSource, error) {
 			return nil, fmt.Errorf("%w: layer %d buffers are %d and %d bytes, want %d", ErrBadArgument, l, len(k[l]), len(v[l]), want)
 		}
 	}
-	return &HostSource{spec: spec, k: k, v: v}, nil
+	return &HostSource{perLayer[[]byte]{spec: spec, k: k, v: v}}, nil
 }
-
-// Spec returns the source's shape description.
-func (h *HostSource) Spec() SourceSpec { return h.spec }
 
 // Fetch copies the runs of one (layer, kv).
 func (h *HostSource) Fetch(layer int, kv layout.KV, row, firstHead, heads, tokens int, dst []byte) (layout.Source, error) {
-	sh, runs, err := fetchPlan(h.spec, layer, kv, row, firstHead, heads, tokens)
+	sh, runs, src, err := h.plan(layer, kv, row, firstHead, heads, tokens, dst)
 	if err != nil {
 		return sh, err
-	}
-	if need := runs[len(runs)-1].dst + runs[len(runs)-1].n; int64(len(dst)) < need {
-		return sh, fmt.Errorf("%w: fetch buffer of %d bytes, need %d", ErrBadArgument, len(dst), need)
-	}
-	src := h.k[layer]
-	if kv == layout.V {
-		src = h.v[layer]
 	}
 	for _, r := range runs {
 		copy(dst[r.dst:r.dst+r.n], src[r.src:r.src+r.n])

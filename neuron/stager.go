@@ -10,6 +10,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/gonixl/gonixl/internal/lifetime"
 	"github.com/gonixl/gonixl/layout"
 	"github.com/gonixl/gonixl/nixl"
 )
@@ -209,11 +210,7 @@ func (s *Stager) Descs() ([]nixl.Desc, error) {
 	if err != nil {
 		return nil, err
 	}
-	out := make([]nixl.Desc, len(ld))
-	for i, d := range ld {
-		out[i] = nixl.Desc(d)
-	}
-	return out, nil
+	return nixl.DescsOf(ld), nil
 }
 
 // Region returns region r of the arena (read it only while no Stage writes the blocks you look at).
@@ -355,13 +352,9 @@ func (s *Stager) run(ctx context.Context, req Request) error {
 // Close unmaps the arena, after running Stage calls returned; deregister it first (close the role that
 // registered it). It is idempotent.
 func (s *Stager) Close() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return nil
-	}
-	s.closed = true
-	err := s.mem.Close()
-	s.arena = nil
-	return err
+	return lifetime.CloseOnce(&s.mu, &s.closed, func() error {
+		err := s.mem.Close()
+		s.arena = nil
+		return err
+	})
 }

@@ -5,38 +5,17 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
-	"os"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/gonixl/gonixl/internal/testenv"
+	"github.com/gonixl/gonixl/internal/nixltest"
 	"github.com/gonixl/gonixl/layout"
 	"github.com/gonixl/gonixl/nixl"
 )
-
-var (
-	nixlOnce sync.Once
-	nixlLib  *nixl.Library
-	nixlErr  error
-	agentSeq atomic.Int64
-)
-
-func newAgent(tb testing.TB, prefix string) *nixl.Agent {
-	tb.Helper()
-	dir := testenv.RequireNIXLLibDir(tb)
-	nixlOnce.Do(func() { nixlLib, nixlErr = nixl.Load(nixl.LoadOptions{LibDir: dir}) })
-	require.NoError(tb, nixlErr)
-	name := fmt.Sprintf("%s-%d-%d", prefix, os.Getpid(), agentSeq.Add(1))
-	a, err := nixlLib.NewAgent(name, nixl.AgentConfig{Backends: []nixl.BackendSpec{{Plugin: "UCX"}}})
-	require.NoError(tb, err)
-	tb.Cleanup(func() { require.NoError(tb, a.Close()) })
-	return a
-}
 
 // testCache is a small NxDI-like cache: host copies of every K/V tensor (the golden source) and the same
 // bytes on fake Neuron devices.
@@ -442,7 +421,7 @@ func TestNIXLReadOfStagedBlocks(t *testing.T) {
 			rt := openFake(t, LoadOptions{})
 			c := newTestCache(smallSpec(true))
 			g := smallGeometry(layout.HND, plan)
-			prefill, decode := newAgent(t, "prefill"), newAgent(t, "decode")
+			prefill, decode := nixltest.Agent(t, "prefill"), nixltest.Agent(t, "decode")
 			s := newStager(t, StagerConfig{Geometry: g, Source: c.device(t, rt), FirstHead: 1})
 			registerArena(t, prefill, s) // what the connector's prefill role does
 			assert.Equal(t, nixl.DRAM, s.MemType())

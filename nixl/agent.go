@@ -17,6 +17,8 @@ import (
 	"unsafe"
 
 	"go.uber.org/zap"
+
+	"github.com/gonixl/gonixl/internal/lifetime"
 )
 
 // ThreadSync is NIXL's agent locking mode.
@@ -175,14 +177,24 @@ func (a *Agent) use(op string) (func(), error) {
 	return a.mu.RUnlock, nil
 }
 
-// Close releases every child handle still open, then destroys the agent. It is idempotent.
-func (a *Agent) Close() error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.closed {
-		return nil
+// useOpts is use plus the call's options converted for C (nil when there are none); end releases both.
+func (a *Agent) useOpts(op string, opts []Option) (o C.gx_h, end func(), err error) {
+	done, err := a.use(op)
+	if err != nil {
+		return nil, nil, err
 	}
-	a.closed = true
+	if o, err = buildOpts(op, opts); err != nil {
+		done()
+		return nil, nil, err
+	}
+	return o, func() { freeOpts(o); done() }, nil
+}
+
+// Close releases every child handle still open, then destroys the agent. It is idempotent.
+func (a *Agent) Close() error { return lifetime.CloseOnce(&a.mu, &a.closed, a.teardown) }
+
+// teardown is Close's work, run once with a.mu locked.
+func (a *Agent) teardown() error {
 	a.closedAt.Store(true)
 	var firstErr error
 	a.childMu.Lock()

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gonixl/gonixl/internal/benchpeer"
+	"github.com/gonixl/gonixl/internal/nixltest"
 	"github.com/gonixl/gonixl/nixl"
 )
 
@@ -39,18 +40,8 @@ func BenchmarkDRAMToDRAM(b *testing.B) {
 	}
 	for _, opts := range variants {
 		b.Run("ucx="+opts.name, func(b *testing.B) {
-			peer := benchpeer.Start(b, loadLib(b), 2*total, opts.params, false)
-			a, err := loadLib(b).NewAgent(fmt.Sprintf("dram-bench-%s", opts.name), nixl.AgentConfig{
-				Backends: []nixl.BackendSpec{{Plugin: "UCX", Params: opts.params}}})
-			require.NoError(b, err)
-			defer a.Close()
-			m := hostMem(b, 2*total)
-			reg, err := a.RegisterMem(nixl.DRAM, []nixl.Desc{m.Desc()})
-			require.NoError(b, err)
-			defer reg.Close()
-			_, err = a.LoadRemoteMetadata(peer.Metadata)
-			require.NoError(b, err)
-			defer a.InvalidateRemoteMetadata(peer.Agent)
+			peer := benchpeer.Start(b, nixltest.Lib(b), 2*total, opts.params, false)
+			a, m := peerReader(b, fmt.Sprintf("dram-bench-%s", opts.name), opts.params, peer, 2*total)
 			for _, blk := range []int{32 << 10, 2 << 20} {
 				nb := 2 * total / blk // blocks in each buffer; a transfer moves half of them
 				ld := make([]nixl.Desc, nb)
@@ -127,29 +118,34 @@ func BenchmarkDRAMToDRAM(b *testing.B) {
 // TestBenchPeer READs from the benchmarks' DRAM peer process (internal/benchpeer) and checks its bytes, so the
 // separate-process set-up of the benchmarks is tested where they do not run.
 func TestBenchPeer(t *testing.T) {
-	l := loadLib(t)
-	peer := benchpeer.Start(t, l, 1<<20, nil, false)
-	a, err := l.NewAgent(fmt.Sprintf("benchpeer-test-%d", os.Getpid()), nixl.AgentConfig{Backends: []nixl.BackendSpec{{Plugin: "UCX"}}})
-	require.NoError(t, err)
-	defer a.Close()
-	m := hostMem(t, 64<<10)
-	reg, err := a.RegisterMem(nixl.DRAM, []nixl.Desc{m.Desc()})
-	require.NoError(t, err)
-	defer reg.Close()
-	_, err = a.LoadRemoteMetadata(peer.Metadata)
-	require.NoError(t, err)
-	defer a.InvalidateRemoteMetadata(peer.Agent)
+	peer := benchpeer.Start(t, nixltest.Lib(t), 1<<20, nil, false)
+	a, m := peerReader(t, fmt.Sprintf("benchpeer-test-%d", os.Getpid()), nil, peer, 64<<10)
 	const off = 300 << 10
 	x, err := a.CreateXfer(nixl.Read, nixl.DRAM, []nixl.Desc{m.Desc()}, nixl.DRAM,
 		[]nixl.Desc{{Addr: peer.Addr + off, Len: uint64(m.Len())}}, peer.Agent)
 	require.NoError(t, err)
 	defer x.Close()
-	_, err = x.Post()
-	require.NoError(t, err)
-	require.NoError(t, x.Wait(ctxT(t)))
+	postWait(t, ctxT(t), x)
 	for i, v := range m.Bytes() {
 		if v != benchpeer.Pattern(uint64(off+i)) {
 			t.Fatalf("byte %d: %#x, want %#x", i, v, benchpeer.Pattern(uint64(off+i)))
 		}
 	}
+}
+
+// peerReader is a UCX agent (params: NIXL's UCX parameters, nil for its defaults) with size bytes of host
+// memory registered and peer's metadata loaded, all released when tb ends.
+func peerReader(tb testing.TB, name string, params map[string]string, peer *benchpeer.Peer, size int64) (*nixl.Agent, *nixl.HostMem) {
+	tb.Helper()
+	a, err := nixltest.Lib(tb).NewAgent(name, nixl.AgentConfig{Backends: []nixl.BackendSpec{{Plugin: "UCX", Params: params}}})
+	require.NoError(tb, err)
+	tb.Cleanup(func() { _ = a.Close() })
+	m := hostMem(tb, size)
+	reg, err := a.RegisterMem(nixl.DRAM, []nixl.Desc{m.Desc()})
+	require.NoError(tb, err)
+	tb.Cleanup(func() { _ = reg.Close() })
+	_, err = a.LoadRemoteMetadata(peer.Metadata)
+	require.NoError(tb, err)
+	tb.Cleanup(func() { _ = a.InvalidateRemoteMetadata(peer.Agent) })
+	return a, m
 }

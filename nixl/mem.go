@@ -53,6 +53,16 @@ type Desc struct {
 	DevID uint64 // device ordinal (VRAM), 0 for DRAM, file descriptor (FILE), ...
 }
 
+// DescsOf converts a list of descriptors with Desc's field set, such as layout.Desc (Geometry.Descs,
+// RemoteDescs, ...), to []Desc.
+func DescsOf[D ~struct{ Addr, Len, DevID uint64 }](ds []D) []Desc {
+	out := make([]Desc, len(ds))
+	for i, d := range ds {
+		out[i] = Desc(d)
+	}
+	return out
+}
+
 // RegDesc is a registration descriptor: a Desc plus per-descriptor metadata (e.g. a file path for FILE).
 type RegDesc struct {
 	Desc
@@ -111,6 +121,19 @@ func buildRegList(op string, mem MemType, descs []RegDesc) (C.gx_h, error) {
 	return h, nil
 }
 
+// useRegList is useOpts plus descs as a C registration list (buildRegList), which the caller destroys or
+// hands on; end releases the agent and the options.
+func (a *Agent) useRegList(op string, mem MemType, descs []RegDesc, opts []Option) (l, o C.gx_h, end func(), err error) {
+	if o, end, err = a.useOpts(op, opts); err != nil {
+		return nil, nil, nil, err
+	}
+	if l, err = buildRegList(op, mem, descs); err != nil {
+		end()
+		return nil, nil, nil, err
+	}
+	return l, o, end, nil
+}
+
 // Registration is memory registered with an agent. Close deregisters it (idempotent). The memory must stay
 // mapped, at the same address, until Close returns; it must never be Go heap memory (use AllocHost).
 // A Registration is safe for concurrent use.
@@ -145,21 +168,11 @@ func (a *Agent) RegisterMemMeta(mem MemType, descs []RegDesc, opts ...Option) (*
 	if len(descs) == 0 {
 		return nil, goErr(op, ErrInvalidParam, "no descriptors")
 	}
-	done, err := a.use(op)
+	l, o, end, err := a.useRegList(op, mem, descs, opts)
 	if err != nil {
 		return nil, err
 	}
-	defer done()
-	l, err := buildRegList(op, mem, descs)
-	if err != nil {
-		return nil, err
-	}
-	o, err := buildOpts(op, opts)
-	if err != nil {
-		C.gx_destroy_reg_dlist(l)
-		return nil, err
-	}
-	defer freeOpts(o)
+	defer end()
 	detail := fmt.Sprintf("%d %s descriptor(s) on agent %s; is a backend serving %s created (CreateBackend)?", len(descs), mem, a.name, mem)
 	if err := check(op, C.gx_register_mem(a.h, l, o), detail); err != nil {
 		C.gx_destroy_reg_dlist(l)
@@ -179,21 +192,12 @@ func (a *Agent) RegisterMemMeta(mem MemType, descs []RegDesc, opts ...Option) (*
 // FILE exists. The result has one entry per descriptor: nil when the backend knows nothing of it.
 func (a *Agent) QueryMem(mem MemType, descs []RegDesc, opts ...Option) ([]map[string]string, error) {
 	op := "query memory"
-	done, err := a.use(op)
+	l, o, end, err := a.useRegList(op, mem, descs, opts)
 	if err != nil {
 		return nil, err
 	}
-	defer done()
-	l, err := buildRegList(op, mem, descs)
-	if err != nil {
-		return nil, err
-	}
+	defer end()
 	defer C.gx_destroy_reg_dlist(l)
-	o, err := buildOpts(op, opts)
-	if err != nil {
-		return nil, err
-	}
-	defer freeOpts(o)
 	n := len(descs)
 	has := make([]C.char, n+1)
 	ends := make([]C.uint64_t, n+1)
@@ -235,11 +239,11 @@ func (a *Agent) LocalMetadata() ([]byte, error) {
 // only), optionally restricted to some backends.
 func (a *Agent) LocalPartialMetadata(mem MemType, descs []Desc, opts ...Option) ([]byte, error) {
 	op := "get local partial metadata"
-	done, err := a.use(op)
+	o, end, err := a.useOpts(op, opts)
 	if err != nil {
 		return nil, err
 	}
-	defer done()
+	defer end()
 	rd := make([]RegDesc, len(descs))
 	for i, d := range descs {
 		rd[i].Desc = d
@@ -254,11 +258,6 @@ func (a *Agent) LocalPartialMetadata(mem MemType, descs []Desc, opts ...Option) 
 		return nil, err
 	}
 	defer C.gx_destroy_reg_dlist(l)
-	o, err := buildOpts(op, opts)
-	if err != nil {
-		return nil, err
-	}
-	defer freeOpts(o)
 	var p unsafe.Pointer
 	var n C.size_t
 	if err := check(op, C.gx_get_local_partial_md(a.h, l, &p, &n, o), "are the descriptors registered?"); err != nil {
@@ -300,19 +299,14 @@ func (a *Agent) InvalidateRemoteMetadata(remote string) error {
 // them, else an ErrNotFound error.
 func (a *Agent) CheckRemoteMetadata(remote string, mem MemType, descs []Desc) error {
 	op := "check remote metadata"
-	done, err := a.use(op)
-	if err != nil {
-		return err
-	}
-	defer done()
-	l, err := buildXferList(op, mem, descs, true)
-	if err != nil {
-		return err
-	}
-	defer C.gx_destroy_xfer_dlist(l)
-	cr := C.CString(remote)
-	defer C.free(unsafe.Pointer(cr))
-	return check(op, C.gx_check_remote_md(a.h, cr, l), "agent "+remote)
+	return a.withRemote(op, remote, nil, func(cr *C.char, _ C.gx_h) error {
+		l, err := buildXferList(op, mem, descs, true)
+		if err != nil {
+			return err
+		}
+		defer C.gx_destroy_xfer_dlist(l)
+		return check(op, C.gx_check_remote_md(a.h, cr, l), "agent "+remote)
+	})
 }
 
 // MakeConnection connects to a peer now instead of at its first transfer.
@@ -326,16 +320,11 @@ func (a *Agent) MakeConnection(remote string, opts ...Option) error {
 // withRemote runs fn with the agent in use, opts converted for C and remote as a C string, and releases them
 // after fn.
 func (a *Agent) withRemote(op, remote string, opts []Option, fn func(cr *C.char, o C.gx_h) error) error {
-	done, err := a.use(op)
+	o, end, err := a.useOpts(op, opts)
 	if err != nil {
 		return err
 	}
-	defer done()
-	o, err := buildOpts(op, opts) // nil when there are none
-	if err != nil {
-		return err
-	}
-	defer freeOpts(o)
+	defer end()
 	cr := C.CString(remote)
 	defer C.free(unsafe.Pointer(cr))
 	return fn(cr, o)

@@ -5,6 +5,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/gonixl/gonixl/internal/nixltest"
 	"github.com/gonixl/gonixl/layout"
 	"github.com/gonixl/gonixl/nixl"
 )
@@ -14,7 +15,7 @@ import (
 // merged into one descriptor unless WithoutDescMerge is given; descriptors that are not adjacent (a strided
 // list, e.g. vLLM's K halves) or indices out of order are not merged. CreateXfer lists are posted as given.
 func TestDescMerge(t *testing.T) {
-	l := loadLib(t)
+	l := nixltest.Lib(t)
 	a, b := telemetryAgent(t, l, "merge-a"), telemetryAgent(t, l, "merge-b")
 	const blk, n = 4096, 64
 	ma, mb := hostMem(t, 2*blk*n), hostMem(t, 2*blk*n)
@@ -71,7 +72,7 @@ func TestDescMerge(t *testing.T) {
 // as separate regions), and for a scattered one the same as without the merge. The bytes land where the
 // plan says.
 func TestLayoutPlansPostedDescs(t *testing.T) {
-	l := loadLib(t)
+	l := nixltest.Lib(t)
 	a, b := telemetryAgent(t, l, "plans-a"), telemetryAgent(t, l, "plans-b")
 	for _, plan := range []layout.RegionPlan{layout.PlanSplitKV, layout.PlanKVHalves, layout.PlanPackedKV} {
 		t.Run(plan.String(), func(t *testing.T) {
@@ -98,10 +99,10 @@ func TestLayoutPlansPostedDescs(t *testing.T) {
 			require.NoError(t, err)
 			rd, err := p.RemoteDescs(bases(mb), 0)
 			require.NoError(t, err)
-			lp, err := a.Prep("", nixl.DRAM, toNixl(ld))
+			lp, err := a.Prep("", nixl.DRAM, nixl.DescsOf(ld))
 			require.NoError(t, err)
 			defer lp.Close()
-			rp, err := a.Prep(b.Name(), nixl.DRAM, toNixl(rd))
+			rp, err := a.Prep(b.Name(), nixl.DRAM, nixl.DescsOf(rd))
 			require.NoError(t, err)
 			defer rp.Close()
 
@@ -116,9 +117,7 @@ func TestLayoutPlansPostedDescs(t *testing.T) {
 				want := layout.PostedDescs(ld, rd, li, ri)
 				x, err := a.MakeXfer(nixl.Read, lp, li, rp, ri)
 				require.NoError(t, err)
-				_, err = x.Post()
-				require.NoError(t, err)
-				require.NoError(t, x.Wait(ctxT(t)))
+				postWait(t, ctxT(t), x)
 				tel, err := x.Telemetry()
 				require.NoError(t, err)
 				require.NoError(t, x.Close())
@@ -139,10 +138,8 @@ func TestLayoutPlansPostedDescs(t *testing.T) {
 	}
 }
 
-func toNixl(ds []layout.Desc) []nixl.Desc {
-	out := make([]nixl.Desc, len(ds))
-	for i, d := range ds {
-		out[i] = nixl.Desc(d)
-	}
-	return out
+func TestDescsOf(t *testing.T) {
+	ds := []layout.Desc{{Addr: 0x1000, Len: 64, DevID: 0}, {Addr: 0x2000, Len: 128, DevID: 3}}
+	require.Equal(t, []nixl.Desc{{Addr: 0x1000, Len: 64, DevID: 0}, {Addr: 0x2000, Len: 128, DevID: 3}}, nixl.DescsOf(ds))
+	require.Empty(t, nixl.DescsOf([]layout.Desc(nil)))
 }

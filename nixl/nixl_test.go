@@ -19,6 +19,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/gonixl/gonixl/internal/benchpeer"
+	"github.com/gonixl/gonixl/internal/nixltest"
 	"github.com/gonixl/gonixl/internal/testenv"
 	"github.com/gonixl/gonixl/nixl"
 )
@@ -42,32 +43,6 @@ func TestMain(m *testing.M) {
 		leaks.Add(1)
 	})
 	goleak.VerifyTestMain(m)
-}
-
-var (
-	libOnce sync.Once
-	lib     *nixl.Library
-	libErr  error
-)
-
-func loadLib(t testing.TB) *nixl.Library {
-	t.Helper()
-	dir := testenv.RequireNIXLLibDir(t)
-	libOnce.Do(func() { lib, libErr = nixl.Load(nixl.LoadOptions{LibDir: dir}) })
-	require.NoError(t, libErr)
-	return lib
-}
-
-var agentSeq atomic.Int64
-
-func newAgent(t testing.TB, prefix string) *nixl.Agent {
-	t.Helper()
-	l := loadLib(t)
-	name := fmt.Sprintf("%s-%d-%d", prefix, os.Getpid(), agentSeq.Add(1))
-	a, err := l.NewAgent(name, nixl.AgentConfig{Backends: []nixl.BackendSpec{{Plugin: "UCX"}}})
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, a.Close()) })
-	return a
 }
 
 func hostMem(t testing.TB, size int64) *nixl.HostMem {
@@ -120,7 +95,7 @@ type pair struct {
 
 func newPair(t testing.TB, size int64) *pair {
 	t.Helper()
-	p := &pair{init: newAgent(t, "init"), target: newAgent(t, "target")}
+	p := &pair{init: nixltest.Agent(t, "init"), target: nixltest.Agent(t, "target")}
 	p.initMem, p.targetMem = hostMem(t, size), hostMem(t, size)
 	var err error
 	p.initReg, err = p.init.RegisterMem(nixl.DRAM, []nixl.Desc{p.initMem.Desc()})
@@ -141,8 +116,16 @@ func ctxT(t testing.TB) context.Context {
 	return ctx
 }
 
+// postWait posts x and waits until it is done (bounded by ctx).
+func postWait(t testing.TB, ctx context.Context, x *nixl.Xfer) {
+	t.Helper()
+	_, err := x.Post()
+	require.NoError(t, err)
+	require.NoError(t, x.Wait(ctx))
+}
+
 func TestPluginsAndParams(t *testing.T) {
-	a := newAgent(t, "plugins")
+	a := nixltest.Agent(t, "plugins")
 	plugins, err := a.AvailablePlugins()
 	require.NoError(t, err)
 	require.Contains(t, plugins, "UCX")
@@ -174,9 +157,7 @@ func TestWriteAndReadWithNotifications(t *testing.T) {
 	notif := []byte("req-1\x00:tp=2\x00")
 	x, err := p.init.CreateXfer(nixl.Write, nixl.DRAM, []nixl.Desc{p.initMem.Desc()}, nixl.DRAM, []nixl.Desc{p.targetMem.Desc()}, p.target.Name(), nixl.WithNotification(notif))
 	require.NoError(t, err)
-	_, err = x.Post()
-	require.NoError(t, err)
-	require.NoError(t, x.Wait(ctxT(t)))
+	postWait(t, ctxT(t), x)
 	n, err := p.target.WaitNotification(ctxT(t), func(n nixl.Notification) bool { return true }, nil)
 	require.NoError(t, err)
 	require.Equal(t, p.init.Name(), n.Agent)
@@ -196,9 +177,7 @@ func TestWriteAndReadWithNotifications(t *testing.T) {
 	r, err := p.init.MakeXfer(nixl.Read, local, []int{0}, remote, []int{0}, nixl.WithNotification([]byte("read-done")))
 	require.NoError(t, err)
 	defer r.Close()
-	_, err = r.Post()
-	require.NoError(t, err)
-	require.NoError(t, r.Wait(ctxT(t)))
+	postWait(t, ctxT(t), r)
 	require.True(t, bytes.Equal(src, dst), "READ moved the wrong bytes")
 	n, err = p.target.WaitNotification(ctxT(t), func(n nixl.Notification) bool { return string(n.Msg) == "read-done" }, nil)
 	require.NoError(t, err)
@@ -253,9 +232,7 @@ func TestManyDescriptorsOneRequest(t *testing.T) {
 	require.NoError(t, err)
 	defer x.Close()
 	require.Equal(t, n, x.Len())
-	_, err = x.Post()
-	require.NoError(t, err)
-	require.NoError(t, x.Wait(ctxT(t)))
+	postWait(t, ctxT(t), x)
 	for i := 0; i < n; i++ {
 		if !bytes.Equal(src[i*dlen:(i+1)*dlen], dst[(n-1-i)*dlen:(n-i)*dlen]) {
 			t.Fatalf("descriptor %d moved the wrong bytes", i)
@@ -307,7 +284,7 @@ func TestErrorPaths(t *testing.T) {
 		require.ErrorIs(t, err, nixl.ErrNotFound)
 	})
 	t.Run("bad backend params", func(t *testing.T) {
-		a, err := loadLib(t).NewAgent(fmt.Sprintf("badbe-%d", os.Getpid()), nixl.AgentConfig{})
+		a, err := nixltest.Lib(t).NewAgent(fmt.Sprintf("badbe-%d", os.Getpid()), nixl.AgentConfig{})
 		require.NoError(t, err)
 		defer a.Close()
 		_, err = a.CreateBackend("NO_SUCH_PLUGIN", nil)
@@ -332,13 +309,13 @@ func TestErrorPaths(t *testing.T) {
 		require.Error(t, err)
 		_, err = p.init.CreateXfer(nixl.Read, nixl.DRAM, []nixl.Desc{{Addr: d.Addr, Len: 8}}, nixl.DRAM, []nixl.Desc{{Addr: p.targetMem.Addr(), Len: 16}}, p.target.Name())
 		require.ErrorIs(t, err, nixl.ErrInvalidParam)
-		_, err = loadLib(t).NewAgent("", nixl.AgentConfig{})
+		_, err = nixltest.Lib(t).NewAgent("", nixl.AgentConfig{})
 		require.ErrorIs(t, err, nixl.ErrInvalidParam)
 		_, err = nixl.AllocHost(0, nixl.HostOptions{})
 		require.ErrorIs(t, err, nixl.ErrInvalidParam)
 	})
 	t.Run("invalidated remote", func(t *testing.T) {
-		other := newAgent(t, "inval")
+		other := nixltest.Agent(t, "inval")
 		md, err := other.LocalMetadata()
 		require.NoError(t, err)
 		name, err := p.init.LoadRemoteMetadata(md)
@@ -350,7 +327,7 @@ func TestErrorPaths(t *testing.T) {
 }
 
 func TestAgentCloseReleasesChildren(t *testing.T) {
-	l := loadLib(t)
+	l := nixltest.Lib(t)
 	a, err := l.NewAgent(fmt.Sprintf("closer-%d", os.Getpid()), nixl.AgentConfig{Backends: []nixl.BackendSpec{{Plugin: "UCX"}}})
 	require.NoError(t, err)
 	m := hostMem(t, 1<<16)
@@ -361,9 +338,7 @@ func TestAgentCloseReleasesChildren(t *testing.T) {
 	// Loopback: the agent reads its own memory (no metadata to load).
 	x, err := a.CreateXfer(nixl.Read, nixl.DRAM, []nixl.Desc{{Addr: m.Addr(), Len: 4096}}, nixl.DRAM, []nixl.Desc{{Addr: m.Addr() + 8192, Len: 4096}}, a.Name())
 	require.NoError(t, err)
-	_, err = x.Post()
-	require.NoError(t, err)
-	require.NoError(t, x.Wait(ctxT(t)))
+	postWait(t, ctxT(t), x)
 
 	require.NoError(t, a.Close())
 	require.NoError(t, a.Close(), "Close is idempotent")
@@ -377,7 +352,7 @@ func TestAgentCloseReleasesChildren(t *testing.T) {
 }
 
 func TestLeakedHandleIsReportedAndReleased(t *testing.T) {
-	a := newAgent(t, "leaky")
+	a := nixltest.Agent(t, "leaky")
 	m := hostMem(t, 1<<16)
 	before := leaks.Load()
 	func() {
@@ -397,7 +372,7 @@ func TestLeakedHandleIsReportedAndReleased(t *testing.T) {
 }
 
 func TestTelemetryAndCost(t *testing.T) {
-	l := loadLib(t)
+	l := nixltest.Lib(t)
 	a, b := telemetryAgent(t, l, "tel-a"), telemetryAgent(t, l, "tel-b")
 	ma, mb := hostMem(t, 1<<20), hostMem(t, 1<<20)
 	connectDRAM(t, a, b, ma, mb)
@@ -409,9 +384,7 @@ func TestTelemetryAndCost(t *testing.T) {
 	} else {
 		require.True(t, errors.Is(err, nixl.ErrBackend) || errors.Is(err, nixl.ErrInvalidParam), "unexpected error %v", err)
 	}
-	_, err = x.Post()
-	require.NoError(t, err)
-	require.NoError(t, x.Wait(ctxT(t)))
+	postWait(t, ctxT(t), x)
 	tel, err := x.Telemetry()
 	require.NoError(t, err)
 	require.EqualValues(t, 1<<20, tel.Bytes)
@@ -422,9 +395,7 @@ func TestTelemetryAndCost(t *testing.T) {
 	y, err := p.init.CreateXfer(nixl.Read, nixl.DRAM, []nixl.Desc{p.initMem.Desc()}, nixl.DRAM, []nixl.Desc{p.targetMem.Desc()}, p.target.Name())
 	require.NoError(t, err)
 	defer y.Close()
-	_, err = y.Post()
-	require.NoError(t, err)
-	require.NoError(t, y.Wait(ctxT(t)))
+	postWait(t, ctxT(t), y)
 	_, err = y.Telemetry()
 	require.ErrorIs(t, err, nixl.ErrNoTelemetry)
 }
@@ -483,7 +454,7 @@ func TestConcurrentTransfers(t *testing.T) {
 
 func TestTwoProcesses(t *testing.T) {
 	dir := testenv.RequireNIXLLibDir(t)
-	a := newAgent(t, "parent")
+	a := nixltest.Agent(t, "parent")
 	m := hostMem(t, 1<<20)
 	reg, err := a.RegisterMem(nixl.DRAM, []nixl.Desc{m.Desc()})
 	require.NoError(t, err)
@@ -519,9 +490,7 @@ func TestTwoProcesses(t *testing.T) {
 	x, err := a.CreateXfer(nixl.Read, nixl.DRAM, []nixl.Desc{m.Desc()}, nixl.DRAM, []nixl.Desc{{Addr: addr, Len: 1 << 20}}, peer, nixl.WithNotification([]byte("read\x00done")))
 	require.NoError(t, err)
 	defer x.Close()
-	_, err = x.Post()
-	require.NoError(t, err)
-	require.NoError(t, x.Wait(ctx))
+	postWait(t, ctx, x)
 	want := make([]byte, 1<<20)
 	fill(want, 42)
 	require.True(t, bytes.Equal(want, m.Bytes()), "READ from the other process moved the wrong bytes")
@@ -530,9 +499,7 @@ func TestTwoProcesses(t *testing.T) {
 	w, err := a.CreateXfer(nixl.Write, nixl.DRAM, []nixl.Desc{m.Desc()}, nixl.DRAM, []nixl.Desc{{Addr: addr, Len: 1 << 20}}, peer, nixl.WithNotification([]byte("write-done")))
 	require.NoError(t, err)
 	defer w.Close()
-	_, err = w.Post()
-	require.NoError(t, err)
-	require.NoError(t, w.Wait(ctx))
+	postWait(t, ctx, w)
 	require.Equal(t, "OK read\x00done", strings.ReplaceAll(readLine(), `\0`, "\x00"))
 	require.Equal(t, "OK write-done verified", readLine())
 	stdin.Close()
@@ -617,7 +584,7 @@ func loadFailMain() int {
 }
 
 func TestLibraryInfo(t *testing.T) {
-	l := loadLib(t)
+	l := nixltest.Lib(t)
 	require.FileExists(t, l.Path())
 	require.DirExists(t, l.PluginDir())
 	require.Equal(t, l.PluginDir(), os.Getenv("NIXL_PLUGIN_DIR"))

@@ -29,16 +29,11 @@ type Notification struct {
 // different notifications.
 func (a *Agent) GetNotifications(opts ...Option) ([]Notification, error) {
 	op := "get notifications"
-	done, err := a.use(op)
+	o, end, err := a.useOpts(op, opts)
 	if err != nil {
 		return nil, err
 	}
-	defer done()
-	o, err := buildOpts(op, opts)
-	if err != nil {
-		return nil, err
-	}
-	defer freeOpts(o)
+	defer end()
 	a.notifMu.Lock()
 	defer a.notifMu.Unlock()
 	if a.notifMap == nil {

@@ -8,13 +8,14 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/gonixl/gonixl/internal/nixltest"
 	"github.com/gonixl/gonixl/nixl"
 )
 
 // TestFileMemoryWithPOSIX registers a FILE (descriptor metadata = its path, DevID = its fd) with the POSIX
 // backend, asks QueryMem about it, and WRITEs and READs it from DRAM through the agent itself.
 func TestFileMemoryWithPOSIX(t *testing.T) {
-	l := loadLib(t)
+	l := nixltest.Lib(t)
 	a, err := l.NewAgent("posix-"+t.Name(), nixl.AgentConfig{})
 	require.NoError(t, err)
 	defer a.Close()
@@ -54,9 +55,7 @@ func TestFileMemoryWithPOSIX(t *testing.T) {
 	w, err := a.CreateXfer(nixl.Write, nixl.DRAM, []nixl.Desc{m.Desc()}, nixl.File, []nixl.Desc{fileDesc}, a.Name(), nixl.WithBackends(posix))
 	require.NoError(t, err)
 	defer w.Close()
-	_, err = w.Post()
-	require.NoError(t, err)
-	require.NoError(t, w.Wait(ctxT(t)))
+	postWait(t, ctxT(t), w)
 	onDisk, err := os.ReadFile(path)
 	require.NoError(t, err)
 	require.True(t, bytes.Equal(onDisk, m.Bytes()), "the file does not hold what was written")
@@ -65,8 +64,6 @@ func TestFileMemoryWithPOSIX(t *testing.T) {
 	r, err := a.CreateXfer(nixl.Read, nixl.DRAM, []nixl.Desc{m.Desc()}, nixl.File, []nixl.Desc{fileDesc}, a.Name(), nixl.WithBackends(posix))
 	require.NoError(t, err)
 	defer r.Close()
-	_, err = r.Post()
-	require.NoError(t, err)
-	require.NoError(t, r.Wait(ctxT(t)))
+	postWait(t, ctxT(t), r)
 	require.True(t, bytes.Equal(onDisk, m.Bytes()), "READ from the file moved the wrong bytes")
 }

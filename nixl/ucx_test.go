@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/gonixl/gonixl/internal/nixltest"
 	"github.com/gonixl/gonixl/nixl"
 )
 
@@ -37,7 +38,7 @@ func TestUCXOptionsParams(t *testing.T) {
 // TestUCXOptionsTransfer runs a READ of many descriptors through agents made with explicit options: the
 // thread-pool engine splitting the request, no peer error handling, the RMA pipeline; NIXL accepts each.
 func TestUCXOptionsTransfer(t *testing.T) {
-	l := loadLib(t)
+	l := nixltest.Lib(t)
 	for i, o := range []nixl.UCXOptions{
 		nixl.DefaultUCXOptions(),
 		{NumThreads: 2, SplitBatchSize: 8, Engine: map[string]string{nixl.UCXRMAPipeline: "y"}},
@@ -68,9 +69,7 @@ func TestUCXOptionsTransfer(t *testing.T) {
 			x, err := a.CreateXfer(nixl.Read, nixl.DRAM, ld, nixl.DRAM, rd, b.Name())
 			require.NoError(t, err)
 			defer x.Close()
-			_, err = x.Post()
-			require.NoError(t, err)
-			require.NoError(t, x.Wait(ctxT(t)))
+			postWait(t, ctxT(t), x)
 			require.Equal(t, mb.Bytes(), ma.Bytes())
 		})
 	}

@@ -55,34 +55,29 @@ func (p *Prepped) Close() error {
 // to NIXL in one call.
 func (a *Agent) Prep(remote string, mem MemType, descs []Desc, opts ...Option) (*Prepped, error) {
 	op := "prepare descriptor list"
-	done, err := a.use(op)
-	if err != nil {
-		return nil, err
-	}
-	defer done()
-	l, err := buildXferList(op, mem, descs, false)
-	if err != nil {
-		return nil, err
-	}
-	defer C.gx_destroy_xfer_dlist(l)
-	o, err := buildOpts(op, opts)
-	if err != nil {
-		return nil, err
-	}
-	defer freeOpts(o)
-	cr := C.CString(remote)
-	defer C.free(unsafe.Pointer(cr))
-	var h C.gx_h
 	side := "local"
 	if remote != "" {
 		side = "remote agent " + remote
 	}
-	if err := check(op, C.gx_prep_xfer_dlist(a.h, cr, l, &h, o),
-		fmt.Sprintf("%d %s descriptors for %s: is the memory registered (and the remote metadata loaded)?", len(descs), mem, side)); err != nil {
+	var p *Prepped
+	if err := a.withRemote(op, remote, opts, func(cr *C.char, o C.gx_h) error {
+		l, err := buildXferList(op, mem, descs, false)
+		if err != nil {
+			return err
+		}
+		defer C.gx_destroy_xfer_dlist(l)
+		var h C.gx_h
+		if err := check(op, C.gx_prep_xfer_dlist(a.h, cr, l, &h, o),
+			fmt.Sprintf("%d %s descriptors for %s: is the memory registered (and the remote metadata loaded)?", len(descs), mem, side)); err != nil {
+			return err
+		}
+		// Owned by the agent before its lock is released, so that a concurrent Close releases it.
+		id := a.addChild(&child{kind: kindPrepped, h: h, desc: fmt.Sprintf("%d %s descriptors (%s)", len(descs), mem, side)})
+		p = &Prepped{ref: childRef{a, id}, agent: remote, mem: mem, n: len(descs), remote: remote != ""}
+		return nil
+	}); err != nil {
 		return nil, err
 	}
-	id := a.addChild(&child{kind: kindPrepped, h: h, desc: fmt.Sprintf("%d %s descriptors (%s)", len(descs), mem, side)})
-	p := &Prepped{ref: childRef{a, id}, agent: remote, mem: mem, n: len(descs), remote: remote != ""}
 	runtime.AddCleanup(p, func(ref childRef) { ref.leaked() }, p.ref)
 	return p, nil
 }
@@ -155,11 +150,11 @@ func (a *Agent) MakeXfer(op Op, local *Prepped, localIdx []int, remote *Prepped,
 	if err := toCIndices(name, "remote", remoteIdx, remote.n, rb); err != nil {
 		return nil, err
 	}
-	done, err := a.use(name)
+	o, end, err := a.useOpts(name, opts)
 	if err != nil {
 		return nil, err
 	}
-	defer done()
+	defer end()
 	lh, err := a.childHandle(local.ref.id, name)
 	if err != nil {
 		return nil, err
@@ -168,11 +163,6 @@ func (a *Agent) MakeXfer(op Op, local *Prepped, localIdx []int, remote *Prepped,
 	if err != nil {
 		return nil, err
 	}
-	o, err := buildOpts(name, opts)
-	if err != nil {
-		return nil, err
-	}
-	defer freeOpts(o)
 	var h C.gx_h
 	if err := check(name, C.gx_make_xfer_req(a.h, C.int(op), lh, &(*lb)[0], C.size_t(len(*lb)), rh, &(*rb)[0], C.size_t(len(*rb)), &h, o),
 		fmt.Sprintf("%s of %d descriptors from %s: do the paired lengths match?", op, len(localIdx), remote.agent)); err != nil {
@@ -193,34 +183,29 @@ func (a *Agent) CreateXfer(op Op, localMem MemType, local []Desc, remoteMem MemT
 			return nil, goErr(name, ErrInvalidParam, fmt.Sprintf("pair %d: local length %d != remote length %d", i, local[i].Len, remote[i].Len))
 		}
 	}
-	done, err := a.use(name)
-	if err != nil {
+	var x *Xfer
+	if err := a.withRemote(name, remoteAgent, opts, func(cr *C.char, o C.gx_h) error {
+		lh, err := buildXferList(name, localMem, local, false)
+		if err != nil {
+			return err
+		}
+		defer C.gx_destroy_xfer_dlist(lh)
+		rh, err := buildXferList(name, remoteMem, remote, false)
+		if err != nil {
+			return err
+		}
+		defer C.gx_destroy_xfer_dlist(rh)
+		var h C.gx_h
+		if err := check(name, C.gx_create_xfer_req(a.h, C.int(op), lh, rh, cr, &h, o),
+			fmt.Sprintf("%s of %d descriptors with %s: is its metadata loaded and are both sides registered?", op, len(local), remoteAgent)); err != nil {
+			return err
+		}
+		x = a.newXfer(h, op, remoteAgent, len(local)) // under the agent's lock, like Prep's child
+		return nil
+	}); err != nil {
 		return nil, err
 	}
-	defer done()
-	lh, err := buildXferList(name, localMem, local, false)
-	if err != nil {
-		return nil, err
-	}
-	defer C.gx_destroy_xfer_dlist(lh)
-	rh, err := buildXferList(name, remoteMem, remote, false)
-	if err != nil {
-		return nil, err
-	}
-	defer C.gx_destroy_xfer_dlist(rh)
-	o, err := buildOpts(name, opts)
-	if err != nil {
-		return nil, err
-	}
-	defer freeOpts(o)
-	cr := C.CString(remoteAgent)
-	defer C.free(unsafe.Pointer(cr))
-	var h C.gx_h
-	if err := check(name, C.gx_create_xfer_req(a.h, C.int(op), lh, rh, cr, &h, o),
-		fmt.Sprintf("%s of %d descriptors with %s: is its metadata loaded and are both sides registered?", op, len(local), remoteAgent)); err != nil {
-		return nil, err
-	}
-	return a.newXfer(h, op, remoteAgent, len(local)), nil
+	return x, nil
 }
 
 func (a *Agent) newXfer(h C.gx_h, op Op, remote string, n int) *Xfer {
