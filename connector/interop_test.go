@@ -69,7 +69,7 @@ func TestInteropPythonDecodeGoPrefill(t *testing.T) {
 				args = append(args, "--heartbeat")
 			}
 			out, err := exec.CommandContext(ctx, py, args...).Output()
-			require.NoError(t, err, "python decode peer: %s %s", out, stderrOf(err))
+			require.NoError(t, err, "python decode peer: %s %s", out, testenv.ExitStderr(err))
 			var res pyDecodeResult
 			require.NoError(t, json.Unmarshal(jsonLine(out), &res), string(out))
 			require.True(t, res.OK, "python decode peer: %s", out)
@@ -130,14 +130,8 @@ func TestInteropGoDecodePythonPrefill(t *testing.T) {
 			ctx := ctxT(t, 60*time.Second)
 			args := append([]string{script}, pyModelArgs(t, p)...)
 			args = append(args, "--seed", "33", "--tokens", "40", "--num-blocks", "32", "--request-id", "py-pre-1", "--timeout", "30")
-			cmd := exec.CommandContext(ctx, py, args...)
-			var stderr testenv.Buffer // read while the child runs: locked
-			cmd.Stderr = &stderr
-			stdout, err := cmd.StdoutPipe()
-			require.NoError(t, err)
-			require.NoError(t, cmd.Start())
-			t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-			rd := bufio.NewReader(stdout)
+			child := testenv.StartChild(t, exec.CommandContext(ctx, py, args...), false)
+			rd, stderr := child.Stdout, child.Stderr
 			line, err := readJSONLine(rd)
 			require.NoError(t, err, "python prefill peer: %s", stderr.String())
 			var hello struct {
@@ -181,7 +175,7 @@ func TestInteropGoDecodePythonPrefill(t *testing.T) {
 			assert.True(t, done.Notified)
 			assert.Equal(t, "py-pre-1:1", done.Msg)
 			assert.Equal(t, 1, done.Served, "one handshake")
-			require.NoError(t, cmd.Wait())
+			require.NoError(t, child.Cmd.Wait())
 		})
 	}
 }
@@ -208,14 +202,4 @@ func readJSONLine(rd *bufio.Reader) (string, error) {
 			return line, err
 		}
 	}
-}
-
-func stderrOf(err error) string {
-	if ee, ok := err.(*exec.ExitError); ok {
-		return string(ee.Stderr)
-	}
-	if err != nil {
-		return err.Error()
-	}
-	return ""
 }

@@ -22,7 +22,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -31,6 +30,7 @@ import (
 
 	"github.com/gonixl/gonixl/connector"
 	"github.com/gonixl/gonixl/connector/protocol"
+	"github.com/gonixl/gonixl/internal/nixltest"
 	"github.com/gonixl/gonixl/internal/testenv"
 	"github.com/gonixl/gonixl/layout"
 	"github.com/gonixl/gonixl/nixl"
@@ -139,31 +139,6 @@ func randomFill(c *connector.DRAMCache) connector.FillFunc {
 	}
 }
 
-// lockedBuffer keeps the tail of a child's stderr; safe to read while the child runs.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  []byte
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.b = append(l.b, p...)
-	if len(l.b) > 1<<20 {
-		l.b = append([]byte(nil), l.b[len(l.b)-(1<<19):]...)
-	}
-	return len(p), nil
-}
-
-func (l *lockedBuffer) tail(n int) string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if len(l.b) > n {
-		return string(l.b[len(l.b)-n:])
-	}
-	return string(l.b)
-}
-
 // event is one JSON line of the driver.
 type event struct {
 	Event      string          `json:"event"`
@@ -201,7 +176,7 @@ type driver struct {
 	cmd     *exec.Cmd
 	stdin   io.WriteCloser
 	events  chan event
-	stderr  *lockedBuffer
+	stderr  *testenv.Buffer
 	pending []event
 	ready   event
 }
@@ -219,7 +194,7 @@ func launchDriver(t *testing.T, ctx context.Context, python, role, model string,
 	cmd := exec.CommandContext(ctx, python, append([]string{script, "--role", role, "--model", model,
 		"--block-size", fmt.Sprint(realBlockSize), "--num-blocks", fmt.Sprint(numBlocks)}, args...)...)
 	cmd.Env = append(os.Environ(), "VLLM_TARGET_DEVICE=cpu", "PYTHONUNBUFFERED=1")
-	d := &driver{t: t, cmd: cmd, events: make(chan event, 64), stderr: &lockedBuffer{}}
+	d := &driver{t: t, cmd: cmd, events: make(chan event, 64), stderr: &testenv.Buffer{}}
 	cmd.Stderr = d.stderr
 	var err error
 	d.stdin, err = cmd.StdinPipe()
@@ -267,7 +242,7 @@ func (d *driver) send(cmd map[string]any) {
 	b, err := json.Marshal(cmd)
 	require.NoError(d.t, err)
 	_, err = d.stdin.Write(append(b, '\n'))
-	require.NoError(d.t, err, "driver stdin: %s", d.stderr.tail(4000))
+	require.NoError(d.t, err, "driver stdin: %s", d.stderr.Tail(4000))
 }
 
 // next returns the next event of the kind (and request id, when given); an "error" event fails the test.
@@ -284,33 +259,19 @@ func (d *driver) next(ctx context.Context, kind, reqID string) event {
 		select {
 		case e, ok := <-d.events:
 			if !ok {
-				require.FailNow(d.t, "vLLM driver exited", "waiting for %q: %s", kind, d.stderr.tail(3000))
+				require.FailNow(d.t, "vLLM driver exited", "waiting for %q: %s", kind, d.stderr.Tail(3000))
 			}
 			if e.Event == "error" {
-				require.FailNow(d.t, "vLLM driver error", "%s\n%s", e.Error, d.stderr.tail(3000))
+				require.FailNow(d.t, "vLLM driver error", "%s\n%s", e.Error, d.stderr.Tail(3000))
 			}
 			if match(e) {
 				return e
 			}
 			d.pending = append(d.pending, e)
 		case <-ctx.Done():
-			require.FailNow(d.t, "timed out", "waiting for %q %s: %s", kind, reqID, d.stderr.tail(3000))
+			require.FailNow(d.t, "timed out", "waiting for %q %s: %s", kind, reqID, d.stderr.Tail(3000))
 		}
 	}
-}
-
-var (
-	realLibOnce sync.Once
-	realLib     *nixl.Library
-	realLibErr  error
-)
-
-func realNIXL(t *testing.T) *nixl.Library {
-	t.Helper()
-	dir := testenv.RequireNIXLLibDir(t)
-	realLibOnce.Do(func() { realLib, realLibErr = nixl.Load(nixl.LoadOptions{LibDir: dir}) })
-	require.NoError(t, realLibErr)
-	return realLib
 }
 
 // release is one vLLM release of the tier: its version string, the interpreter of its venv, and its profile.
@@ -396,7 +357,7 @@ func encodeParams(t *testing.T, p protocol.Profile, kv protocol.KVTransferParams
 // TestVLLMReal runs vLLM's own NixlConnector against gonixl's roles, per release, both directions at once
 // (one vLLM process per direction).
 func TestVLLMReal(t *testing.T) {
-	lib := realNIXL(t)
+	lib := nixltest.Lib(t)
 	eachRelease(t, func(t *testing.T, r release) {
 		model := realModel(t)
 		t.Run("vllm-decode-gonixl-prefill", func(t *testing.T) {
@@ -577,7 +538,7 @@ func int64sToInts(v []int64) []int {
 // gonixl's prefill with TP 1: each vLLM rank handshakes with gonixl's single rank and READs its half of the
 // KV heads of every block, and gonixl frees the blocks once both ranks notified.
 func TestVLLMRealHeteroTP(t *testing.T) {
-	lib := realNIXL(t)
+	lib := nixltest.Lib(t)
 	eachRelease(t, func(t *testing.T, rel release) {
 		v, p := rel.version, rel.p
 		model := realModel(t)

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gonixl/gonixl/connector"
+	"github.com/gonixl/gonixl/internal/nixltest"
 )
 
 // TestVLLMSideBySide reads the same request shape from the same vLLM prefill worker (vLLM's own
@@ -39,7 +40,7 @@ func TestVLLMSideBySide(t *testing.T) {
 		require.NoError(t, err, "GONIXL_VLLM_SIDE_BY_SIDE_RUNS")
 		runs = n
 	}
-	lib := realNIXL(t)
+	lib := nixltest.Lib(t)
 	eachRelease(t, func(t *testing.T, r release) {
 		version, p := r.version, r.p
 		const (

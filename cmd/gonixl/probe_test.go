@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -142,13 +141,8 @@ func TestProbePythonPrefill(t *testing.T) {
 			cmd := exec.CommandContext(ctx, py, script, "--profile", p.Name, "--layers", fmt.Sprint(layers), "--heads", fmt.Sprint(heads),
 				"--head-dim", fmt.Sprint(headDim), "--block-size", fmt.Sprint(blockSize), "--model", in.Model, "--hash", hash,
 				"--seed", "7", "--num-blocks", fmt.Sprint(numBlocks), "--timeout", "30")
-			var stderr testenv.Buffer // read while the child runs: locked
-			cmd.Stderr = &stderr
-			out, err := cmd.StdoutPipe()
-			require.NoError(t, err)
-			require.NoError(t, cmd.Start())
-			t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-			rd := bufio.NewReader(out)
+			child := testenv.StartChild(t, cmd, false)
+			rd, stderr := child.Stdout, child.Stderr
 			var hello struct {
 				EngineID string          `json:"engine_id"`
 				Hash     string          `json:"hash"`

@@ -1,7 +1,6 @@
 package sidechannel
 
 import (
-	"bufio"
 	"context"
 	"encoding/hex"
 	"encoding/json"
@@ -79,7 +78,7 @@ func TestInteropPythonClientGoServer(t *testing.T) {
 			cmd := exec.CommandContext(ctx, py, peer, "client", "--profile", p.Name, "--endpoint", srv.Endpoint(),
 				"--ranks", strings.Join(ranks, ","))
 			out, err := cmd.Output()
-			require.NoError(t, err, "python client: %s", stderrOf(err))
+			require.NoError(t, err, "python client: %s", testenv.ExitStderr(err))
 			lines := strings.Split(strings.TrimSpace(string(out)), "\n")
 			require.Len(t, lines, len(ranks))
 			for _, line := range lines {
@@ -212,30 +211,12 @@ func ciWheels(t *testing.T) map[string]bool {
 	return out
 }
 
-// syncBuffer is a strings.Builder safe to read while exec's copier goroutine writes into it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // pyServer is a Python peer that prints its endpoint as the first line of its stdout and runs until its stdin
 // closes.
 type pyServer struct {
 	cmd     *exec.Cmd
 	stdin   io.WriteCloser
-	stderr  syncBuffer
+	stderr  *testenv.Buffer
 	once    sync.Once
 	waitErr error
 }
@@ -244,16 +225,10 @@ type pyServer struct {
 // is none (stop, then read stderr). The peer is stopped at the end of the test at the latest.
 func startPyServer(t *testing.T, ctx context.Context, py string, args ...string) (*pyServer, string, error) {
 	t.Helper()
-	s := &pyServer{cmd: exec.CommandContext(ctx, py, args...)}
-	var err error
-	s.stdin, err = s.cmd.StdinPipe()
-	require.NoError(t, err)
-	stdout, err := s.cmd.StdoutPipe()
-	require.NoError(t, err)
-	s.cmd.Stderr = &s.stderr
-	require.NoError(t, s.cmd.Start())
+	c := testenv.StartChild(t, exec.CommandContext(ctx, py, args...), true)
+	s := &pyServer{cmd: c.Cmd, stdin: c.Stdin, stderr: c.Stderr}
 	t.Cleanup(func() { _ = s.stop() })
-	line, err := bufio.NewReader(stdout).ReadString('\n')
+	line, err := c.Stdout.ReadString('\n')
 	return s, strings.TrimSpace(line), err
 }
 
@@ -264,14 +239,4 @@ func (s *pyServer) stop() error {
 		s.waitErr = s.cmd.Wait()
 	})
 	return s.waitErr
-}
-
-func stderrOf(err error) string {
-	if ee, ok := err.(*exec.ExitError); ok {
-		return string(ee.Stderr)
-	}
-	if err != nil {
-		return err.Error()
-	}
-	return ""
 }

@@ -43,7 +43,7 @@ func runPyClient(t *testing.T, args ...string) []pyReply {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	out, err := exec.CommandContext(ctx, py, append([]string{peer}, args...)...).Output()
-	require.NoError(t, err, "pyzmq client: %s", stderrOf(err))
+	require.NoError(t, err, "pyzmq client: %s", testenv.ExitStderr(err))
 	var res []pyReply
 	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
 		var r pyReply

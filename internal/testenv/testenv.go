@@ -140,17 +140,33 @@ func DynamoPython(tb testing.TB) string {
 // A plain strings.Builder or bytes.Buffer read before Wait returns is a data race — and the arguments of
 // require.*/assert.* are evaluated even when the assertion passes, so
 // `require.NoError(t, err, "%s", stderr.String())` reads it on every run. The zero value is ready to use.
+// It keeps at most the last bufferMax bytes (a chatty child, e.g. vLLM at INFO, cannot grow it without bound).
 type Buffer struct {
 	mu sync.Mutex
 	b  []byte
 }
 
+const bufferMax = 1 << 20
+
 // Write appends p; it never fails.
 func (b *Buffer) Write(p []byte) (int, error) {
 	b.mu.Lock()
 	b.b = append(b.b, p...)
+	if len(b.b) > bufferMax {
+		b.b = append([]byte(nil), b.b[len(b.b)-bufferMax/2:]...)
+	}
 	b.mu.Unlock()
 	return len(p), nil
+}
+
+// Tail returns the last n bytes written so far (all of them when fewer).
+func (b *Buffer) Tail(n int) string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.b) > n {
+		return string(b.b[len(b.b)-n:])
+	}
+	return string(b.b)
 }
 
 // String returns what was written so far.

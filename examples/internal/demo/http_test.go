@@ -11,31 +11,15 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/gonixl/gonixl/internal/testenv"
+	"github.com/gonixl/gonixl/internal/nixltest"
 	"github.com/gonixl/gonixl/layout"
-	"github.com/gonixl/gonixl/nixl"
 )
-
-var (
-	libOnce sync.Once
-	lib     *nixl.Library
-	libErr  error
-)
-
-func testLib(t *testing.T) *nixl.Library {
-	t.Helper()
-	dir := testenv.RequireNIXLLibDir(t)
-	libOnce.Do(func() { lib, libErr = nixl.Load(nixl.LoadOptions{LibDir: dir}) })
-	require.NoError(t, libErr)
-	return lib
-}
 
 func ctxT(t *testing.T, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
@@ -70,7 +54,7 @@ const prefillParams = `{"do_remote_decode":true,"do_remote_prefill":false}`
 // Retry-After (prefill and decode), bad kv_transfer_params are 400; the proxy passes a worker's 4xx and 503
 // through instead of turning them into 502.
 func TestWorkerStatuses(t *testing.T) {
-	l := testLib(t)
+	l := nixltest.Lib(t)
 	ctx := ctxT(t, 3*time.Minute)
 	pre, err := NewPrefillServer(ctx, PrefillConfig{VLLMVersion: "0.33.0", Model: Qwen3_0_6B, NumBlocks: 8, BatchRows: 2, MaxSeq: 128,
 		Order: layout.HND, HoldTimeout: 10 * time.Minute, Library: l})
