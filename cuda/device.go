@@ -271,7 +271,7 @@ func pollWait(ctx context.Context, query func() Result, op string) error {
 		done, err = queryDone(query(), op)
 		return done || err != nil
 	}); cerr != nil {
-		return fmt.Errorf("cuda: %s: %w", op, cerr)
+		return results.Refusef(op, nil, "waiting for the work ended: %w", cerr)
 	}
 	return err
 }

@@ -42,7 +42,10 @@
 // status type and the sentinels (ErrOutOfMemory, ErrInvalidValue, ...) are Results, so errors.Is works on
 // any error of the package, and a status without a sentinel matches itself (errors.Is(err, Result(719))).
 // Arguments refused before the driver is called, and closed handles (ErrClosed), are *Error too, with
-// Native false. *Error is the one error shape of nixl, cuda and neuron (each over its own codes).
+// Native false; one that wraps another package's error (layout's refusal of a geometry, the context that
+// ended a wait) keeps it as its Cause, which errors.Is matches. Every error of the package is an *Error or
+// joins some, except Load's *LoadError, Register's *nixl.Error and the layout error of Descs. *Error is the one error shape
+// of nixl, cuda and neuron (each over its own codes).
 //
 // # Handles and concurrency
 //

@@ -2,7 +2,6 @@ package cuda
 
 import (
 	"errors"
-	"fmt"
 
 	"github.com/gonixl/gonixl/internal/dl"
 	"github.com/gonixl/gonixl/internal/native"
@@ -110,13 +109,14 @@ func newError(r Result, op, detail string, fromDriver bool) *Error {
 	return results.Refused(op, r, detail)
 }
 
-// invalid is an argument refused before the driver is called.
+// invalid is an argument refused before the driver is called, its detail formatted as by fmt.Errorf: it
+// matches ErrInvalidValue and any error given with %w (a layout error; see native.Table.Refusef).
 func invalid(op, format string, args ...any) error {
-	return results.Refused(op, ErrInvalidValue, fmt.Sprintf(format, args...))
+	return results.Refusef(op, ErrInvalidValue, format, args...)
 }
 
-// closedErr reports use of a closed handle.
-func closedErr(what string) error { return results.Refused(what, ErrClosed, "") }
+// closedErr reports use of a closed handle; what names it.
+func closedErr(what string) error { return results.Refused(what, ErrClosed, "used after Close") }
 
 // LoadError reports that no CUDA driver library could be loaded: each candidate (Tried) with why it failed
 // (Why). It unwraps to ErrNotLoaded. It is the loaders' one shape (nixl.LoadError and neuron.LoadError are

@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	"context"
 	"errors"
 	"testing"
 
@@ -8,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gonixl/gonixl/internal/native/nativetest"
+	"github.com/gonixl/gonixl/layout"
 )
 
 func TestResultTable(t *testing.T) {
@@ -46,5 +48,21 @@ func TestRefusedBeforeTheDriver(t *testing.T) {
 	var ce *Error
 	require.True(t, errors.As(err2, &ce))
 	assert.False(t, ce.Native)
-	assert.Equal(t, "cuda: stream: handle closed", err2.Error())
+	assert.Equal(t, "cuda: stream: used after Close: handle closed", err2.Error())
+}
+
+func TestRefusalsAreErrors(t *testing.T) {
+	_, load := Load(LoadOptions{NoSearch: true})
+	_, vram := NewKVCache(nil, layout.Geometry{})
+	_, host := NewHostKVCache(nil, layout.Geometry{})
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	wait := pollWait(ctx, func() Result { return Result(600) }, "cuStreamQuery")
+	nativetest.CheckRefusals(t, results, []nativetest.Refusal{
+		{Name: "load", Err: load, Op: "load", Sentinels: []error{ErrInvalidValue}},
+		{Name: "KV cache geometry", Err: vram, Op: "new KV cache", Sentinels: []error{ErrInvalidValue, layout.ErrInvalidGeometry}},
+		{Name: "host KV cache geometry", Err: host, Op: "new host KV cache", Sentinels: []error{ErrInvalidValue, layout.ErrInvalidGeometry}},
+		{Name: "closed", Err: closedErr("stream"), Op: "stream", Sentinels: []error{ErrClosed}},
+		{Name: "wait ended", Err: wait, Op: "cuStreamQuery", Sentinels: []error{context.Canceled}},
+	})
 }

@@ -3,7 +3,6 @@ package cuda
 import (
 	"context"
 	"errors"
-	"fmt"
 	"sync"
 
 	"github.com/gonixl/gonixl/layout"
@@ -139,7 +138,7 @@ type KVCache struct {
 // NewKVCache allocates a zeroed VRAM cache of g.TotalBytes() bytes on dev.
 func NewKVCache(dev *Device, g layout.Geometry) (*KVCache, error) {
 	if err := g.Validate(); err != nil {
-		return nil, fmt.Errorf("cuda: new KV cache: %w", err)
+		return nil, invalid("new KV cache", "geometry: %w", err)
 	}
 	m, err := dev.Alloc(uint64(g.TotalBytes()))
 	if err != nil {
@@ -185,7 +184,7 @@ type HostKVCache struct {
 // (pinned for every context).
 func NewHostKVCache(dev *Device, g layout.Geometry) (*HostKVCache, error) {
 	if err := g.Validate(); err != nil {
-		return nil, fmt.Errorf("cuda: new host KV cache: %w", err)
+		return nil, invalid("new host KV cache", "geometry: %w", err)
 	}
 	h, err := dev.AllocHost(uint64(g.TotalBytes()))
 	if err != nil {

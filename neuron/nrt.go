@@ -165,7 +165,7 @@ func (o LoadOptions) candidates() []dl.Candidate {
 
 func loadLibrary(opts LoadOptions) (*library, error) {
 	if opts.NoSearch && opts.Path == "" {
-		return nil, fmt.Errorf("%w: LoadOptions.NoSearch needs LoadOptions.Path", ErrBadArgument)
+		return nil, refuse("load", ErrBadArgument, "LoadOptions.NoSearch needs LoadOptions.Path")
 	}
 	libMu.Lock()
 	defer libMu.Unlock()
@@ -234,8 +234,8 @@ func resolve(path string, h unsafe.Pointer) (*library, error) {
 	}
 	for _, r := range required {
 		if *r.dst = sym(h, r.names...); *r.dst == nil {
-			return nil, fmt.Errorf("%w: %s has no %s; it is not a usable libnrt (Neuron Runtime 2.x needed)",
-				ErrSymbol, path, r.names[0])
+			return nil, refuse("load", ErrSymbol, "%s has no %s; it is not a usable libnrt (Neuron Runtime 2.x needed)",
+				path, r.names[0])
 		}
 	}
 	l.va = sym(h, "nrt_tensor_get_va")
@@ -303,11 +303,11 @@ func Load(opts LoadOptions) (*Runtime, error) {
 	openMu.Lock()
 	defer openMu.Unlock()
 	if openNow {
-		return nil, fmt.Errorf("%w: close the existing Runtime first (libnrt state is process-wide)", ErrBusy)
+		return nil, refuse("load", ErrBusy, "close the existing Runtime first (libnrt state is process-wide)")
 	}
 	if opts.VisibleCores != "" {
 		if err := os.Setenv("NEURON_RT_VISIBLE_CORES", opts.VisibleCores); err != nil {
-			return nil, fmt.Errorf("neuron: set NEURON_RT_VISIBLE_CORES: %w", err)
+			return nil, refuse("load", ErrBadArgument, "set NEURON_RT_VISIBLE_CORES to LoadOptions.VisibleCores %q: %w", opts.VisibleCores, err)
 		}
 	}
 	if st := C.gn_call_init(lib.init, frameworkNoFW); st != 0 {
@@ -410,25 +410,25 @@ func (r *Runtime) TotalCores() (int, error) {
 // placement and is ignored (passed as -1) otherwise.
 func (r *Runtime) Allocate(p Placement, vnc int, size uint64, name string) (*Tensor, error) {
 	if p < PlacementDevice || p > PlacementVirtual {
-		return nil, fmt.Errorf("%w: unknown placement %d", ErrBadArgument, p)
+		return nil, refuse("allocate", ErrBadArgument, "unknown placement %d", p)
 	}
 	if size == 0 {
-		return nil, fmt.Errorf("%w: tensor %q has size 0", ErrBadArgument, name)
+		return nil, refuse("allocate", ErrBadArgument, "tensor %q has size 0", name)
 	}
 	if p == PlacementDevice && vnc < 0 {
-		return nil, fmt.Errorf("%w: device tensor %q needs a NeuronCore index >= 0, got %d", ErrBadArgument, name, vnc)
+		return nil, refuse("allocate", ErrBadArgument, "device tensor %q needs a NeuronCore index >= 0, got %d", name, vnc)
 	}
 	if p != PlacementDevice {
 		vnc = -1
 	}
 	if lt := LargeTensorVersion; size >= 4<<30 && r.version.Less(lt.Major, lt.Minor, lt.Patch) {
-		return nil, fmt.Errorf("%w: tensor %q of %d bytes: libnrt %v overflows at 4 GiB and more (fixed in %v, Neuron 2.28); upgrade the runtime or use smaller tensors",
-			ErrTooLarge, name, size, r.version, lt)
+		return nil, refuse("allocate", ErrTooLarge, "tensor %q of %d bytes: libnrt %v overflows at 4 GiB and more (fixed in %v, Neuron 2.28); upgrade the runtime or use smaller tensors",
+			name, size, r.version, lt)
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.closed {
-		return nil, fmt.Errorf("%w: Allocate on a closed Runtime", ErrClosed)
+		return nil, refuse("allocate", ErrClosed, "the Runtime was closed; Load a new one")
 	}
 	cname := C.CString(name)
 	defer C.free(unsafe.Pointer(cname))
@@ -542,20 +542,21 @@ func (r *Runtime) transfer(read bool, batches []Batch) error {
 	if !read {
 		verb = "write"
 	}
+	refused := "tensor " + verb // the op of a refusal
 	// Validate on the Go side before any native call, and count the (split) ops.
 	total := 0
 	for i, b := range batches {
 		if b.Tensor == nil {
-			return fmt.Errorf("%w: batch %d has no tensor", ErrBadArgument, i)
+			return refuse(refused, ErrBadArgument, "batch %d has no tensor", i)
 		}
 		if b.Tensor.rt != r {
-			return fmt.Errorf("%w: batch %d: tensor %q belongs to another Runtime", ErrBadArgument, i, b.Tensor.name)
+			return refuse(refused, ErrBadArgument, "batch %d: tensor %q belongs to another Runtime", i, b.Tensor.name)
 		}
 		for j, op := range b.Ops {
 			n := uint64(len(op.Buf))
 			if op.Offset > b.Tensor.size || n > b.Tensor.size-op.Offset {
-				return fmt.Errorf("%w: %s of %d bytes at offset %d is outside tensor %q (%d bytes) (batch %d, op %d)",
-					ErrBadArgument, verb, n, op.Offset, b.Tensor.name, b.Tensor.size, i, j)
+				return refuse(refused, ErrBadArgument, "%s of %d bytes at offset %d is outside tensor %q (%d bytes) (batch %d, op %d)",
+					verb, n, op.Offset, b.Tensor.name, b.Tensor.size, i, j)
 			}
 			total += r.pieces(n)
 		}
@@ -566,11 +567,11 @@ func (r *Runtime) transfer(read bool, batches []Batch) error {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	if r.closed {
-		return fmt.Errorf("%w: tensor %s on a closed Runtime", ErrClosed, verb)
+		return refuse(refused, ErrClosed, "the Runtime was closed; Load a new one")
 	}
 	for _, b := range batches {
 		if b.Tensor.h == nil {
-			return fmt.Errorf("%w: tensor %q was freed", ErrInvalidHandle, b.Tensor.name)
+			return refuse(refused, ErrInvalidHandle, "tensor %q was freed", b.Tensor.name)
 		}
 	}
 
@@ -579,7 +580,7 @@ func (r *Runtime) transfer(read bool, batches []Batch) error {
 	if cops == nil || cbat == nil {
 		C.free(unsafe.Pointer(cops))
 		C.free(unsafe.Pointer(cbat))
-		return fmt.Errorf("%w: out of C memory for %d transfer descriptors", ErrResource, total)
+		return refuse(refused, ErrResource, "out of C memory for %d transfer descriptors", total)
 	}
 	defer C.free(unsafe.Pointer(cops))
 	defer C.free(unsafe.Pointer(cbat))

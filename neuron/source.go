@@ -1,7 +1,6 @@
 package neuron
 
 import (
-	"fmt"
 	"strconv"
 	"strings"
 
@@ -29,18 +28,19 @@ func (s SourceSpec) shape(kv layout.KV) layout.Source {
 // TensorBytes is the size in bytes of one per-layer K or V tensor.
 func (s SourceSpec) TensorBytes() (int64, error) { return s.Shape.Bytes(s.DType.Size()) }
 
-func (s SourceSpec) validate() error {
+// validate refuses a spec that describes no tensor; op is the call that was given it.
+func (s SourceSpec) validate(op string) error {
 	if !s.DType.Valid() {
-		return fmt.Errorf("%w: source dtype %v is not set", ErrBadArgument, s.DType)
+		return refuse(op, ErrBadArgument, "source dtype %v is not set", s.DType)
 	}
 	if s.NumLayers <= 0 || s.NumLayers > layout.MaxLayers {
-		return fmt.Errorf("%w: source has %d layers, want 1..%d", ErrBadArgument, s.NumLayers, layout.MaxLayers)
+		return refuse(op, ErrBadArgument, "source has %d layers, want 1..%d", s.NumLayers, layout.MaxLayers)
 	}
 	if s.Shape.Transposed {
-		return fmt.Errorf("%w: set SourceSpec.KTransposed instead of Shape.Transposed (V is never transposed)", ErrBadArgument)
+		return refuse(op, ErrBadArgument, "set SourceSpec.KTransposed instead of Shape.Transposed (V is never transposed)")
 	}
 	if _, err := s.TensorBytes(); err != nil {
-		return fmt.Errorf("%w: %v", ErrBadArgument, err)
+		return refuse(op, ErrBadArgument, "source shape: %w", err)
 	}
 	return nil
 }
@@ -68,15 +68,15 @@ func fetchPlan(spec SourceSpec, layer int, kv layout.KV, row, firstHead, heads, 
 	sh := spec.shape(kv)
 	switch {
 	case layer < 0 || layer >= spec.NumLayers:
-		return layout.Source{}, nil, fmt.Errorf("%w: layer %d, source has %d layers", ErrBadArgument, layer, spec.NumLayers)
+		return layout.Source{}, nil, refuse("fetch", ErrBadArgument, "layer %d, source has %d layers", layer, spec.NumLayers)
 	case kv != layout.K && kv != layout.V:
-		return layout.Source{}, nil, fmt.Errorf("%w: %v is neither K nor V", ErrBadArgument, kv)
+		return layout.Source{}, nil, refuse("fetch", ErrBadArgument, "%v is neither K nor V", kv)
 	case row < 0 || row >= sh.Batch:
-		return layout.Source{}, nil, fmt.Errorf("%w: batch row %d, source has %d rows", ErrBadArgument, row, sh.Batch)
+		return layout.Source{}, nil, refuse("fetch", ErrBadArgument, "batch row %d, source has %d rows", row, sh.Batch)
 	case heads <= 0 || firstHead < 0 || firstHead+heads > sh.Heads:
-		return layout.Source{}, nil, fmt.Errorf("%w: heads [%d, %d), source has %d", ErrBadArgument, firstHead, firstHead+heads, sh.Heads)
+		return layout.Source{}, nil, refuse("fetch", ErrBadArgument, "heads [%d, %d), source has %d", firstHead, firstHead+heads, sh.Heads)
 	case tokens <= 0 || tokens > sh.SeqLen:
-		return layout.Source{}, nil, fmt.Errorf("%w: %d tokens, source holds 1..%d positions", ErrBadArgument, tokens, sh.SeqLen)
+		return layout.Source{}, nil, refuse("fetch", ErrBadArgument, "%d tokens, source holds 1..%d positions", tokens, sh.SeqLen)
 	}
 	e := int64(spec.DType.Size())
 	plane := int64(sh.SeqLen) * int64(sh.HeadDim) * e // one (b, h) plane of the tensor
@@ -91,7 +91,7 @@ func fetchPlan(spec SourceSpec, layer int, kv layout.KV, row, firstHead, heads, 
 		runs[h] = run{src: (int64(row)*int64(sh.Heads) + int64(firstHead+h)) * plane, dst: int64(h) * per, n: per}
 	}
 	if need := runs[heads-1].dst + runs[heads-1].n; int64(dstLen) < need {
-		return out, nil, fmt.Errorf("%w: fetch buffer of %d bytes, need %d", ErrBadArgument, dstLen, need)
+		return out, nil, refuse("fetch", ErrBadArgument, "fetch buffer of %d bytes, need %d", dstLen, need)
 	}
 	return out, runs, nil
 }
@@ -140,27 +140,27 @@ type DeviceSource struct {
 // "kv_mgr.past_key_values.<2l>" and "<2l+1>"). Every tensor must be exactly spec's size. The tensors stay
 // owned by the caller and must outlive the source.
 func NewDeviceSource(spec SourceSpec, k, v []*Tensor) (*DeviceSource, error) {
-	if err := spec.validate(); err != nil {
+	if err := spec.validate("new device source"); err != nil {
 		return nil, err
 	}
 	if len(k) != spec.NumLayers || len(v) != spec.NumLayers {
-		return nil, fmt.Errorf("%w: %d K and %d V tensors for %d layers", ErrBadArgument, len(k), len(v), spec.NumLayers)
+		return nil, refuse("new device source", ErrBadArgument, "%d K and %d V tensors for %d layers", len(k), len(v), spec.NumLayers)
 	}
 	want, _ := spec.TensorBytes()
 	var rt *Runtime
 	for l := range spec.NumLayers {
 		for _, t := range []*Tensor{k[l], v[l]} {
 			if t == nil {
-				return nil, fmt.Errorf("%w: layer %d has a nil tensor", ErrBadArgument, l)
+				return nil, refuse("new device source", ErrBadArgument, "layer %d has a nil tensor", l)
 			}
 			if t.Size() != uint64(want) {
-				return nil, fmt.Errorf("%w: tensor %q of layer %d is %d bytes, shape (%d, %d, %d, %d) of %v needs %d",
-					ErrBadArgument, t.Name(), l, t.Size(), spec.Shape.Batch, spec.Shape.Heads, spec.Shape.SeqLen, spec.Shape.HeadDim, spec.DType, want)
+				return nil, refuse("new device source", ErrBadArgument, "tensor %q of layer %d is %d bytes, shape (%d, %d, %d, %d) of %v needs %d",
+					t.Name(), l, t.Size(), spec.Shape.Batch, spec.Shape.Heads, spec.Shape.SeqLen, spec.Shape.HeadDim, spec.DType, want)
 			}
 			if rt == nil {
 				rt = t.rt
 			} else if t.rt != rt {
-				return nil, fmt.Errorf("%w: tensors of different Runtimes", ErrBadArgument)
+				return nil, refuse("new device source", ErrBadArgument, "tensors of different Runtimes")
 			}
 		}
 	}
@@ -189,16 +189,16 @@ type HostSource struct {
 
 // NewHostSource wraps one K and one V host buffer per layer, each exactly spec's tensor size.
 func NewHostSource(spec SourceSpec, k, v [][]byte) (*HostSource, error) {
-	if err := spec.validate(); err != nil {
+	if err := spec.validate("new host source"); err != nil {
 		return nil, err
 	}
 	if len(k) != spec.NumLayers || len(v) != spec.NumLayers {
-		return nil, fmt.Errorf("%w: %d K and %d V buffers for %d layers", ErrBadArgument, len(k), len(v), spec.NumLayers)
+		return nil, refuse("new host source", ErrBadArgument, "%d K and %d V buffers for %d layers", len(k), len(v), spec.NumLayers)
 	}
 	want, _ := spec.TensorBytes()
 	for l := range spec.NumLayers {
 		if int64(len(k[l])) != want || int64(len(v[l])) != want {
-			return nil, fmt.Errorf("%w: layer %d buffers are %d and %d bytes, want %d", ErrBadArgument, l, len(k[l]), len(v[l]), want)
+			return nil, refuse("new host source", ErrBadArgument, "layer %d buffers are %d and %d bytes, want %d", l, len(k[l]), len(v[l]), want)
 		}
 	}
 	return &HostSource{perLayer[[]byte]{spec: spec, k: k, v: v}}, nil
@@ -225,7 +225,7 @@ const NxDIKVPrefix = "kv_mgr.past_key_values."
 // layer l's K and 2l+1 its V. Every layer of spec must be present exactly once.
 func NewDeviceSourceFromState(spec SourceSpec, state map[string]*Tensor) (*DeviceSource, error) {
 	if spec.NumLayers <= 0 || spec.NumLayers > layout.MaxLayers {
-		return nil, fmt.Errorf("%w: source has %d layers, want 1..%d", ErrBadArgument, spec.NumLayers, layout.MaxLayers)
+		return nil, refuse("new device source from state", ErrBadArgument, "source has %d layers, want 1..%d", spec.NumLayers, layout.MaxLayers)
 	}
 	k := make([]*Tensor, spec.NumLayers)
 	v := make([]*Tensor, spec.NumLayers)
@@ -239,20 +239,20 @@ func NewDeviceSourceFromState(spec SourceSpec, state map[string]*Tensor) (*Devic
 			continue // e.g. "...past_key_values.3.scale"
 		}
 		if idx < 0 || idx >= 2*spec.NumLayers {
-			return nil, fmt.Errorf("%w: state key %q is beyond the %d layers of the source", ErrBadArgument, name, spec.NumLayers)
+			return nil, refuse("new device source from state", ErrBadArgument, "state key %q is beyond the %d layers of the source", name, spec.NumLayers)
 		}
 		dst := &k[idx/2]
 		if idx%2 == 1 {
 			dst = &v[idx/2]
 		}
 		if *dst != nil {
-			return nil, fmt.Errorf("%w: state has two tensors for %s%d", ErrBadArgument, NxDIKVPrefix, idx)
+			return nil, refuse("new device source from state", ErrBadArgument, "state has two tensors for %s%d", NxDIKVPrefix, idx)
 		}
 		*dst = t
 	}
 	for l := range spec.NumLayers {
 		if k[l] == nil || v[l] == nil {
-			return nil, fmt.Errorf("%w: state lacks %s%d or %s%d (layer %d)", ErrBadArgument, NxDIKVPrefix, 2*l, NxDIKVPrefix, 2*l+1, l)
+			return nil, refuse("new device source from state", ErrBadArgument, "state lacks %s%d or %s%d (layer %d)", NxDIKVPrefix, 2*l, NxDIKVPrefix, 2*l+1, l)
 		}
 	}
 	return NewDeviceSource(spec, k, v)

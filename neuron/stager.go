@@ -110,29 +110,29 @@ func NewStager(cfg StagerConfig) (*Stager, error) {
 		g.NumBlocks = cfg.SchedulerBlocks
 	}
 	if err := g.Validate(); err != nil {
-		return nil, fmt.Errorf("neuron: staging geometry: %w", err)
+		return nil, refuse("new stager", ErrBadArgument, "staging geometry: %w", err)
 	}
 	if cfg.SchedulerBlocks > 0 {
 		if err := g.CoversScheduler(cfg.SchedulerBlocks); err != nil {
-			return nil, fmt.Errorf("neuron: %w", err)
+			return nil, refuse("new stager", ErrBadArgument, "%w", err)
 		}
 	}
 	if g.NumBlocks < 2 {
-		return nil, fmt.Errorf("%w: %d blocks leave none besides the null block", ErrBadArgument, g.NumBlocks)
+		return nil, refuse("new stager", ErrBadArgument, "%d blocks leave none besides the null block", g.NumBlocks)
 	}
 	if cfg.Source == nil {
-		return nil, fmt.Errorf("%w: StagerConfig.Source is nil", ErrBadArgument)
+		return nil, refuse("new stager", ErrBadArgument, "StagerConfig.Source is nil")
 	}
 	spec := cfg.Source.Spec()
 	switch {
 	case spec.NumLayers != g.NumLayers:
-		return nil, fmt.Errorf("%w: source has %d layers, geometry %d", ErrBadArgument, spec.NumLayers, g.NumLayers)
+		return nil, refuse("new stager", ErrBadArgument, "source has %d layers, geometry %d", spec.NumLayers, g.NumLayers)
 	case spec.DType != g.DType:
-		return nil, fmt.Errorf("%w: source dtype %v differs from the geometry's %v (the decode peer reads %v)", ErrBadArgument, spec.DType, g.DType, g.DType)
+		return nil, refuse("new stager", ErrBadArgument, "source dtype %v differs from the geometry's %v (the decode peer reads %v)", spec.DType, g.DType, g.DType)
 	case spec.Shape.HeadDim != g.HeadDim:
-		return nil, fmt.Errorf("%w: source head_dim %d, geometry %d", ErrBadArgument, spec.Shape.HeadDim, g.HeadDim)
+		return nil, refuse("new stager", ErrBadArgument, "source head_dim %d, geometry %d", spec.Shape.HeadDim, g.HeadDim)
 	case cfg.FirstHead < 0 || cfg.FirstHead+g.NumKVHeads > spec.Shape.Heads:
-		return nil, fmt.Errorf("%w: heads [%d, %d) of this rank, source has %d", ErrBadArgument, cfg.FirstHead, cfg.FirstHead+g.NumKVHeads, spec.Shape.Heads)
+		return nil, refuse("new stager", ErrBadArgument, "heads [%d, %d) of this rank, source has %d", cfg.FirstHead, cfg.FirstHead+g.NumKVHeads, spec.Shape.Heads)
 	}
 	total := g.TotalBytes()
 	limit := cfg.MaxArenaBytes
@@ -143,9 +143,9 @@ func NewStager(cfg StagerConfig) (*Stager, error) {
 		}
 	}
 	if total > limit {
-		return nil, fmt.Errorf("%w: the staging arena for %v would be %d bytes (%.1f GiB: %d regions × %d blocks × %d bytes), above the limit of %.1f GiB; "+
+		return nil, refuse("new stager", ErrTooLarge, "the staging arena for %v would be %d bytes (%.1f GiB: %d regions × %d blocks × %d bytes), above the limit of %.1f GiB; "+
 			"bound the scheduler's block pool (e.g. --num-gpu-blocks-override) or raise StagerConfig.MaxArenaBytes",
-			ErrTooLarge, g, total, float64(total)/(1<<30), g.NumRegions(), g.NumBlocks, g.BlockLen(), float64(limit)/(1<<30))
+			g, total, float64(total)/(1<<30), g.NumRegions(), g.NumBlocks, g.BlockLen(), float64(limit)/(1<<30))
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -231,7 +231,7 @@ func (s *Stager) Stage(ctx context.Context, req Request) error {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	if s.closed {
-		return fmt.Errorf("%w: Stage on a closed Stager", ErrClosed)
+		return refuse("stage", ErrClosed, "the Stager was closed")
 	}
 	err := s.checkRequest(req)
 	if err == nil {
@@ -258,16 +258,16 @@ func (s *Stager) checkRequest(req Request) error {
 	spec := s.src.Spec()
 	switch {
 	case req.ID == "":
-		return fmt.Errorf("%w: request without ID", ErrBadArgument)
+		return refuse("stage", ErrBadArgument, "request without ID")
 	case req.Tokens <= 0:
-		return fmt.Errorf("%w: request %q has %d tokens; nothing to stage", ErrBadArgument, req.ID, req.Tokens)
+		return refuse("stage", ErrBadArgument, "request %q has %d tokens; nothing to stage", req.ID, req.Tokens)
 	case req.Tokens > spec.Shape.SeqLen:
-		return fmt.Errorf("%w: request %q has %d tokens, the source holds %d positions", ErrBadArgument, req.ID, req.Tokens, spec.Shape.SeqLen)
+		return refuse("stage", ErrBadArgument, "request %q has %d tokens, the source holds %d positions", req.ID, req.Tokens, spec.Shape.SeqLen)
 	case req.Row < 0 || req.Row >= spec.Shape.Batch:
-		return fmt.Errorf("%w: request %q is in batch row %d, the source has %d rows", ErrBadArgument, req.ID, req.Row, spec.Shape.Batch)
+		return refuse("stage", ErrBadArgument, "request %q is in batch row %d, the source has %d rows", req.ID, req.Row, spec.Shape.Batch)
 	}
 	if err := s.g.CheckBlockIDs(req.BlockIDs, req.Tokens); err != nil {
-		return fmt.Errorf("stage request %q: %w", req.ID, err)
+		return refuse("stage", ErrBadArgument, "request %q: %w", req.ID, err)
 	}
 	return nil
 }
@@ -313,7 +313,7 @@ func (s *Stager) run(ctx context.Context, req Request) error {
 			buf := *bp
 			for {
 				if ctx.Err() != nil {
-					fail(fmt.Errorf("stage request %q: %w", req.ID, context.Cause(ctx)))
+					fail(refuse("stage", nil, "request %q stopped: %w", req.ID, context.Cause(ctx)))
 					return
 				}
 				u := int(next.Add(1) - 1)

@@ -77,12 +77,21 @@ var statuses = &native.Table[Status]{
 // String returns the C name of the status ("NRT_TIMEOUT"), or "NRT_STATUS(n)" for unknown codes.
 func (s Status) String() string { return statuses.NameOf(s) }
 
-// Error is a failed libnrt call: the operation (the C function), the status it returned (Code) and, when
-// the runtime offers nrt_get_status_as_str, its own description (Desc). Its Unwrap gives the status's
-// sentinel (ErrFailure for codes this package does not know), so errors.Is(err, ErrTimeout) matches. It is
+// Error is a failed libnrt call (Native true): the operation (the C function), the status it returned
+// (Code) and, when the runtime offers nrt_get_status_as_str, its own description (Desc); or a call refused
+// on the Go side before libnrt (Native false: ErrBadArgument, ErrTooLarge, ErrClosed, ..., with a layout
+// error as Cause when layout refused the geometry or block ids). Its Unwrap gives the status's sentinel
+// (ErrFailure for codes this package does not know) and the Cause, so errors.Is(err, ErrTimeout) matches. It is
 // the one error shape of gonixl's native-library packages (nixl.Error and cuda.Error are the same generic
 // type over their own codes).
 type Error = native.Error[Status]
+
+// refuse is a call refused on the Go side before libnrt is called, its detail formatted as by fmt.Errorf:
+// it matches sentinel and any error given with %w (a layout error, an errno; see native.Table.Refusef).
+// sentinel is nil for work stopped by its context, which only the context's error describes.
+func refuse(op string, sentinel error, format string, args ...any) error {
+	return statuses.Refusef(op, sentinel, format, args...)
+}
 
 // statusError turns a libnrt status into nil or an *Error; desc is the runtime's description of it, or "".
 func statusError(op string, st Status, desc string) error {

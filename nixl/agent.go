@@ -172,7 +172,7 @@ func (a *Agent) use(op string) (func(), error) {
 	a.mu.RLock()
 	if a.closed {
 		a.mu.RUnlock()
-		return nil, goErr(op, ErrClosed, "agent "+a.name+" is closed")
+		return nil, goErr(op, ErrClosed, "agent %s is closed", a.name)
 	}
 	return a.mu.RUnlock, nil
 }

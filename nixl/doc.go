@@ -41,8 +41,10 @@
 // with its C name) and a hint; errors.Is matches the sentinels ErrInvalidParam, ErrBackend,
 // ErrInvalidState, ErrException, ErrNoTelemetry and ErrNotFound. NIXL's C API folds several NIXL codes into
 // ErrBackend. Calls refused before NIXL is reached (ErrClosed, ErrIndexOutOfRange, bad arguments) are *Error
-// too, with Native false. *Error is the one error shape of nixl, cuda and neuron (each over its own codes).
-// "In progress" is a State, never an error.
+// too, with Native false, and so is a wait ended by its context (no sentinel; errors.Is matches the
+// context's error, its Cause). Every error of the package is an *Error, or Load's *LoadError. *Error is the
+// one error shape of nixl, cuda and neuron (each over its own codes). "In progress" is a State, never an
+// error.
 //
 // # Concurrency
 //

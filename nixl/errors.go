@@ -84,7 +84,8 @@ func check(op string, s status, detail string) error {
 	return nil
 }
 
-// goErr is a call refused on the Go side before NIXL is called; it matches sentinel.
-func goErr(op string, sentinel error, detail string) error {
-	return statuses.Refused(op, sentinel, detail)
+// goErr is a call refused on the Go side before NIXL is called, its detail formatted as by fmt.Errorf; it
+// matches sentinel and any error given with %w (see native.Table.Refusef).
+func goErr(op string, sentinel error, format string, args ...any) error {
+	return statuses.Refusef(op, sentinel, format, args...)
 }

@@ -1,6 +1,7 @@
 package nixl
 
 import (
+	"context"
 	"errors"
 	"testing"
 
@@ -52,4 +53,21 @@ func TestGoSideRefusals(t *testing.T) {
 		assert.False(t, e.Native)
 		assert.Equal(t, `nixl: post: agent "a": `+s.Error()[len("nixl: "):], err.Error())
 	}
+}
+
+func TestRefusalsAreErrors(t *testing.T) {
+	_, ucx := UCXOptions{NumThreads: -1}.Params()
+	_, mem := ParseMemType("HBM")
+	_, host := AllocHost(0, HostOptions{})
+	_, agent := (*Library)(nil).NewAgent("a", AgentConfig{})
+	_, agentName := (&Library{}).NewAgent("", AgentConfig{})
+	nativetest.CheckRefusals(t, statuses, []nativetest.Refusal{
+		{Name: "UCX options", Err: ucx, Op: "UCX options", Sentinels: []error{ErrInvalidParam}},
+		{Name: "memory type", Err: mem, Op: "parse memory type", Sentinels: []error{ErrInvalidParam}},
+		{Name: "host size", Err: host, Op: "allocate host memory", Sentinels: []error{ErrInvalidParam}},
+		{Name: "nil library", Err: agent, Op: "create agent", Sentinels: []error{ErrNotLoaded}},
+		{Name: "agent name", Err: agentName, Op: "create agent", Sentinels: []error{ErrInvalidParam}},
+		{Name: "wait ended", Err: goErr("wait for transfer", nil, "%v with %s: %w", Read, "peer", context.Canceled),
+			Op: "wait for transfer", Sentinels: []error{context.Canceled}},
+	})
 }

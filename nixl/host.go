@@ -42,7 +42,7 @@ func AllocHost(size int64, opts HostOptions) (*HostMem, error) {
 		limit = 1 << 40
 	}
 	if size <= 0 || size > limit {
-		return nil, goErr("allocate host memory", ErrInvalidParam, fmt.Sprintf("size %d bytes is outside (0, %d]; check the cache geometry", size, limit))
+		return nil, goErr("allocate host memory", ErrInvalidParam, "size %d bytes is outside (0, %d]; check the cache geometry", size, limit)
 	}
 	var (
 		b    []byte
@@ -63,7 +63,7 @@ func AllocHost(size int64, opts HostOptions) (*HostMem, error) {
 	if b == nil {
 		psz := int64(os.Getpagesize())
 		if b, err = syscall.Mmap(-1, 0, int((size+psz-1)/psz*psz), prot, flags); err != nil {
-			return nil, goErr("allocate host memory", ErrBackend, fmt.Sprintf("mmap of %d bytes: %v", size, err))
+			return nil, goErr("allocate host memory", ErrBackend, "mmap of %d bytes: %w", size, err)
 		}
 		b = b[:size]
 	}
@@ -71,8 +71,8 @@ func AllocHost(size int64, opts HostOptions) (*HostMem, error) {
 	if opts.Lock {
 		if err := syscall.Mlock(b); err != nil {
 			_ = syscall.Munmap(b[:cap(b)])
-			return nil, goErr("allocate host memory", ErrBackend, fmt.Sprintf(
-				"mlock of %d bytes: %v (raise RLIMIT_MEMLOCK, e.g. `ulimit -l unlimited`, or allocate without Lock)", size, err))
+			return nil, goErr("allocate host memory", ErrBackend,
+				"mlock of %d bytes: %w (raise RLIMIT_MEMLOCK, e.g. `ulimit -l unlimited`, or allocate without Lock)", size, err)
 		}
 		m.locked = true
 	}
@@ -132,7 +132,7 @@ func (m *HostMem) Close() error {
 		_ = syscall.Munlock(b)
 	}
 	if err := syscall.Munmap(b); err != nil {
-		return goErr("free host memory", ErrBackend, err.Error())
+		return goErr("free host memory", ErrBackend, "%w", err)
 	}
 	return nil
 }

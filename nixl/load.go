@@ -7,7 +7,6 @@ package nixl
 import "C"
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -120,8 +119,8 @@ func Load(opts LoadOptions) (*Library, error) {
 	}
 	if loaded != nil {
 		if opts.LibDir != "" && !sameDir(opts.LibDir, loaded.Dir()) {
-			return nil, goErr("load", ErrInvalidState, fmt.Sprintf(
-				"NIXL is already loaded from %s; a process can load only one NIXL (asked for %s)", loaded.Dir(), opts.LibDir))
+			return nil, goErr("load", ErrInvalidState,
+				"NIXL is already loaded from %s; a process can load only one NIXL (asked for %s)", loaded.Dir(), opts.LibDir)
 		}
 		return loaded, nil
 	}
@@ -149,7 +148,7 @@ func Load(opts LoadOptions) (*Library, error) {
 			// NIXL reads NIXL_PLUGIN_DIR when its plugin manager starts (the first agent); with cgo,
 			// os.Setenv also updates the C environment.
 			if err := os.Setenv("NIXL_PLUGIN_DIR", pluginDir); err != nil {
-				return nil, goErr("load", ErrInvalidParam, "setting NIXL_PLUGIN_DIR: "+err.Error())
+				return nil, goErr("load", ErrInvalidParam, "setting NIXL_PLUGIN_DIR: %w", err)
 			}
 		}
 		var errBuf [1024]C.char
@@ -220,19 +219,6 @@ func resolvedPath() string {
 		}
 	}
 	return ""
-}
-
-// mustLoaded returns the loaded library or an ErrNotLoaded error.
-func mustLoaded() error {
-	loadMu.Lock()
-	defer loadMu.Unlock()
-	if loaded == nil {
-		if loadErr != nil {
-			return loadErr
-		}
-		return errors.Join(ErrNotLoaded, errors.New("call nixl.Load first"))
-	}
-	return nil
 }
 
 // raceWorkaround keeps UCX from loading its InfiniBand transport modules in binaries built with -race, unless

@@ -41,7 +41,7 @@ func ParseMemType(s string) (MemType, error) {
 	case "FILE", "FILE_SEG":
 		return File, nil
 	}
-	return 0, goErr("parse memory type", ErrInvalidParam, fmt.Sprintf("unknown memory type %q (want DRAM, VRAM, BLOCK, OBJECT or FILE)", s))
+	return 0, goErr("parse memory type", ErrInvalidParam, "unknown memory type %q (want DRAM, VRAM, BLOCK, OBJECT or FILE)", s)
 }
 
 func (m MemType) valid() bool { return m >= DRAM && m <= File }
@@ -79,14 +79,14 @@ func descPtr(descs []Desc) *C.uint64_t {
 
 func checkDescs(op string, mem MemType, descs []Desc) error {
 	if !mem.valid() {
-		return goErr(op, ErrInvalidParam, fmt.Sprintf("invalid memory type %d", int(mem)))
+		return goErr(op, ErrInvalidParam, "invalid memory type %d", int(mem))
 	}
 	for i, d := range descs {
 		if d.Len == 0 {
-			return goErr(op, ErrInvalidParam, fmt.Sprintf("descriptor %d has length 0", i))
+			return goErr(op, ErrInvalidParam, "descriptor %d has length 0", i)
 		}
 		if d.Addr+d.Len < d.Addr {
-			return goErr(op, ErrInvalidParam, fmt.Sprintf("descriptor %d (addr %#x, len %d) wraps around the address space", i, d.Addr, d.Len))
+			return goErr(op, ErrInvalidParam, "descriptor %d (addr %#x, len %d) wraps around the address space", i, d.Addr, d.Len)
 		}
 	}
 	return nil

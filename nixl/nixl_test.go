@@ -412,6 +412,9 @@ func TestWaitHonoursContext(t *testing.T) {
 	// Either it finished before the first poll, or Wait reports the cancelled context.
 	if err := x.Wait(ctx); err != nil {
 		require.ErrorIs(t, err, context.Canceled)
+		var e *nixl.Error
+		require.ErrorAs(t, err, &e, "a wait ended by its context is the package's error too")
+		require.Equal(t, "wait for transfer", e.Op)
 	}
 	require.NoError(t, x.Wait(ctxT(t)))
 }

@@ -121,7 +121,7 @@ func (a *Agent) WaitNotification(ctx context.Context, match func(Notification) b
 		}
 		return ok
 	}); cerr != nil {
-		return Notification{}, fmt.Errorf("nixl: waiting for a notification on %s: %w", a.name, cerr)
+		return Notification{}, goErr("wait for a notification", nil, "agent %s: %w", a.name, cerr)
 	}
 	return found, err
 }

@@ -1,7 +1,6 @@
 package nixl
 
 import (
-	"fmt"
 	"maps"
 	"runtime"
 	"slices"
@@ -76,7 +75,7 @@ func (o UCXOptions) Params() (map[string]string, error) {
 	if len(o.Devices) > 0 {
 		for _, d := range o.Devices {
 			if d == "" || strings.ContainsAny(d, ", ") {
-				return nil, fmt.Errorf("%w: UCX device %q (empty, or contains ',' or ' ')", ErrInvalidParam, d)
+				return nil, goErr("UCX options", ErrInvalidParam, "device %q is empty or contains ',' or ' '; list devices as UCX names (mlx5_0:1)", d)
 			}
 		}
 		p["device_list"] = strings.Join(o.Devices, ",")
@@ -86,7 +85,7 @@ func (o UCXOptions) Params() (map[string]string, error) {
 		v    int
 	}{{"num_workers", o.NumWorkers}, {"num_threads", o.NumThreads}, {"split_batch_size", o.SplitBatchSize}} {
 		if f.v < 0 {
-			return nil, fmt.Errorf("%w: UCX %s = %d, want ≥ 0 (0 = NIXL's default)", ErrInvalidParam, f.name, f.v)
+			return nil, goErr("UCX options", ErrInvalidParam, "%s = %d, want ≥ 0 (0 = NIXL's default)", f.name, f.v)
 		}
 		if f.v > 0 {
 			p[f.name] = strconv.Itoa(f.v)
@@ -97,7 +96,7 @@ func (o UCXOptions) Params() (map[string]string, error) {
 	case UCXErrorsPeer, UCXErrorsNone:
 		p["ucx_error_handling_mode"] = string(o.ErrorHandling)
 	default:
-		return nil, fmt.Errorf("%w: UCX error handling %q, want %q or %q", ErrInvalidParam, o.ErrorHandling, UCXErrorsPeer, UCXErrorsNone)
+		return nil, goErr("UCX options", ErrInvalidParam, "error handling %q, want %q, %q or \"\" (NIXL's default)", o.ErrorHandling, UCXErrorsPeer, UCXErrorsNone)
 	}
 	if len(o.Engine) > 0 {
 		keys := slices.Sorted(maps.Keys(o.Engine))
@@ -105,7 +104,7 @@ func (o UCXOptions) Params() (map[string]string, error) {
 		for _, k := range keys {
 			v := o.Engine[k]
 			if k == "" || strings.ContainsAny(k, ",=") || strings.ContainsAny(v, ",=") {
-				return nil, fmt.Errorf("%w: UCX engine_config %q=%q (keys and values may not contain ',' or '=')", ErrInvalidParam, k, v)
+				return nil, goErr("UCX options", ErrInvalidParam, "engine_config %q=%q: keys must be non-empty, and keys and values may not contain ',' or '='", k, v)
 			}
 			parts = append(parts, strings.TrimPrefix(k, "UCX_")+"="+v)
 		}

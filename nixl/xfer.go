@@ -119,7 +119,7 @@ func toCIndices(op, side string, idx []int, n int, buf *[]C.int) error {
 	out := (*buf)[:0]
 	for i, v := range idx {
 		if v < 0 || v >= n {
-			return goErr(op, ErrIndexOutOfRange, fmt.Sprintf("%s index %d at position %d is outside the prepared list of %d descriptors", side, v, i, n))
+			return goErr(op, ErrIndexOutOfRange, "%s index %d at position %d is outside the prepared list of %d descriptors", side, v, i, n)
 		}
 		out = append(out, C.int(v))
 	}
@@ -139,7 +139,7 @@ func (a *Agent) MakeXfer(op Op, local *Prepped, localIdx []int, remote *Prepped,
 		return nil, goErr(name, ErrInvalidParam, "prepared lists belong to another agent")
 	}
 	if len(localIdx) != len(remoteIdx) || len(localIdx) == 0 {
-		return nil, goErr(name, ErrInvalidParam, fmt.Sprintf("need as many local as remote indices, at least one (got %d and %d)", len(localIdx), len(remoteIdx)))
+		return nil, goErr(name, ErrInvalidParam, "need as many local as remote indices, at least one (got %d and %d)", len(localIdx), len(remoteIdx))
 	}
 	lb, rb := idxPool.Get().(*[]C.int), idxPool.Get().(*[]C.int)
 	defer idxPool.Put(lb)
@@ -176,11 +176,11 @@ func (a *Agent) MakeXfer(op Op, local *Prepped, localIdx []int, remote *Prepped,
 func (a *Agent) CreateXfer(op Op, localMem MemType, local []Desc, remoteMem MemType, remote []Desc, remoteAgent string, opts ...Option) (*Xfer, error) {
 	name := "create transfer request"
 	if len(local) != len(remote) {
-		return nil, goErr(name, ErrInvalidParam, fmt.Sprintf("local and remote lists differ in length (%d vs %d)", len(local), len(remote)))
+		return nil, goErr(name, ErrInvalidParam, "local and remote lists differ in length (%d vs %d)", len(local), len(remote))
 	}
 	for i := range local {
 		if local[i].Len != remote[i].Len {
-			return nil, goErr(name, ErrInvalidParam, fmt.Sprintf("pair %d: local length %d != remote length %d", i, local[i].Len, remote[i].Len))
+			return nil, goErr(name, ErrInvalidParam, "pair %d: local length %d != remote length %d", i, local[i].Len, remote[i].Len)
 		}
 	}
 	var x *Xfer
@@ -281,7 +281,7 @@ func (x *Xfer) Wait(ctx context.Context) error {
 		st, err = x.Status()
 		return err != nil || st == Done
 	}); cerr != nil {
-		return fmt.Errorf("nixl: waiting for %s with %s: %w", x.op, x.remote, cerr)
+		return goErr("wait for transfer", nil, "%v with %s: %w", x.op, x.remote, cerr)
 	}
 	return err
 }

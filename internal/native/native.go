@@ -7,6 +7,7 @@
 package native
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -106,9 +107,24 @@ func (t *Table[C]) Refused(op string, sentinel error, detail string) *Error[C] {
 	return e
 }
 
+// Refusef is Refused with a detail formatted as fmt.Errorf formats it. An error given with %w is also the
+// Error's Cause (several %w: their join), so errors.Is and errors.As reach it as well as the sentinel; its
+// text is then part of Detail. sentinel may be nil when no sentinel of the package fits (a context error).
+func (t *Table[C]) Refusef(op string, sentinel error, format string, args ...any) *Error[C] {
+	w := fmt.Errorf(format, args...)
+	e := t.Refused(op, sentinel, w.Error())
+	if many, ok := w.(interface{ Unwrap() []error }); ok {
+		e.Cause = errors.Join(many.Unwrap()...)
+	} else {
+		e.Cause = errors.Unwrap(w)
+	}
+	return e
+}
+
 // Error is a failed native call (Native true: the library returned Code), or an argument refused on the Go
 // side before the call (Native false: Code is the status the library would have given, or zero). Unwrap
-// gives the package's sentinel, so errors.Is(err, pkg.ErrX) matches; errors.As reaches the fields.
+// gives the package's sentinel and the Cause, so errors.Is(err, pkg.ErrX) matches; errors.As reaches the
+// fields.
 type Error[C Code] struct {
 	Op     string // the C function or operation, e.g. "cuMemAlloc_v2", "register memory"
 	Code   C      // the status
@@ -117,6 +133,7 @@ type Error[C Code] struct {
 	Detail string // what was asked: names, sizes, indexes
 	Hint   string // what to do about the library's status (from the table; "" for a Go-side refusal)
 	Native bool   // true when the library returned Code; false when the call was refused on the Go side
+	Cause  error  // an error of another package this one wraps (a layout or context error; see Refusef), or nil
 
 	prefix   string
 	sentinel error
@@ -147,5 +164,14 @@ func (e *Error[C]) Error() string {
 	return msg
 }
 
-// Unwrap returns the sentinel of the code (or, for a Go-side refusal, the sentinel it was refused with).
-func (e *Error[C]) Unwrap() error { return e.sentinel }
+// Unwrap returns the sentinel of the code (or, for a Go-side refusal, the sentinel it was refused with) and
+// the Cause, whichever are set, so errors.Is matches both.
+func (e *Error[C]) Unwrap() []error {
+	errs := make([]error, 0, 2)
+	for _, err := range []error{e.sentinel, e.Cause} {
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errs
+}

@@ -130,3 +130,30 @@ func TestCodeIsItsOwnSentinel(t *testing.T) {
 	assert.NoError(t, plain.Sentinel(5), "no default and a code that is no error: no sentinel")
 	assert.Equal(t, "p: op: status 5 (5)", plain.Failed("op", 5, "").Error())
 }
+
+// errCause stands for another package's error (a layout sentinel) that a refusal wraps.
+var errCause = errors.New("other: bad geometry")
+
+func TestRefusefKeepsTheCause(t *testing.T) {
+	tab := table()
+	e := tab.Refusef("op", errA, "geometry %d: %w", 3, errCause)
+	require.ErrorIs(t, e, errA)
+	require.ErrorIs(t, e, errCause)
+	require.NotErrorIs(t, e, errB)
+	assert.Same(t, errCause, e.Cause)
+	assert.False(t, e.Native)
+	assert.Equal(t, "geometry 3: other: bad geometry", e.Detail)
+	assert.Equal(t, "lib: op: geometry 3: other: bad geometry: a failed", e.Error())
+	var got *Error[status]
+	require.ErrorAs(t, fmt.Errorf("outer: %w", e), &got)
+	assert.Same(t, e, got)
+
+	two := tab.Refusef("op", nil, "%w and %w", errCause, errGo)
+	require.ErrorIs(t, two, errCause)
+	require.ErrorIs(t, two, errGo)
+	assert.Equal(t, "lib: op: other: bad geometry and lib: closed", two.Error(), "no sentinel: the detail alone")
+
+	plain := tab.Refusef("op", errB, "size %d", 7)
+	assert.NoError(t, plain.Cause, "no %w: no cause")
+	assert.Equal(t, tab.Refused("op", errB, "size 7"), plain)
+}

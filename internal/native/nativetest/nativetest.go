@@ -71,3 +71,31 @@ func CheckTable[C native.Code](t *testing.T, tab *native.Table[C], sentinels []e
 		}
 	}
 }
+
+// Refusal is one call a package refuses on the Go side, for CheckRefusals.
+type Refusal struct {
+	Name      string  // the subtest's name
+	Err       error   // what the call returned
+	Op        string  // the operation the error must name
+	Sentinels []error // what errors.Is must match: the package's sentinel, and any cause (a layout or context error)
+}
+
+// CheckRefusals checks that each refusal is the package's *native.Error[C] (errors.As), refused on the Go
+// side (Native false), matches its sentinels (errors.Is), and reads "prefix: op: …".
+func CheckRefusals[C native.Code](t *testing.T, tab *native.Table[C], refusals []Refusal) {
+	t.Helper()
+	for _, r := range refusals {
+		t.Run(r.Name, func(t *testing.T) {
+			require.Error(t, r.Err)
+			var e *native.Error[C]
+			require.ErrorAs(t, r.Err, &e)
+			assert.False(t, e.Native, "refused on the Go side")
+			assert.Equal(t, r.Op, e.Op)
+			assert.NotEmpty(t, e.Detail, "the detail says what was wrong")
+			for _, s := range r.Sentinels {
+				require.ErrorIs(t, r.Err, s)
+			}
+			assert.True(t, strings.HasPrefix(e.Error(), tab.Prefix+": "+r.Op+": "), "%q names the package and the op", e.Error())
+		})
+	}
+}
