@@ -12,6 +12,7 @@ import (
 
 	"github.com/gonixl/gonixl/connector/sidechannel"
 	"github.com/gonixl/gonixl/cuda"
+	"github.com/gonixl/gonixl/internal/dl"
 	"github.com/gonixl/gonixl/internal/elfdeps"
 	"github.com/gonixl/gonixl/neuron"
 	"github.com/gonixl/gonixl/nixl"
@@ -26,15 +27,46 @@ type envReport struct {
 	Env    map[string]string `json:"environment"`
 }
 
+// libReport is what each library's section has: whether it loaded and from where, or each place tried (with
+// why it failed) and what to do.
+type libReport struct {
+	Found bool     `json:"found"`
+	Path  string   `json:"path,omitempty"`
+	Tried []string `json:"tried,omitempty"`
+	Error string   `json:"error,omitempty"`
+}
+
+// failed records a load error: for a LoadError (the one shape of nixl, cuda and neuron) every candidate with
+// why it failed, and fix as the error; for any other error its text.
+func (r *libReport) failed(err error, fix string) {
+	var le *dl.LoadError
+	if !errors.As(err, &le) {
+		r.Error = oneLine(err.Error())
+		return
+	}
+	for i, t := range le.Tried {
+		if i < len(le.Why) && le.Why[i] != "" {
+			t += ": " + le.Why[i]
+		}
+		r.Tried = append(r.Tried, t)
+	}
+	r.Error = fix
+}
+
+// writeNotLoaded writes the section of a library that did not load.
+func (r *libReport) writeNotLoaded(w io.Writer) {
+	fmt.Fprintf(w, "  not loaded: %s\n", r.Error)
+	for _, t := range r.Tried {
+		fmt.Fprintf(w, "    tried %s\n", t)
+	}
+}
+
 type nixlReport struct {
-	Found           bool           `json:"found"`
-	Path            string         `json:"path,omitempty"`
+	libReport
 	Version         string         `json:"version,omitempty"`
 	PluginDir       string         `json:"plugin_dir,omitempty"`
 	HasCustomParams bool           `json:"has_custom_params,omitempty"`
 	Plugins         []pluginReport `json:"plugins,omitempty"`
-	Tried           []string       `json:"tried,omitempty"`
-	Error           string         `json:"error,omitempty"`
 }
 
 type pluginReport struct {
@@ -56,13 +88,10 @@ type zmqReport struct {
 }
 
 type cudaReport struct {
-	Found         bool         `json:"found"`
-	Path          string       `json:"path,omitempty"`
+	libReport
 	DriverVersion string       `json:"driver_version,omitempty"`
 	DeviceCount   int          `json:"device_count"`
 	Devices       []cudaDevice `json:"devices,omitempty"`
-	Tried         []string     `json:"tried,omitempty"`
-	Error         string       `json:"error,omitempty"`
 }
 
 type cudaDevice struct {
@@ -77,12 +106,10 @@ type cudaDevice struct {
 }
 
 type neuronReport struct {
-	Found        bool   `json:"found"`
-	Path         string `json:"path,omitempty"`
+	libReport
 	Version      string `json:"version,omitempty"`
 	VisibleCores int    `json:"visible_cores,omitempty"`
 	TotalCores   int    `json:"total_cores,omitempty"`
-	Error        string `json:"error,omitempty"`
 }
 
 // envVars are the environment variables that steer where the libraries are found and how they behave.
@@ -148,7 +175,7 @@ func runEnv(ctx context.Context, env *cmdEnv, args []string) error {
 			}
 		}
 	}
-	nixlRep := nixlReport{Error: "skipped (--no-nixl)"}
+	nixlRep := nixlReport{libReport: libReport{Error: "skipped (--no-nixl)"}}
 	if !*noNIXL {
 		nixlRep = nixlEnv(nf)
 	}
@@ -179,12 +206,7 @@ func nixlEnv(nf nixlFlags) nixlReport {
 	var r nixlReport
 	lib, err := nf.load()
 	if err != nil {
-		r.Error = oneLine(err.Error())
-		var le *nixl.LoadError
-		if errors.As(err, &le) {
-			r.Tried = le.Tried
-			r.Error = "libnixl_capi.so not found; run `make nixl` or set NIXL_LIB_DIR (or --nixl-lib-dir) to its folder"
-		}
+		r.failed(err, "libnixl_capi.so not found; run `make nixl` or set NIXL_LIB_DIR (or --nixl-lib-dir) to its folder")
 		return r
 	}
 	r.Found, r.Path, r.Version, r.PluginDir, r.HasCustomParams = true, lib.Path(), nixlVersion(lib), lib.PluginDir(), lib.HasCustomParams()
@@ -241,19 +263,7 @@ func cudaEnv() cudaReport {
 	var r cudaReport
 	drv, err := cuda.Load(cuda.LoadOptions{})
 	if err != nil {
-		var le *cuda.LoadError
-		if errors.As(err, &le) {
-			for i, t := range le.Tried {
-				why := ""
-				if i < len(le.Why) {
-					why = ": " + le.Why[i]
-				}
-				r.Tried = append(r.Tried, t+why)
-			}
-			r.Error = "libcuda.so.1 not found (no NVIDIA driver here, or set GONIXL_CUDA_LIB)"
-		} else {
-			r.Error = oneLine(err.Error())
-		}
+		r.failed(err, "libcuda.so.1 not found (no NVIDIA driver here, or set GONIXL_CUDA_LIB)")
 		return r
 	}
 	r.Found, r.Path, r.DriverVersion = true, drv.Path(), drv.VersionString()
@@ -294,9 +304,9 @@ func neuronEnv(initialise bool) neuronReport {
 	}
 	rt, err := neuron.Load(neuron.LoadOptions{})
 	if err != nil {
-		// The error lists the candidates tried (or the runtime's own status when libnrt loaded).
+		// The candidates tried, or the runtime's own status when libnrt loaded.
 		r.Found = neuron.Available(neuron.LoadOptions{})
-		r.Error = oneLine(err.Error())
+		r.failed(err, "libnrt.so.1 not found (set "+neuron.EnvLibPath+" to it)")
 		return r
 	}
 	defer rt.Close()
@@ -337,13 +347,8 @@ func printEnv(w io.Writer, r envReport) {
 				fmt.Fprintf(w, "    %-12s   %s=%s\n", "", k, p.Params[k])
 			}
 		}
-	} else if len(r.NIXL.Tried) == 0 {
-		fmt.Fprintf(w, "  %s\n", r.NIXL.Error)
 	} else {
-		fmt.Fprintf(w, "  not loaded: %s\n", r.NIXL.Error)
-		for _, t := range r.NIXL.Tried {
-			fmt.Fprintf(w, "    tried %s\n", t)
-		}
+		r.NIXL.writeNotLoaded(w)
 	}
 	if r.NIXL.Found && r.NIXL.Error != "" {
 		fmt.Fprintf(w, "  error        %s\n", r.NIXL.Error)
@@ -369,10 +374,7 @@ func printEnv(w io.Writer, r envReport) {
 			fmt.Fprintf(w, "  error        %s\n", r.CUDA.Error)
 		}
 	} else {
-		fmt.Fprintf(w, "  not loaded: %s\n", r.CUDA.Error)
-		for _, t := range r.CUDA.Tried {
-			fmt.Fprintf(w, "    tried %s\n", t)
-		}
+		r.CUDA.writeNotLoaded(w)
 	}
 
 	fmt.Fprintln(w, "Neuron")
@@ -388,7 +390,7 @@ func printEnv(w io.Writer, r envReport) {
 	case r.Neuron.Found:
 		fmt.Fprintf(w, "  libnrt loads, but: %s\n", r.Neuron.Error)
 	default:
-		fmt.Fprintf(w, "  not loaded: %s\n", r.Neuron.Error)
+		r.Neuron.writeNotLoaded(w)
 	}
 
 	if len(r.Env) > 0 {
