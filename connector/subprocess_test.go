@@ -91,14 +91,9 @@ func startPeer(t *testing.T, p protocol.Profile, engine string, port, blocks, to
 		"GONIXL_PEER_ENGINE="+engine, fmt.Sprintf("GONIXL_PEER_PORT=%d", port), fmt.Sprintf("GONIXL_PEER_BLOCKS=%d", blocks),
 		fmt.Sprintf("GONIXL_PEER_TOKENS=%d", tokens), fmt.Sprintf("GONIXL_PEER_REQUESTS=%d", requests),
 		fmt.Sprintf("GONIXL_PEER_SEED=%d", seed))
-	pp := &peerProc{cmd: cmd, stderr: &testenv.Buffer{}}
-	cmd.Stderr = pp.stderr
-	var err error
-	pp.stdin, err = cmd.StdinPipe()
-	require.NoError(t, err)
-	out, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
+	child := testenv.StartChild(t, cmd, true)
+	pp := &peerProc{cmd: cmd, stderr: child.Stderr, stdin: child.Stdin}
+	out := child.Stdout
 	t.Cleanup(func() { pp.kill() })
 	lines := make(chan string)
 	go func() {

@@ -194,14 +194,9 @@ func launchDriver(t *testing.T, ctx context.Context, python, role, model string,
 	cmd := exec.CommandContext(ctx, python, append([]string{script, "--role", role, "--model", model,
 		"--block-size", fmt.Sprint(realBlockSize), "--num-blocks", fmt.Sprint(numBlocks)}, args...)...)
 	cmd.Env = append(os.Environ(), "VLLM_TARGET_DEVICE=cpu", "PYTHONUNBUFFERED=1")
-	d := &driver{t: t, cmd: cmd, events: make(chan event, 64), stderr: &testenv.Buffer{}}
-	cmd.Stderr = d.stderr
-	var err error
-	d.stdin, err = cmd.StdinPipe()
-	require.NoError(t, err)
-	stdout, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
+	child := testenv.StartChild(t, cmd, true)
+	d := &driver{t: t, cmd: cmd, events: make(chan event, 64), stderr: child.Stderr, stdin: child.Stdin}
+	stdout := child.Stdout
 	readDone := make(chan struct{})
 	go func() {
 		defer close(readDone)

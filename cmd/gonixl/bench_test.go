@@ -75,18 +75,8 @@ func startServer(t *testing.T, dir string, extra ...string) (addr string, cmd *e
 	t.Helper()
 	bin := buildCLI(t)
 	cmd = exec.Command(bin, append([]string{"bench", "--serve", "--listen", "127.0.0.1:0", "--nixl-lib-dir", dir}, extra...)...)
-	out, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	stderr = &testenv.Buffer{} // read while the server runs: locked
-	cmd.Stderr = stderr
-	require.NoError(t, cmd.Start())
-	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
-		}
-	})
-	stdout = bufio.NewReader(out)
+	child := testenv.StartChild(t, cmd, false)
+	stdout, stderr = child.Stdout, child.Stderr
 	lineCh := make(chan string, 1)
 	go func() {
 		line, _ := stdout.ReadString('\n')
@@ -98,7 +88,7 @@ func startServer(t *testing.T, dir string, extra ...string) (addr string, cmd *e
 	case <-time.After(20 * time.Second):
 		t.Fatalf("the bench server did not start; stderr: %s", stderr.String())
 	}
-	_, err = fmt.Sscanf(line, "gonixl bench: serving on %s", &addr)
+	_, err := fmt.Sscanf(line, "gonixl bench: serving on %s", &addr)
 	require.NoError(t, err, "first line: %q, stderr: %s", line, stderr.String())
 	return addr, cmd, stdout, stderr
 }

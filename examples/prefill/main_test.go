@@ -29,16 +29,14 @@ type worker struct {
 
 func startWorker(t *testing.T, ctx context.Context, bin string) *worker {
 	t.Helper()
-	w := &worker{tmp: t.TempDir(), stderr: &testenv.Buffer{}, ready: make(chan struct{})}
+	w := &worker{tmp: t.TempDir(), ready: make(chan struct{})}
 	w.cmd = exec.CommandContext(ctx, bin, "-http", "127.0.0.1:0", "-vllm-version", "0.33.0", "-num-blocks", "32", "-max-seq", "64",
 		"-batch-rows", "1", "-log-level", "error")
 	w.cmd.Env = append(os.Environ(), "TMPDIR="+w.tmp, "NIXL_LIB_DIR="+testenv.RequireNIXLLibDir(t))
-	w.cmd.Stderr = w.stderr
-	out, err := w.cmd.StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, w.cmd.Start())
+	child := testenv.StartChild(t, w.cmd, false)
+	w.stderr = child.Stderr
 	go func() {
-		sc := bufio.NewScanner(out)
+		sc := bufio.NewScanner(child.Stdout)
 		for sc.Scan() {
 			if strings.HasPrefix(sc.Text(), "READY ") {
 				close(w.ready)
