@@ -5,6 +5,7 @@ import (
 	"io"
 	"os/exec"
 	"testing"
+	"time"
 )
 
 // Child is a test's child process whose output is read while it runs: Stdout is its standard output, read
@@ -18,12 +19,17 @@ type Child struct {
 }
 
 // StartChild starts cmd with its stdout piped and its stderr in a locked Buffer (and its stdin piped when
-// stdin is true); when the test ends the child is killed (if still running) and waited for. A caller may
+// stdin is true; Wait gives up on the pipes 5 s after the child exits unless cmd.WaitDelay says otherwise);
+// when the test ends the child is killed (if still running) and waited for. A caller may
 // Wait for it first, from the test's goroutine; the clean-up's second Wait then only returns an error.
 func StartChild(tb testing.TB, cmd *exec.Cmd, stdin bool) *Child {
 	tb.Helper()
 	c := &Child{Cmd: cmd, Stderr: &Buffer{}}
 	cmd.Stderr = c.Stderr
+	if cmd.WaitDelay == 0 {
+		// A grandchild that inherited stderr (a shell's, Python's workers) would keep Wait copying forever.
+		cmd.WaitDelay = 5 * time.Second
+	}
 	if stdin {
 		w, err := cmd.StdinPipe()
 		if err != nil {

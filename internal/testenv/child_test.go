@@ -14,7 +14,7 @@ import (
 func TestStartChild(t *testing.T) {
 	var cmd *exec.Cmd
 	t.Run("child", func(t *testing.T) {
-		cmd = exec.Command("sh", "-c", `echo out; echo err >&2; read line; echo "got $line"; sleep 60`)
+		cmd = exec.Command("sh", "-c", `echo out; echo err >&2; read line; echo "got $line"; exec sleep 60`)
 		c := StartChild(t, cmd, true)
 		line, err := c.Stdout.ReadString('\n')
 		require.NoError(t, err)
