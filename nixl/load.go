@@ -22,6 +22,12 @@ import (
 // LibraryName is the file name of NIXL's C API library.
 const LibraryName = "libnixl_capi.so"
 
+// EnvLibDir names the environment variable of the folder holding libnixl_capi.so, tried right after
+// LoadOptions.LibDir. It is NIXL's own name, not a GONIXL_ one like cuda.EnvLibPath and neuron.EnvLibPath,
+// because NIXL's images already set it (Dynamo's and NVIDIA's containers: NIXL_LIB_DIR, NIXL_PLUGIN_DIR,
+// NIXL_PREFIX), so a Go worker in them finds the NIXL the Python side uses without configuration.
+const EnvLibDir = "NIXL_LIB_DIR"
+
 // StandardPrefixes are the folders searched last, where NIXL's own installers put it.
 var StandardPrefixes = []string{
 	"/opt/nvidia/nvda_nixl/lib/x86_64-linux-gnu",
@@ -188,8 +194,8 @@ func candidates(explicit string) []candidate {
 	if explicit != "" {
 		out = append(out, candidate{dir: explicit, source: "LoadOptions.LibDir"})
 	}
-	if env := os.Getenv("NIXL_LIB_DIR"); env != "" {
-		out = append(out, candidate{dir: env, source: "NIXL_LIB_DIR"})
+	if env := os.Getenv(EnvLibDir); env != "" {
+		out = append(out, candidate{dir: env, source: EnvLibDir})
 	}
 	out = append(out, candidate{path: LibraryName, source: "dynamic loader search path"})
 	for _, p := range StandardPrefixes {
