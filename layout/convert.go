@@ -28,7 +28,7 @@ type Seq struct {
 	Tokens int
 	// FirstHead is the first source head copied; the geometry's NumKVHeads consecutive heads
 	// [FirstHead, FirstHead+NumKVHeads) are moved. 0 when the source holds exactly this rank's heads; see
-	// HeadSlice for heterogeneous tensor parallelism.
+	// RankHeads for heterogeneous tensor parallelism.
 	FirstHead int
 	// BlockIDs are the scheduler's block ids: BlockIDs[j] receives positions [j·BlockSize, (j+1)·BlockSize).
 	// Every id must be in 1..NumBlocks-1 (0 is vLLM's null block) and distinct; there must be at least

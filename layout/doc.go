@@ -9,16 +9,20 @@
 // the physical order inside a block (NHD = [block_size][heads][head_dim], HND = [heads][block_size][head_dim])
 // and the region plan of the vLLM release on the other side:
 //
-//   - PlanSplitKV (era A, vLLM ≤ ~0.21 FLASH_ATTN, e.g. 0.16): two regions per layer, registered K0, V0,
-//     K1, V1, ...; block_len = block_size·heads·head_dim·e.
-//   - PlanKVHalves (era B, blocks-first): one region per layer, each block holds its K half then its V half;
-//     block_len covers both halves and every half is its own descriptor (K halves of all blocks, then V halves).
-//   - PlanPackedKV (era C, e.g. 0.33): one region per layer, K and V packed in the last dimension
-//     ([.., 2·head_dim], K first); one descriptor per block.
+//   - PlanSplitKV (era A, vLLM up to 0.22, e.g. 0.16): two regions per layer, registered K0, V0, K1, V1, ...;
+//     block_len = block_size·heads·head_dim·e.
+//   - PlanKVHalves (era B, vLLM 0.23–0.25, blocks-first): one region per layer, each block holds its K half then
+//     its V half; block_len covers both halves and every half is its own descriptor (K halves of all blocks,
+//     then V halves).
+//   - PlanPackedKV (era C, from vLLM 0.26, e.g. 0.33): one region per layer, K and V packed in the last
+//     dimension ([.., 2·head_dim], K first); one descriptor per block.
+//
+// (The eras are FLASH_ATTN's; connector/protocol's Profiles say which vLLM release is in which.)
 //
 // Order is the physical order of the bytes, which is not always the label a vLLM peer advertises: a vLLM
 // peer with kv_buffer_device="cpu" in eras A/B mirrors its cache as a contiguous tensor of the logical shape,
-// i.e. NHD bytes, while its handshake still says kv_cache_layout "HND" (vllm-nixl-connector.md §7.1).
+// i.e. NHD bytes, while its handshake still says kv_cache_layout "HND"
+// (connector/protocol's Profile.LabelQuirks lists the known cases).
 //
 // Every byte size (TokenBytes, KVBlockLen, BlockLen, RegionLen, TotalBytes, DescLen) is derived; Validate
 // refuses unset enums, non-positive fields and sizes that overflow or exceed the package limits.

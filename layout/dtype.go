@@ -101,13 +101,13 @@ type RegionPlan uint8
 
 // Region plans.
 const (
-	// PlanSplitKV (era A; FLASH_ATTN up to ~v0.21): per layer a K region and a V region, registered in the
+	// PlanSplitKV (era A; FLASH_ATTN up to vLLM 0.22): per layer a K region and a V region, registered in the
 	// order K0, V0, K1, V1, ...; one descriptor per block of block_len = block_size·heads·head_dim·e.
 	PlanSplitKV RegionPlan = iota + 1 // split-kv
-	// PlanKVHalves (era B; FLASH_ATTN from ~v0.22, and FLASHINFER/TRITON_ATTN blocks-first earlier): one
+	// PlanKVHalves (era B; FLASH_ATTN in vLLM 0.23–0.25, and FLASHINFER/TRITON_ATTN blocks-first earlier): one
 	// region per layer; each block holds the K half then the V half, and each half is its own descriptor.
 	PlanKVHalves // kv-halves
-	// PlanPackedKV (era C; from ~v0.25): one region per layer; K and V are packed in the last dimension
+	// PlanPackedKV (era C; FLASH_ATTN from vLLM 0.26): one region per layer; K and V are packed in the last dimension
 	// ([.., 2·head_dim], K first) and one descriptor covers the whole block.
 	PlanPackedKV // packed-kv
 )
