@@ -1,10 +1,9 @@
 package connector
 
 import (
+	"errors"
 	"fmt"
 	"sync"
-
-	"github.com/gonixl/gonixl/layout"
 )
 
 // BlockPool hands out the block ids of a cache: 1..NumBlocks-1 (block 0 is vLLM's reserved null block and is
@@ -25,10 +24,10 @@ func NewBlockPool(numBlocks int) *BlockPool {
 	return p
 }
 
-// ErrNoBlocks is wrapped by the errors of a pool that cannot satisfy an allocation: BlockPool's (it is
-// layout.ErrNoBlocks), and so Prefill's. It is transient: HTTP servers answer 503
-// with Retry-After.
-var ErrNoBlocks = layout.ErrNoBlocks
+// ErrNoBlocks is wrapped by the errors of a pool that cannot satisfy an allocation: BlockPool's, and so
+// Prefill's (the role owns allocation). It is transient: retry once decode peers have read their blocks
+// (HTTP servers answer 503 with Retry-After).
+var ErrNoBlocks = errors.New("not enough free KV blocks")
 
 // Alloc takes n blocks, or none and ErrNoBlocks.
 func (p *BlockPool) Alloc(n int) ([]int, error) {

@@ -24,9 +24,4 @@ var (
 	ErrBlockLenMismatch = errors.New("layout: block length mismatch with peer")
 	// ErrIncompatible: two geometries cannot be paired (heterogeneous TP or block-size ratio not supported).
 	ErrIncompatible = errors.New("layout: incompatible geometries")
-	// ErrNoBlocks: a block pool cannot satisfy an allocation (all blocks are held). This package returns it
-	// from nowhere; it lives here, in the package every allocator imports, so that the pools of connector and
-	// neuron wrap one sentinel and a caller tests errors.Is(err, connector.ErrNoBlocks) whichever allocator
-	// a prefill role uses. It is a transient condition: retry once decode peers have read their blocks.
-	ErrNoBlocks = errors.New("not enough free KV blocks")
 )
