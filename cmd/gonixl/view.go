@@ -57,7 +57,7 @@ func newMetaView(p protocol.Profile, m protocol.AgentMetadata) metaView {
 		v.Warnings = append(v.Warnings, fmt.Sprintf("%d block_lens for %d regions", len(m.BlockLens), n))
 	}
 	fields := map[string]bool{}
-	for _, f := range p.MetadataSchema().Fields() {
+	for _, f := range p.Schema.Fields() {
 		fields[f] = true
 	}
 	extra := map[string]any{}

@@ -19,7 +19,7 @@ type AgentMetadata struct {
 	NumBlocks        int64    // num_blocks (kernel blocks per region)
 	BlockLens        []int64  // block_lens: bytes per block, per region
 	BlockStrides     []int64  // block_strides (0.29+): bytes between consecutive blocks, per region
-	KVCacheLayout    string   // kv_cache_layout: "HND" or "NHD"
+	KVCacheLayout    string   // kv_cache_layout: "HND"/"NHD" up to 0.28, "LBHNC"/"LBNHC" from 0.29 (Profile.Labels)
 	BlockSize        int64    // block_size: tokens per kernel block
 	SSMSizes         [2]int64 // ssm_sizes (0.18+): (conv bytes, ssm bytes); (0, 0) without Mamba layers
 	AttnBackendName  string   // attn_backend_name (0.20+; before, it is only hashed)
@@ -419,9 +419,6 @@ var (
 		"region_names", "region_mem_types", "dcp_size", "pcp_size", "ple_block_len", "region_members",
 		"packed_member_layouts")
 )
-
-// MetadataSchema returns p's NixlAgentMetadata schema.
-func (p Profile) MetadataSchema() Schema { return p.Schema }
 
 // EncodeMetadata encodes m as msgspec encodes vLLM's NixlAgentMetadata dataclass for this profile: a msgpack
 // map of the schema's fields in declaration order, smallest integer forms, bin for bytes, str for strings.

@@ -7,7 +7,8 @@ import (
 	"time"
 )
 
-// Framing is the side-channel request/reply format (spec eras H1–H4).
+// Framing is the side-channel request/reply format, in the order vLLM introduced them (H1–H4); the rows of
+// Profiles use H2 and H4.
 type Framing int
 
 const (
@@ -21,7 +22,8 @@ const (
 	FramingH4 // H4
 )
 
-// PayloadKind says what the side-channel reply payload is (spec eras M0/M1).
+// PayloadKind says what the side-channel reply payload is: the metadata alone (M0), or with the
+// compatibility hash (M1, which every row of Profiles uses).
 type PayloadKind int
 
 const (
@@ -51,7 +53,7 @@ const (
 	NotifConsumers
 )
 
-// LayoutEra is the FLASH_ATTN KV-cache layout era of the vLLM side (spec §0): it decides the region plan and
+// LayoutEra is the FLASH_ATTN KV-cache layout era of the vLLM side: it decides the region plan and
 // the descriptor math. It is carried here so that the whole version-dependent picture lives in one table row.
 type LayoutEra int
 
@@ -151,9 +153,9 @@ var (
 //	           pp_size; the notification count is the number of consumers; kv_cache_layout names become
 //	           KVCacheLayout enum names ("LBHNC" for HND blocks, "LBNHC" for NHD)
 //	0.30       version 11: + region_num_blocks, region_group_ids, region_names, region_mem_types
-//	0.31       version 13: + region_members, packed_member_layouts
+//	0.31       version 13: + region_members, packed_member_layouts; params + remote_prefill_cached_tokens
+//	           (appended by the scheduler)
 //	0.32       version 14: + ple_block_len
-//	0.31       params + remote_prefill_cached_tokens (appended by the scheduler)
 //	0.33       version 15: params + remote_registration_generation (before transfer_mode)
 var Profiles = []Profile{
 	{

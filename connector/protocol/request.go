@@ -13,7 +13,8 @@ const GetMetaMsg = "get_meta_msg"
 // from naming absurd ranks).
 const MaxRank = 1 << 20
 
-// Rank names one prefill worker: its pipeline-parallel and tensor-parallel rank.
+// Rank names one worker of an engine: its pipeline-parallel and tensor-parallel rank (the side channel serves
+// and asks for a prefill rank; a decode worker uses its TP rank).
 type Rank struct{ PP, TP int }
 
 func (r Rank) String() string { return fmt.Sprintf("(pp %d, tp %d)", r.PP, r.TP) }
