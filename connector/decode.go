@@ -417,7 +417,7 @@ func (d *Decode) pulled(log *zap.Logger, res Result, blocks int) Result {
 	res.Blocks = blocks
 	d.metrics.Requests.Add(1)
 	d.metrics.Bytes.Add(res.Bytes)
-	d.metrics.Observe("transfer", res.Transfer)
+	d.metrics.observe(timingTransfer, res.Transfer)
 	log.Debug("pulled", zap.Int("blocks", res.Blocks), zap.Int64("bytes", res.Bytes), zap.Duration("transfer", res.Transfer), zap.Float64("gbps", res.GBps()))
 	return res
 }
@@ -486,7 +486,7 @@ func (d *Decode) remote(ctx context.Context, engineID, addr string, prefillTP in
 			re.took = time.Since(start)
 			if re.err == nil {
 				d.metrics.Handshakes.Add(1)
-				d.metrics.Observe("handshake", re.took)
+				d.metrics.observe(timingHandshake, re.took)
 			} else {
 				d.drop(re)
 			}

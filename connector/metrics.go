@@ -49,25 +49,25 @@ type Metrics struct {
 // Metrics can be registered in one registry.
 func NewMetrics(labels prometheus.Labels) *Metrics { return &Metrics{labels: labels} }
 
-// Timing names what Observe times.
-type Timing string
+// timing names what observe times.
+type timing string
 
 // The timings the roles record.
 const (
-	TimingHandshake Timing = "handshake" // decode: side-channel handshake and remote metadata load
-	TimingTransfer  Timing = "transfer"  // decode: post to completion of a request's READs
-	TimingStage     Timing = "stage"     // prefill: the fill function
+	timingHandshake timing = "handshake" // decode: side-channel handshake and remote metadata load
+	timingTransfer  timing = "transfer"  // decode: post to completion of a request's READs
+	timingStage     timing = "stage"     // prefill: the fill function
 )
 
 const numTimings = 3
 
 var timings = [numTimings]struct {
-	t          Timing
+	t          timing
 	name, help string
 }{
-	{TimingHandshake, "gonixl_handshake_time_seconds", "Side-channel handshakes with a prefill peer, metadata load included (decode, cache misses only)."},
-	{TimingTransfer, "gonixl_xfer_time_seconds", "KV transfers, post to completion of a request's READs (decode; as vLLM's vllm:nixl_xfer_time_seconds)."},
-	{TimingStage, "gonixl_stage_time_seconds", "Staging a request's KV into its blocks: the fill function (prefill)."},
+	{timingHandshake, "gonixl_handshake_time_seconds", "Side-channel handshakes with a prefill peer, metadata load included (decode, cache misses only)."},
+	{timingTransfer, "gonixl_xfer_time_seconds", "KV transfers, post to completion of a request's READs (decode; as vLLM's vllm:nixl_xfer_time_seconds)."},
+	{timingStage, "gonixl_stage_time_seconds", "Staging a request's KV into its blocks: the fill function (prefill)."},
 }
 
 // latencyBuckets holds every bucket of vLLM's NixlConnector latency histograms (1 ms to 5 s), so that
@@ -115,8 +115,8 @@ func (m *Metrics) init() {
 	})
 }
 
-// Observe records a duration of t. A nil Metrics, or a Timing other than the constants, records nothing.
-func (m *Metrics) Observe(t Timing, d time.Duration) {
+// observe records a duration of t. A nil Metrics, or a timing other than the constants, records nothing.
+func (m *Metrics) observe(t timing, d time.Duration) {
 	if m == nil {
 		return
 	}

@@ -58,12 +58,12 @@ func TestMetricsCollector(t *testing.T) {
 	m.BlocksExpired.Add(4)
 	m.RequestsExpired.Add(1)
 	m.Handshakes.Add(1)
-	m.Observe(TimingTransfer, 2*time.Millisecond)
-	m.Observe("transfer", 4*time.Millisecond)
-	m.Observe(TimingHandshake, 30*time.Millisecond)
-	m.Observe("no such timing", time.Second) // recorded nowhere
+	m.observe(timingTransfer, 2*time.Millisecond)
+	m.observe("transfer", 4*time.Millisecond)
+	m.observe(timingHandshake, 30*time.Millisecond)
+	m.observe("no such timing", time.Second) // recorded nowhere
 	var nilM *Metrics
-	nilM.Observe(TimingStage, time.Second) // a nil Metrics ignores observations
+	nilM.observe(timingStage, time.Second) // a nil Metrics ignores observations
 
 	require.NoError(t, testutil.CollectAndCompare(&m, strings.NewReader(`
 # HELP gonixl_requests_total Requests published (prefill) or pulled (decode).
@@ -117,7 +117,7 @@ gonixl_handshake_time_seconds_count 1
 // The names and help texts pass Prometheus' own linter.
 func TestMetricsLint(t *testing.T) {
 	m := NewMetrics(prometheus.Labels{"role": "prefill"})
-	m.Observe(TimingStage, time.Millisecond)
+	m.observe(timingStage, time.Millisecond)
 	problems, err := testutil.CollectAndLint(m)
 	require.NoError(t, err)
 	assert.Empty(t, problems)
@@ -132,7 +132,7 @@ func TestMetricsRegistry(t *testing.T) {
 	require.Error(t, reg.Register(NewMetrics(prometheus.Labels{"role": "decode"})), "the same series twice")
 	pre.Requests.Add(2)
 	dec.Requests.Add(1)
-	dec.Observe(TimingTransfer, time.Millisecond)
+	dec.observe(timingTransfer, time.Millisecond)
 
 	srv := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	defer srv.Close()

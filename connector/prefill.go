@@ -329,7 +329,7 @@ func (p *Prefill) Prefill(ctx context.Context, requestID string, numTokens int, 
 			return protocol.KVTransferParams{}, err
 		}
 	}
-	p.metrics.Observe("stage", time.Since(start))
+	p.metrics.observe(timingStage, time.Since(start))
 	bytes := int64(len(blocks)) * p.reg.geom.BlockLen() * int64(p.reg.geom.NumRegions())
 	p.mu.Lock()
 	delete(p.pending, requestID)
