@@ -24,7 +24,7 @@ type DecodeConfig struct {
 	VLLMVersion string
 	Model       Model
 	NumBlocks   int
-	// Profile is the vLLM release of the prefill peers; set by VLLMVersion (protocol.ProfileFor).
+	// Profile is the vLLM release of the prefill peers; VLLMVersion sets it (see PrefillConfig.Profile).
 	Profile protocol.Profile
 	// Library is the loaded NIXL.
 	Library *nixl.Library
@@ -42,7 +42,8 @@ type DecodeConfig struct {
 	// Rank is this worker's rank (the decode role uses its TP rank) and TPSize its engine's TP size (default 1).
 	Rank   protocol.Rank
 	TPSize int
-	// Compat holds the compatibility-hash inputs and the opt-out (SkipCheck).
+	// Compat holds the compatibility-hash inputs (see PrefillConfig.Compat: derived from Model unless set) and
+	// the opt-out (SkipCheck, which keeps the derived inputs).
 	Compat Compat
 	// PeerOrder, when set, is the physical block order of the prefill side's bytes where it differs from the
 	// kv_cache_layout label it publishes: a vLLM prefill worker with kv_buffer_device="cpu" in layout eras
@@ -56,7 +57,7 @@ type DecodeConfig struct {
 	HandshakeRetries int
 	// Logger receives logs carrying request and engine ids; nil = none.
 	Logger *zap.Logger
-	// Metrics receives counters; nil = a private Metrics.
+	// Metrics receives the role's counters and timings; nil = a private Metrics (see Decode.Metrics).
 	Metrics *Metrics
 }
 
@@ -85,9 +86,10 @@ type Decode struct {
 	stop        context.CancelFunc // cancels closing: every in-flight pull's context
 }
 
-// DeviceContext is a Cache whose NIXL calls must run with its device context current on the calling OS
-// thread (a CUDA cache: UCX's CUDA transports use the current context). The decode role prepares local
-// descriptor lists and makes and posts transfers through Do.
+// DeviceContext is a device context that NIXL calls must run in, current on the calling OS thread (UCX's
+// CUDA transports use the current context), e.g. a *cuda.Device, whose Do binds its primary context. A Cache
+// that implements it (a CUDA cache) gets the decode role's local descriptor lists prepared and its transfers
+// made and posted through Do; a prefill role is given one as PrefillConfig.DeviceContext.
 type DeviceContext interface {
 	Do(fn func() error) error
 }

@@ -27,7 +27,9 @@ type PrefillConfig struct {
 	VLLMVersion string
 	Model       Model
 	NumBlocks   int
-	// Profile is the vLLM release of the decode peers; set by VLLMVersion (protocol.ProfileFor).
+	// Profile is the vLLM release of the decode peers; VLLMVersion sets it (protocol.ProfileFor). Set it
+	// yourself only for a build no version string maps to (protocol.ProfileByName, e.g. a dev build); Compat
+	// must then be given too, since the version string is hashed.
 	Profile protocol.Profile
 	// Library is the loaded NIXL.
 	Library *nixl.Library
@@ -57,7 +59,10 @@ type PrefillConfig struct {
 	// of an engine on one port): the role publishes its rank's payload there and withdraws it on Close, but
 	// neither binds nor closes it. Host and Port are then ignored.
 	SideChannel *sidechannel.Server
-	// Compat holds the compatibility-hash inputs (vLLM ≥ 0.13 profiles).
+	// Compat holds the compatibility-hash inputs and, for the decode role, the opt-out (SkipCheck). Left
+	// without inputs (VLLMVersion and Model empty) it gets Model.CompatInputs of VLLMVersion; set them only to
+	// override what the vLLM side changed from its defaults (start from Model.CompatInputs), as they replace
+	// the derived ones whole.
 	Compat Compat
 	// DataDevice is the network device NIXL's UCX backend may use (UCX_NET_DEVICES for this agent only, set
 	// through the backend's engine_config): where its TCP data port listens and which addresses the agent
@@ -77,7 +82,7 @@ type PrefillConfig struct {
 	HoldTimeout time.Duration
 	// Logger receives logs carrying request and engine ids; nil = none.
 	Logger *zap.Logger
-	// Metrics receives counters; nil = a private Metrics (see Prefill.Metrics).
+	// Metrics receives the role's counters and timings; nil = a private Metrics (see Prefill.Metrics).
 	Metrics *Metrics
 	// DeviceContext, when set, is a device context (e.g. a CUDA device's retained primary context) that the
 	// agent is created and registered in and that the notification loop holds current on its OS thread for
