@@ -307,7 +307,7 @@ func (c *KVCache) run(dir Direction, ops []Copy, s *Stream, host Regions) error 
 // HostBufferedKVCache is a decode rank's cache in vLLM's host-buffered mode (kv_buffer_device="cpu"): NIXL
 // reads into a pinned host cache (this is what registers and what the handshake publishes: MemType DRAM,
 // DeviceID 0, the host RegionBases), and CopyToDevice moves a request's blocks into the VRAM cache once its
-// READs are done. It satisfies the connector's Cache and HostBuffered interfaces. Safe for concurrent use;
+// READs are done. It satisfies the connector's Cache, HostBuffered and HostBufferedPipeline interfaces. Safe for concurrent use;
 // the copies of concurrent calls share one stream, so each call also waits for the others' copies.
 type HostBufferedKVCache struct {
 	*HostKVCache

@@ -120,7 +120,7 @@ const (
 const frameworkNoFW = 1 // NRT_FRAMEWORK_TYPE_NO_FW
 
 // LoadOptions configure Load. The zero value searches: $GONIXL_NRT_LIB, "libnrt.so.1" through the loader's
-// search path, then /opt/aws/neuron/lib/libnrt.so.1 (internal/dl's one search order, as cuda.Load).
+// search path, then /opt/aws/neuron/lib/libnrt.so.1 (the search order of cuda.Load and nixl.Load).
 type LoadOptions struct {
 	// Path is a libnrt file (or soname) tried first.
 	Path string

@@ -273,7 +273,7 @@ func (x *Xfer) Status() (State, error) {
 }
 
 // Wait polls Status until the transfer is done, fails, or ctx ends (then it returns ctx's error and the
-// transfer may still be running: Close it to cancel). Polling backs off from a busy spin to 1 ms (poll.Default).
+// transfer may still be running: Close it to cancel). Polling backs off from a busy spin to 1 ms sleeps.
 func (x *Xfer) Wait(ctx context.Context) error {
 	var err error
 	if cerr := poll.Default.Until(ctx, func() bool {
