@@ -195,9 +195,6 @@ func (s *Stager) MemType() nixl.MemType { return nixl.DRAM }
 // DeviceID is the arena's device id in descriptors: 0 (host memory; vLLM's device "cpu").
 func (s *Stager) DeviceID() uint64 { return 0 }
 
-// DeviceType is vLLM's device type string for this cache: "cpu".
-func (s *Stager) DeviceType() string { return "cpu" }
-
 // RegionBases are the regions' base addresses in the layout plan's region order (kv_caches_base_addr).
 func (s *Stager) RegionBases() []uint64 { return append([]uint64(nil), s.bases...) }
 

@@ -63,8 +63,6 @@ type ServerConfig struct {
 	// Logger receives lines about bad input (rate-limited: LogLimit lines per LogInterval, then a count of
 	// the suppressed ones); nil logs nothing.
 	Logger *zap.Logger
-	// PollInterval is unused since the side channel stopped using libzmq; kept so that existing configs build.
-	PollInterval time.Duration
 
 	// MaxConnections caps the open connections (all peers); DefaultMaxConnections when 0. A connection
 	// over the cap is closed at once (a libzmq peer reconnects later).
