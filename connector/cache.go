@@ -42,8 +42,8 @@ type HostBufferedPipeline interface {
 	WaitCopies(ctx context.Context) error
 }
 
-// PlanFor maps a profile's layout era to the layout package's region plan.
-func PlanFor(p protocol.Profile) (layout.RegionPlan, error) {
+// planFor maps a profile's layout era to the layout package's region plan (Model.Geometry's Plan).
+func planFor(p protocol.Profile) (layout.RegionPlan, error) {
 	switch p.Layout {
 	case protocol.LayoutA:
 		return layout.PlanSplitKV, nil

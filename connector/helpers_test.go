@@ -42,7 +42,7 @@ func tinyGeom(t testing.TB, p protocol.Profile, numBlocks int) layout.Geometry {
 }
 
 func geomFor(p protocol.Profile, numBlocks int) (layout.Geometry, error) {
-	plan, err := PlanFor(p)
+	plan, err := planFor(p)
 	if err != nil {
 		return layout.Geometry{}, err
 	}

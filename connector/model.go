@@ -47,7 +47,7 @@ const DefaultBlockSize = 16
 // Geometry returns the paged KV cache geometry of one of tpSize TP ranks (tpSize ≤ 1: one rank) with
 // numBlocks blocks, in the region plan of p's layout era.
 func (m Model) Geometry(p protocol.Profile, numBlocks, tpSize int) (layout.Geometry, error) {
-	plan, err := PlanFor(p)
+	plan, err := planFor(p)
 	if err != nil {
 		return layout.Geometry{}, err
 	}

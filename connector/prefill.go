@@ -261,7 +261,7 @@ func checkPlan(p protocol.Profile, c Cache) error {
 	if c == nil {
 		return errors.New("connector: nil cache")
 	}
-	want, err := PlanFor(p)
+	want, err := planFor(p)
 	if err != nil {
 		return err
 	}

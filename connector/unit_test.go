@@ -104,14 +104,14 @@ func TestPlanFor(t *testing.T) {
 	want := map[protocol.LayoutEra]layout.RegionPlan{protocol.LayoutA: layout.PlanSplitKV,
 		protocol.LayoutB: layout.PlanKVHalves, protocol.LayoutC: layout.PlanPackedKV}
 	for _, p := range protocol.Profiles {
-		plan, err := PlanFor(p)
+		plan, err := planFor(p)
 		require.NoError(t, err, p.Name)
 		assert.Equal(t, want[p.Layout], plan, p.Name)
 	}
-	plan, err := PlanFor(protocol.Profile{Name: "era-b", Layout: protocol.LayoutB})
+	plan, err := planFor(protocol.Profile{Name: "era-b", Layout: protocol.LayoutB})
 	require.NoError(t, err)
 	assert.Equal(t, layout.PlanKVHalves, plan)
-	_, err = PlanFor(protocol.Profile{Name: "future"})
+	_, err = planFor(protocol.Profile{Name: "future"})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "future")
 

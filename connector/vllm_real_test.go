@@ -101,11 +101,9 @@ func realGeom(t *testing.T, p protocol.Profile) layout.Geometry {
 }
 
 func realGeomN(t *testing.T, p protocol.Profile, layers, numBlocks int) layout.Geometry {
-	plan, err := connector.PlanFor(p)
+	m := connector.Model{Layers: layers, KVHeads: realKVHeads, HeadDim: realHeadDim, DType: layout.BF16, BlockSize: realBlockSize}
+	g, err := m.Geometry(p, numBlocks, 1)
 	require.NoError(t, err)
-	g := layout.Geometry{NumLayers: layers, NumBlocks: numBlocks, BlockSize: realBlockSize, NumKVHeads: realKVHeads,
-		HeadDim: realHeadDim, DType: layout.BF16, Order: layout.HND, Plan: plan}
-	require.NoError(t, g.Validate())
 	return g
 }
 

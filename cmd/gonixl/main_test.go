@@ -93,11 +93,10 @@ func startPrefill(t *testing.T, v string) (*connector.Prefill, *connector.DRAMCa
 	nixlDir(t)
 	p, err := protocol.ProfileFor(v)
 	require.NoError(t, err)
-	plan, err := connector.PlanFor(p)
+	m := connector.Model{Layers: int(testModel.NumHiddenLayers), KVHeads: int(testModel.NumKVHeads),
+		HeadDim: int(testModel.HeadSize), DType: layout.BF16}
+	g, err := m.Geometry(p, 9, 1) // block size 16, HND, the profile's region plan
 	require.NoError(t, err)
-	g := layout.Geometry{NumLayers: int(testModel.NumHiddenLayers), NumBlocks: 9, BlockSize: 16, NumKVHeads: int(testModel.NumKVHeads),
-		HeadDim: int(testModel.HeadSize), DType: layout.BF16, Order: layout.HND, Plan: plan}
-	require.NoError(t, g.Validate())
 	cache, err := connector.NewDRAMCache(g, false)
 	require.NoError(t, err)
 	in := testModel
