@@ -169,7 +169,7 @@ func loadLibrary(opts LoadOptions) (*library, error) {
 	}
 	libMu.Lock()
 	defer libMu.Unlock()
-	le := &LoadError{Prefix: "neuron", Library: LibraryName, Sentinel: ErrNotFound,
+	le := &LoadError{Prefix: "neuron", Library: LibraryName, Sentinel: ErrNotLoaded,
 		Fix: "install aws-neuronx-runtime-lib, set " + EnvLibPath + " to the library file, or pass LoadOptions.Path " +
 			"(without Trainium: neurontest.Build, the fake libnrt)"}
 	for _, cand := range opts.candidates() {
@@ -201,7 +201,7 @@ func loadLibrary(opts LoadOptions) (*library, error) {
 }
 
 // LoadError reports that no libnrt could be loaded: each candidate (Tried) with why it failed (Why). It
-// unwraps to ErrNotFound; it is the loaders' one shape (nixl.LoadError and cuda.LoadError are the same type).
+// unwraps to ErrNotLoaded; it is the loaders' one shape (nixl.LoadError and cuda.LoadError are the same type).
 type LoadError = dl.LoadError
 
 func sym(h unsafe.Pointer, names ...string) unsafe.Pointer {
@@ -294,7 +294,7 @@ type Runtime struct {
 }
 
 // Load loads libnrt, resolves its functions and initialises the runtime (nrt_init with no framework). When
-// no library loads the error is a *LoadError (errors.Is(err, ErrNotFound)) listing every candidate.
+// no library loads the error is a *LoadError (errors.Is(err, ErrNotLoaded)) listing every candidate.
 func Load(opts LoadOptions) (*Runtime, error) {
 	lib, err := loadLibrary(opts)
 	if err != nil {

@@ -22,7 +22,7 @@ func pattern(n int, seed byte) []byte {
 func TestOpenNotFound(t *testing.T) {
 	missing := filepath.Join(t.TempDir(), "libnrt.so.1")
 	_, err := Load(LoadOptions{Path: missing})
-	require.ErrorIs(t, err, ErrNotFound)
+	require.ErrorIs(t, err, ErrNotLoaded)
 	assert.Contains(t, err.Error(), missing)
 	assert.Contains(t, err.Error(), EnvLibPath)
 	assert.False(t, Available(LoadOptions{Path: missing}))

@@ -24,8 +24,9 @@ var (
 	ErrClosed         = errors.New("neuron: closed")
 	ErrExecution      = errors.New("neuron: execution error")
 
-	// ErrNotFound: libnrt.so.1 could not be loaded (see LoadOptions.Path and GONIXL_NRT_LIB); the error is a *LoadError.
-	ErrNotFound = errors.New("neuron: libnrt not found")
+	// ErrNotLoaded: libnrt.so.1 could not be loaded (see LoadOptions.Path and GONIXL_NRT_LIB); the error is a
+	// *LoadError. (nixl.ErrNotLoaded and cuda.ErrNotLoaded are its twins.)
+	ErrNotLoaded = errors.New("neuron: libnrt not loaded")
 	// ErrSymbol: the library lacks a required libnrt function.
 	ErrSymbol = errors.New("neuron: required libnrt symbol missing")
 	// ErrBusy: libnrt is process-wide and another Runtime of this process holds it.

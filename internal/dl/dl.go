@@ -46,7 +46,7 @@ func Search(field, explicit, env string, getenv func(string) string, soname stri
 }
 
 // LoadError reports that no candidate of a library could be loaded: each one tried, in order, with why it
-// failed, and what to do. errors.Is(err, Sentinel) holds (the package's ErrNotLoaded / ErrNotFound).
+// failed, and what to do. errors.Is(err, Sentinel) holds (the package's ErrNotLoaded).
 type LoadError struct {
 	Prefix   string   // the package, e.g. "cuda"
 	Library  string   // the library's file name, e.g. "libcuda.so.1"
