@@ -29,18 +29,18 @@ const DefaultHost = "127.0.0.1"
 
 // Defaults of the per-peer bounds (ServerConfig fields left 0).
 const (
-	DefaultMaxConnections   = 1024
-	DefaultMaxConnsPerHost  = 256
-	DefaultMaxQueuedReplies = 8
-	DefaultRequestRate      = 100 // requests a second per remote host
-	DefaultRequestBurst     = 100
-	DefaultHandshakeTimeout = 5 * time.Second
-	DefaultIdleTimeout      = 2 * time.Minute
-	DefaultWriteTimeout     = 10 * time.Second
-	DefaultSendBufferSize   = 256 << 10
-	receiveBufferSize       = 64 << 10 // requests are tiny; a pipelining peer's excess waits in its own buffers
-	DefaultLogLimit         = 10
-	DefaultLogInterval      = time.Minute
+	DefaultMaxConnections        = 1024
+	DefaultMaxConnectionsPerHost = 256
+	DefaultMaxQueuedReplies      = 8
+	DefaultRequestRate           = 100 // requests a second per remote host
+	DefaultRequestBurst          = 100
+	DefaultHandshakeTimeout      = 5 * time.Second
+	DefaultIdleTimeout           = 2 * time.Minute
+	DefaultWriteTimeout          = 10 * time.Second
+	DefaultSendBufferSize        = 256 << 10
+	receiveBufferSize            = 64 << 10 // requests are tiny; a pipelining peer's excess waits in its own buffers
+	DefaultLogLimit              = 10
+	DefaultLogInterval           = time.Minute
 )
 
 // ServerConfig configures a Server. Zero values mean the defaults.
@@ -67,7 +67,7 @@ type ServerConfig struct {
 	// MaxConnections caps the open connections (all peers); DefaultMaxConnections when 0. A connection
 	// over the cap is closed at once (a libzmq peer reconnects later).
 	MaxConnections int
-	// MaxConnectionsPerHost caps the open connections from one remote IP address; DefaultMaxConnsPerHost
+	// MaxConnectionsPerHost caps the open connections from one remote IP address; DefaultMaxConnectionsPerHost
 	// (or MaxConnections if smaller) when 0. vLLM's decode workers open one short-lived connection each per
 	// handshake.
 	MaxConnectionsPerHost int
@@ -242,7 +242,7 @@ func (cfg ServerConfig) withDefaults() ServerConfig {
 	}
 	cfg.MaxRequestSize = positiveOr(cfg.MaxRequestSize, DefaultMaxRequestSize)
 	cfg.MaxConnections = positiveOr(cfg.MaxConnections, DefaultMaxConnections)
-	cfg.MaxConnectionsPerHost = positiveOr(cfg.MaxConnectionsPerHost, min(DefaultMaxConnsPerHost, cfg.MaxConnections))
+	cfg.MaxConnectionsPerHost = positiveOr(cfg.MaxConnectionsPerHost, min(DefaultMaxConnectionsPerHost, cfg.MaxConnections))
 	cfg.MaxQueuedReplies = positiveOr(cfg.MaxQueuedReplies, DefaultMaxQueuedReplies)
 	cfg.RequestRate = cmp.Or(cfg.RequestRate, DefaultRequestRate)
 	cfg.RequestBurst = positiveOr(cfg.RequestBurst, DefaultRequestBurst)

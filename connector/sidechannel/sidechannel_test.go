@@ -236,7 +236,7 @@ func TestServerConfigDefaults(t *testing.T) {
 	assert.NotNil(t, d.Clock)
 	d.Clock = nil // funcs do not compare
 	assert.Equal(t, ServerConfig{Host: DefaultHost, MaxRequestSize: DefaultMaxRequestSize, MaxConnections: DefaultMaxConnections,
-		MaxConnectionsPerHost: DefaultMaxConnsPerHost, MaxQueuedReplies: DefaultMaxQueuedReplies, RequestRate: DefaultRequestRate,
+		MaxConnectionsPerHost: DefaultMaxConnectionsPerHost, MaxQueuedReplies: DefaultMaxQueuedReplies, RequestRate: DefaultRequestRate,
 		RequestBurst: DefaultRequestBurst, HandshakeTimeout: DefaultHandshakeTimeout, IdleTimeout: DefaultIdleTimeout,
 		WriteTimeout: DefaultWriteTimeout, SendBufferSize: DefaultSendBufferSize, LogLimit: DefaultLogLimit,
 		LogInterval: DefaultLogInterval}, d)
