@@ -88,7 +88,9 @@ func (r Result) Error() string { return results.NameOf(r) }
 // Error is a failed driver call (Native true: Code is the driver's status, Desc its cuGetErrorString), or
 // an argument this package refused before calling the driver (Native false: Code is the status the driver
 // would have given, usually CUDA_ERROR_INVALID_VALUE, and zero for a closed handle). Its Unwrap gives the
-// Result (ErrClosed for a closed handle), so errors.Is matches the sentinels. It is the one error shape of
+// Result (ErrClosed for a closed handle) and the Cause (a layout refusal, the context that ended a wait), so
+// errors.Is matches the sentinels and those. errors.As reaches Op, Code, Name, Desc, Detail, Hint, Native and
+// Cause. It is the one error shape of
 // gonixl's native-library packages (nixl.Error and neuron.Error are the same generic type over their own
 // codes).
 type Error = native.Error[Result]

@@ -48,8 +48,9 @@ var (
 )
 
 // Error is a failed NIXL call (Native true: Code is the C API's status) or a call refused on the Go side
-// before NIXL is reached (Native false). Its Unwrap gives the sentinel, so errors.Is(err, ErrNotFound)
-// matches; errors.As(err, &e) with e of type *Error reaches Op, Code, Name, Detail, Hint and Native. It is
+// before NIXL is reached (Native false). Its Unwrap gives the sentinel and the Cause (the context's error for a
+// wait it ended), so errors.Is(err, ErrNotFound) matches; errors.As(err, &e) with e of type *Error reaches Op,
+// Code, Name, Detail, Hint, Native and Cause (Desc stays empty: NIXL's C API does not describe its codes). It is
 // the one error shape of gonixl's native-library packages (cuda.Error and neuron.Error are the same
 // generic type over their own codes).
 type Error = native.Error[Status]
