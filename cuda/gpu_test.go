@@ -15,8 +15,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/gonixl/gonixl/connector"
 	"github.com/gonixl/gonixl/cuda"
-	"github.com/gonixl/gonixl/layout"
 	"github.com/gonixl/gonixl/nixl"
 )
 
@@ -409,24 +409,16 @@ func badPointerChild() int {
 	return 0
 }
 
-// connectorCache and hostBuffered mirror the connector's Cache and HostBuffered interfaces (the cuda package
-// does not import the connector; it satisfies them structurally).
-type connectorCache interface {
-	Geometry() layout.Geometry
-	MemType() nixl.MemType
-	DeviceID() uint64
-	RegionBases() []uint64
-}
-
-type hostBuffered interface {
-	CopyToDevice(ctx context.Context, blockIDs []int) error
-}
-
+// The cuda package does not import the connector; its caches and Device satisfy the connector's interfaces
+// structurally.
 var (
-	_ connectorCache = (*cuda.KVCache)(nil)
-	_ connectorCache = (*cuda.HostKVCache)(nil)
-	_ connectorCache = (*cuda.HostBufferedKVCache)(nil)
-	_ hostBuffered   = (*cuda.HostBufferedKVCache)(nil)
+	_ connector.Cache                = (*cuda.KVCache)(nil)
+	_ connector.Registrar            = (*cuda.KVCache)(nil)
+	_ connector.Cache                = (*cuda.HostKVCache)(nil)
+	_ connector.Registrar            = (*cuda.HostKVCache)(nil)
+	_ connector.Cache                = (*cuda.HostBufferedKVCache)(nil)
+	_ connector.HostBufferedPipeline = (*cuda.HostBufferedKVCache)(nil)
+	_ connector.DeviceContext        = (*cuda.Device)(nil)
 )
 
 func TestHostBufferedKVCache(t *testing.T) {

@@ -5,26 +5,17 @@ import (
 	"fmt"
 	"os"
 
+	"github.com/gonixl/gonixl/connector"
 	"github.com/gonixl/gonixl/layout"
 	"github.com/gonixl/gonixl/neuron"
 	"github.com/gonixl/gonixl/neuron/neurontest"
-	"github.com/gonixl/gonixl/nixl"
 )
 
-// The connector package's Cache interface and FillFunc type, which a Stager and its Fill satisfy
-// structurally (copied here so that this package does not depend on the connector).
-type cache interface {
-	Geometry() layout.Geometry
-	MemType() nixl.MemType
-	DeviceID() uint64
-	RegionBases() []uint64
-}
-
-type fillFunc func(ctx context.Context, blockIDs []int) error
-
+// A Stager is a connector.Cache and its Fill a connector.FillFunc, structurally: package neuron does not import
+// the connector.
 var (
-	_ cache    = (*neuron.Stager)(nil)
-	_ fillFunc = (*neuron.Stager)(nil).Fill(0, 1)
+	_ connector.Cache    = (*neuron.Stager)(nil)
+	_ connector.FillFunc = (*neuron.Stager)(nil).Fill(0, 1)
 )
 
 // Staging a prefill request from (fake) Neuron device tensors into the host arena a decode peer reads.
