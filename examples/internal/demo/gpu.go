@@ -6,11 +6,11 @@ import (
 	"github.com/gonixl/gonixl/connector/protocol"
 	"github.com/gonixl/gonixl/cuda"
 	"github.com/gonixl/gonixl/layout"
-	"github.com/gonixl/gonixl/nixl"
 )
 
 // gpuCache is a VRAM KV cache for the decode demo: NIXL READs straight into GPU memory; the demo reads regions
-// back to host memory to verify them.
+// back to host memory to verify them. cuda.KVCache registers itself with its context current (Registrar); Do
+// makes it the connector's DeviceContext, so transfers are prepared and posted with the context current too.
 type gpuCache struct {
 	*cuda.KVCache
 }
@@ -19,11 +19,6 @@ type gpuCache struct {
 func (c gpuCache) ReadRegion(r int, dst []byte) error {
 	g := c.Geometry()
 	return c.Mem().Read(uint64(g.RegionOffset(r)), dst[:g.RegionLen()])
-}
-
-// Register registers the cache with the decode agent with the device's context current (UCX needs it).
-func (c gpuCache) Register(a *nixl.Agent, opts ...nixl.Option) (*nixl.Registration, error) {
-	return c.KVCache.Register(a, opts...)
 }
 
 // Do runs fn with the GPU's context current (the decode role prepares and posts NIXL transfers through it).
