@@ -167,6 +167,15 @@ func (dev *Device) Synchronize() error {
 // Do runs fn on a locked OS thread whose current context is this device's primary context. Use it around
 // calls into other native libraries that expect a current CUDA context (for example NIXL registering or
 // transferring VRAM through UCX). The device stays open until fn returns.
+//
+// fn runs holding the device's lock for reading (that is how Close waits for it). So fn must not close the
+// device (Close would wait for fn, and fn for Close), and must not take the device again: Do (of the Device
+// or of a KVCache on it), KVCache.Register, the New*KVCache constructors, or another Device method (Alloc,
+// AllocHost, RegisterHost, Copy, CopyBatch, NewStream, NewEvent, MemInfo, Synchronize, PointerInfo). Such a
+// nested call works while nothing else happens, but once a Close is waiting, a new reader waits for the
+// Close, and the Close for fn: a deadlock. NIXL calls, and the methods of allocations, streams, events and
+// caches that already exist (DeviceMem.Read, KVCache.CopyFromHost, Stream.Enqueue, Stream.Wait, …), take
+// only their own locks and are fine inside fn.
 func (dev *Device) Do(fn func() error) error {
 	if err := dev.st.use(); err != nil {
 		return err

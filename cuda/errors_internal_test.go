@@ -58,11 +58,20 @@ func TestRefusalsAreErrors(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	wait := pollWait(ctx, func() Result { return Result(600) }, "cuStreamQuery")
+	// KVCache.Do (the connector's DeviceContext) refuses a closed cache, and a closed device, before fn or
+	// the driver: both need no GPU.
+	ran := false
+	fn := func() error { ran = true; return nil }
+	closedCache := (&KVCache{cache: cache{closed: true}, dev: &Device{st: &devState{}}}).Do(fn)
+	closedDev := (&KVCache{dev: &Device{st: &devState{ordinal: 3, closed: true}}}).Do(fn)
+	require.False(t, ran, "fn ran on a closed cache or device")
 	nativetest.CheckRefusals(t, results, []nativetest.Refusal{
 		{Name: "load", Err: load, Op: "load", Sentinels: []error{ErrInvalidValue}},
 		{Name: "KV cache geometry", Err: vram, Op: "new KV cache", Sentinels: []error{ErrInvalidValue, layout.ErrInvalidGeometry}},
 		{Name: "host KV cache geometry", Err: host, Op: "new host KV cache", Sentinels: []error{ErrInvalidValue, layout.ErrInvalidGeometry}},
 		{Name: "closed", Err: closedErr("stream"), Op: "stream", Sentinels: []error{ErrClosed}},
+		{Name: "Do on a closed KV cache", Err: closedCache, Op: "KV cache", Sentinels: []error{ErrClosed}},
+		{Name: "Do on a closed device", Err: closedDev, Op: "device 3", Sentinels: []error{ErrClosed}},
 		{Name: "wait ended", Err: wait, Op: "cuStreamQuery", Sentinels: []error{context.Canceled}},
 	})
 }

@@ -369,9 +369,17 @@ func TestKVCacheBlockCopies(t *testing.T) {
 	require.ErrorIs(t, kv.CopyToHost(back, dst, []int{7, 8, 9, 30}, nil), cuda.ErrClosed, "a closed host cache is refused")
 	require.ErrorIs(t, kv.CopyFromHost(kv, src, dst, nil), cuda.ErrInvalidValue, "a VRAM source is refused")
 	require.ErrorIs(t, kv.CopyFromHost(host, []int{1}, []int{32}, nil), cuda.ErrInvalidValue)
+	// Do (the connector's DeviceContext) runs fn with the device's context bound, and copies work inside it.
+	ran := false
+	require.NoError(t, kv.Do(func() error { ran = true; return kv.CopyFromHost(host, src, dst, nil) }))
+	require.True(t, ran)
+	boom := errors.New("boom")
+	require.ErrorIs(t, kv.Do(func() error { return boom }), boom, "fn's error comes back")
 	require.NoError(t, kv.Close())
 	require.NoError(t, kv.Close())
 	require.ErrorIs(t, kv.CopyFromHost(host, src, dst, nil), cuda.ErrClosed)
+	require.ErrorIs(t, kv.Do(func() error { t.Error("fn ran on a closed cache"); return nil }), cuda.ErrClosed,
+		"the device is still open, the cache is not")
 }
 
 // badPointerChild copies from an address that is no allocation, then checks that the context still works.
@@ -419,7 +427,15 @@ var (
 	_ connector.Cache                = (*cuda.HostBufferedKVCache)(nil)
 	_ connector.HostBufferedPipeline = (*cuda.HostBufferedKVCache)(nil)
 	_ connector.DeviceContext        = (*cuda.Device)(nil)
+	_ connector.DeviceContext        = (*cuda.KVCache)(nil)
 )
+
+// A host-buffered cache is no DeviceContext: NIXL reads only into its DRAM, so the decode role posts without
+// taking the device (its VRAM cache's Do is not promoted). Needs no GPU.
+func TestHostBufferedKVCacheIsNoDeviceContext(t *testing.T) {
+	_, ok := any((*cuda.HostBufferedKVCache)(nil)).(connector.DeviceContext)
+	require.False(t, ok)
+}
 
 func TestHostBufferedKVCache(t *testing.T) {
 	dev := gpu(t)
@@ -499,6 +515,9 @@ func TestCloseUnderConcurrentCopies(t *testing.T) {
 			t.Fatal("a copy goroutine did not stop after Device.Close")
 		}
 	}
+	var ce *cuda.Error
+	require.ErrorAs(t, kv.Do(func() error { t.Error("fn ran on a closed device"); return nil }), &ce)
+	require.ErrorIs(t, ce, cuda.ErrClosed)
 	require.NoError(t, kv.Close())
 	require.NoError(t, host.Close())
 }

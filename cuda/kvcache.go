@@ -97,6 +97,16 @@ func (c *cache) keep(reg *nixl.Registration, err error) (*nixl.Registration, err
 	return reg, nil
 }
 
+// use refuses with ErrClosed once the cache is closed.
+func (c *cache) use() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return closedErr("KV cache")
+	}
+	return nil
+}
+
 // closeRegs marks the cache closed and deregisters what it registered (children before the memory).
 func (c *cache) closeRegs() (bool, error) {
 	c.mu.Lock()
@@ -167,6 +177,19 @@ func (c *KVCache) Register(a *nixl.Agent, opts ...nixl.Option) (*nixl.Registrati
 		return err
 	})
 	return c.keep(reg, err)
+}
+
+// Do runs fn with the cache's device context current on a locked OS thread (Device.Do), which makes a
+// KVCache the connector's DeviceContext: a decode role given it as its cache prepares and posts its NIXL
+// transfers through Do, as UCX needs for VRAM (the role runs only NIXL calls inside: Prep, MakeXfer, Post).
+// It refuses with ErrClosed (a *Error) once the cache or its device is closed; closing the cache while fn
+// runs is the caller's to avoid. fn must not close the device nor take it again: not Do, Register or a
+// Device method (Device.Do says why and what is fine).
+func (c *KVCache) Do(fn func() error) error {
+	if err := c.use(); err != nil {
+		return err
+	}
+	return c.dev.Do(fn)
 }
 
 // Close deregisters the cache from every agent it was registered with, then frees the device memory.
@@ -309,6 +332,11 @@ func (c *KVCache) run(dir Direction, ops []Copy, s *Stream, host Regions) error 
 // DeviceID 0, the host RegionBases), and CopyToDevice moves a request's blocks into the VRAM cache once its
 // READs are done. It satisfies the connector's Cache, HostBuffered and HostBufferedPipeline interfaces. Safe for concurrent use;
 // the copies of concurrent calls share one stream, so each call also waits for the others' copies.
+//
+// It has no Do (it is no connector DeviceContext), on purpose: NIXL only ever reads into its host cache,
+// registered as DRAM, so no transfer needs a CUDA context current, and its own copies to the VRAM cache
+// bind the context inside their cgo calls. The VRAM cache's Do (VRAM().Do) is there for a caller that
+// moves NIXL transfers into the VRAM cache itself.
 type HostBufferedKVCache struct {
 	*HostKVCache
 	vram *KVCache

@@ -49,7 +49,9 @@ func newPrefillDecode(tb testing.TB, g layout.Geometry) *prefillDecode {
 	require.NoError(tb, err)
 	remDescs, err := x.host.Descs()
 	require.NoError(tb, err)
-	require.NoError(tb, dev.Do(func() error {
+	// The decode side's NIXL calls run in the VRAM cache's Do (as the connector's decode role runs them,
+	// the cache being its DeviceContext).
+	require.NoError(tb, x.kv.Do(func() error {
 		x.local, err = x.d.Prep("", nixl.VRAM, localDescs)
 		return err
 	}))
@@ -68,7 +70,7 @@ func (x *prefillDecode) read(tb testing.TB, src, dst []int, notif string) *nixl.
 	ri, err := x.g.DescIndices(src, nil)
 	require.NoError(tb, err)
 	var xf *nixl.Xfer
-	require.NoError(tb, x.dev.Do(func() error {
+	require.NoError(tb, x.kv.Do(func() error {
 		xf, err = x.d.MakeXfer(nixl.Read, x.local, li, x.rem, ri, nixl.WithNotification([]byte(notif)))
 		return err
 	}))
@@ -78,7 +80,7 @@ func (x *prefillDecode) read(tb testing.TB, src, dst []int, notif string) *nixl.
 
 func (x *prefillDecode) post(tb testing.TB, xf *nixl.Xfer) {
 	tb.Helper()
-	require.NoError(tb, x.dev.Do(func() error {
+	require.NoError(tb, x.kv.Do(func() error {
 		_, err := xf.Post()
 		return err
 	}))
