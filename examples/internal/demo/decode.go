@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/gonixl/gonixl/connector"
+	"github.com/gonixl/gonixl/cuda"
 	"github.com/gonixl/gonixl/layout"
 	"github.com/gonixl/gonixl/nixl"
 )
@@ -39,11 +40,6 @@ func (c DecodeConfig) model() connector.Model {
 		m.Order = c.Order
 	}
 	return m
-}
-
-// Reader reads a region of a cache back to host memory (for verification).
-type Reader interface {
-	ReadRegion(r int, dst []byte) error
 }
 
 // DecodeServer is the demo decode worker: it READs the prefill worker's blocks into its own cache over NIXL
@@ -226,10 +222,11 @@ func (s *DecodeServer) region(r int) ([]byte, error) {
 	if s.own != nil {
 		return s.own.Region(r), nil
 	}
-	rd, ok := s.cache.(Reader)
-	if !ok {
-		return nil, fmt.Errorf("cache %T cannot be read back for verification", s.cache)
+	switch c := s.cache.(type) {
+	case *cuda.KVCache:
+		return readVRAM(c, r)
+	case *cuda.HostBufferedKVCache:
+		return readVRAM(c.VRAM(), r)
 	}
-	buf := make([]byte, s.cache.Geometry().RegionLen())
-	return buf, rd.ReadRegion(r, buf)
+	return nil, fmt.Errorf("cache %T cannot be read back for verification", s.cache)
 }

@@ -8,25 +8,11 @@ import (
 	"github.com/gonixl/gonixl/layout"
 )
 
-// gpuCache is a VRAM KV cache for the decode demo: NIXL READs straight into GPU memory; the demo reads regions
-// back to host memory to verify them. cuda.KVCache registers itself with its context current (Registrar); Do
-// makes it the connector's DeviceContext, so transfers are prepared and posted with the context current too.
-type gpuCache struct {
-	*cuda.KVCache
-}
-
-// ReadRegion copies region r back to host memory.
-func (c gpuCache) ReadRegion(r int, dst []byte) error {
-	g := c.Geometry()
-	return c.Mem().Read(uint64(g.RegionOffset(r)), dst[:g.RegionLen()])
-}
-
-// Do runs fn with the GPU's context current (the decode role prepares and posts NIXL transfers through it).
-func (c gpuCache) Do(fn func() error) error { return c.Device().Do(fn) }
-
-func newGPUCache(cfg DecodeConfig) (gpuCache, func(), error) {
-	kv, closeCache, err := newCUDACache(cfg, "-gpu", cuda.NewKVCache)
-	return gpuCache{kv}, closeCache, err
+// newGPUCache makes the decode demo's VRAM cache: NIXL READs straight into GPU memory. cuda.KVCache registers
+// itself with its context current (Registrar) and is the connector's DeviceContext (Do), so the decode role
+// prepares and posts its transfers with the context current too.
+func newGPUCache(cfg DecodeConfig) (*cuda.KVCache, func(), error) {
+	return newCUDACache(cfg, "-gpu", cuda.NewKVCache)
 }
 
 // newCUDACache makes a cache of cfg's geometry on GPU 0 with newCache; flag names the option in the errors that
@@ -68,21 +54,17 @@ func openGPU(cfg DecodeConfig, flag string) (*cuda.Device, layout.Geometry, erro
 	return dev, g, nil
 }
 
-// hostBufCache is vLLM's host-buffered decode mode (kv_buffer_device="cpu") on a GPU: NIXL READs into a
+// newHostBufCache makes vLLM's host-buffered decode mode (kv_buffer_device="cpu") on a GPU: NIXL READs into a
 // pinned host cache (registered as DRAM, so any backend serves it, LIBFABRIC's tcp provider too), then the
 // decode role copies each request's blocks to the VRAM cache (connector.HostBuffered). The demo verifies
 // what reached GPU memory.
-type hostBufCache struct {
-	*cuda.HostBufferedKVCache
+func newHostBufCache(cfg DecodeConfig) (*cuda.HostBufferedKVCache, func(), error) {
+	return newCUDACache(cfg, "-cache hostbuf", cuda.NewHostBufferedKVCache)
 }
 
-// ReadRegion copies region r of the VRAM cache back to host memory.
-func (c hostBufCache) ReadRegion(r int, dst []byte) error {
+// readVRAM copies region r of a VRAM cache back to host memory (for verification).
+func readVRAM(c *cuda.KVCache, r int) ([]byte, error) {
 	g := c.Geometry()
-	return c.VRAM().Mem().Read(uint64(g.RegionOffset(r)), dst[:g.RegionLen()])
-}
-
-func newHostBufCache(cfg DecodeConfig) (hostBufCache, func(), error) {
-	c, closeCache, err := newCUDACache(cfg, "-cache hostbuf", cuda.NewHostBufferedKVCache)
-	return hostBufCache{c}, closeCache, err
+	buf := make([]byte, g.RegionLen())
+	return buf, c.Mem().Read(uint64(g.RegionOffset(r)), buf)
 }
