@@ -15,8 +15,9 @@ const EnvLibPath = "GONIXL_CUDA_LIB"
 // LibraryName is the soname of the CUDA driver library, resolved through the dynamic loader's search path.
 const LibraryName = "libcuda.so.1"
 
-// StandardPaths are tried after the loader's search path: where distributions, the NVIDIA container
-// toolkit and WSL put the driver's libcuda.so.1. The CUDA toolkit's stubs/libcuda.so is deliberately absent.
+// StandardPaths are the library files tried last, in order, after the loader's search path: where
+// distributions, the NVIDIA container toolkit and WSL put the driver's libcuda.so.1 (the convention of
+// nixl.StandardPaths and neuron.StandardPaths). The CUDA toolkit's stubs/libcuda.so is deliberately absent.
 var StandardPaths = []string{
 	"/usr/lib/x86_64-linux-gnu/libcuda.so.1",
 	"/usr/lib/aarch64-linux-gnu/libcuda.so.1",

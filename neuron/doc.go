@@ -6,7 +6,7 @@
 // # libnrt
 //
 // Load loads libnrt.so.1 — from LoadOptions.Path, else $GONIXL_NRT_LIB, else the loader path, else
-// /opt/aws/neuron/lib — resolves the C functions (declared in this package; no Neuron SDK is needed to
+// StandardPaths (/opt/aws/neuron/lib/libnrt.so.1) — resolves the C functions (declared in this package; no Neuron SDK is needed to
 // build) and calls nrt_init. Optional functions (nrt_tensor_read_batch, nrt_get_status_as_str) are used when
 // present. NRT_STATUS codes become *Error values — the C function, the status (Code) with its C name, the
 // runtime's description (nrt_get_status_as_str, when present) and a hint — matching sentinels such as

@@ -84,7 +84,6 @@ import "C"
 import (
 	"fmt"
 	"os"
-	"path/filepath"
 	"runtime"
 	"sync"
 	"unsafe"
@@ -102,8 +101,9 @@ const EnvLibPath = "GONIXL_NRT_LIB"
 // LibraryName is libnrt's soname, resolved through the dynamic loader's search path.
 const LibraryName = "libnrt.so.1"
 
-// DefaultLibDir is where the Neuron SDK installs libnrt.so.1 (not on the default loader path).
-const DefaultLibDir = "/opt/aws/neuron/lib"
+// StandardPaths are the library files tried last, in order: where the Neuron SDK installs libnrt.so.1 (not
+// on the default loader path). The convention of cuda.StandardPaths and nixl.StandardPaths.
+var StandardPaths = []string{"/opt/aws/neuron/lib/" + LibraryName}
 
 // Placement says where nrt_tensor_allocate puts a tensor (nrt_tensor_placement_t).
 type Placement int32
@@ -120,7 +120,7 @@ const (
 const frameworkNoFW = 1 // NRT_FRAMEWORK_TYPE_NO_FW
 
 // LoadOptions configure Load. The zero value searches: $GONIXL_NRT_LIB, "libnrt.so.1" through the loader's
-// search path, then /opt/aws/neuron/lib/libnrt.so.1 (the search order of cuda.Load and nixl.Load).
+// search path, then StandardPaths (the search order of cuda.Load and nixl.Load).
 type LoadOptions struct {
 	// Path is a libnrt file (or soname) tried first.
 	Path string
@@ -160,7 +160,7 @@ func (o LoadOptions) candidates() []dl.Candidate {
 	if o.NoSearch && o.Path != "" {
 		return []dl.Candidate{{Path: o.Path, Source: "LoadOptions.Path"}}
 	}
-	return dl.Search("LoadOptions.Path", o.Path, EnvLibPath, os.Getenv, LibraryName, []string{filepath.Join(DefaultLibDir, LibraryName)})
+	return dl.Search("LoadOptions.Path", o.Path, EnvLibPath, os.Getenv, LibraryName, StandardPaths)
 }
 
 func loadLibrary(opts LoadOptions) (*library, error) {

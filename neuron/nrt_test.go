@@ -9,6 +9,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/gonixl/gonixl/internal/dl"
 )
 
 func pattern(n int, seed byte) []byte {
@@ -27,6 +29,20 @@ func TestOpenNotFound(t *testing.T) {
 	assert.Contains(t, err.Error(), EnvLibPath)
 	assert.False(t, Available(LoadOptions{Path: missing}))
 	assert.True(t, Available(LoadOptions{Path: fakeLib}))
+}
+
+// The search order, pinned (the one of cuda.Load and nixl.Load): Path, $GONIXL_NRT_LIB, the soname through
+// the loader, then StandardPaths.
+func TestLoadSearchOrder(t *testing.T) {
+	t.Setenv(EnvLibPath, "/nonexistent/env/libnrt.so.1")
+	require.Equal(t, []dl.Candidate{
+		{Path: "/nonexistent/opt/libnrt.so.1", Source: "LoadOptions.Path"},
+		{Path: "/nonexistent/env/libnrt.so.1", Source: "$GONIXL_NRT_LIB"},
+		{Path: "libnrt.so.1", Source: dl.SourceLoader},
+		{Path: "/opt/aws/neuron/lib/libnrt.so.1", Source: dl.SourceStandard},
+	}, LoadOptions{Path: "/nonexistent/opt/libnrt.so.1"}.candidates())
+	require.Equal(t, []dl.Candidate{{Path: "/nonexistent/opt/libnrt.so.1", Source: "LoadOptions.Path"}},
+		LoadOptions{Path: "/nonexistent/opt/libnrt.so.1", NoSearch: true}.candidates())
 }
 
 func TestOpenNotLibnrt(t *testing.T) {

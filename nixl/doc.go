@@ -5,7 +5,7 @@
 //
 // NIXL is loaded at run time with dlopen, so programs build (and vet) with no NIXL installed; the C
 // prototypes are declared by this package (gx.h). Load looks for libnixl_capi.so in LoadOptions.LibDir,
-// $NIXL_LIB_DIR, the dynamic loader's search path, then StandardPrefixes, and sets NIXL_PLUGIN_DIR to the
+// $NIXL_LIB_DIR, the dynamic loader's search path, then StandardPaths, and sets NIXL_PLUGIN_DIR to the
 // "plugins" folder beside the library unless it is set. `make nixl` unpacks the pinned PyPI wheel
 // (nixl-cu12 / nixl-cu13) into .nixl/current/lib. When nothing loads, the *LoadError lists every place
 // tried and says how to fix it; errors.Is(err, ErrNotLoaded) is true.

@@ -12,7 +12,7 @@ import (
 // Two agents in one process: the initiator READs the target's registered buffer over UCX and the target
 // gets the transfer's notification.
 func Example() {
-	lib, err := nixl.Load(nixl.LoadOptions{}) // $NIXL_LIB_DIR, the loader's path, then the standard prefixes
+	lib, err := nixl.Load(nixl.LoadOptions{}) // $NIXL_LIB_DIR, the loader's path, then StandardPaths
 	if err != nil {
 		fmt.Println(err)
 		return

@@ -28,15 +28,17 @@ const LibraryName = "libnixl_capi.so"
 // NIXL_PREFIX), so a Go worker in them finds the NIXL the Python side uses without configuration.
 const EnvLibDir = "NIXL_LIB_DIR"
 
-// StandardPrefixes are the folders searched last, where NIXL's own installers put it.
-var StandardPrefixes = []string{
-	"/opt/nvidia/nvda_nixl/lib/x86_64-linux-gnu",
-	"/opt/nvidia/nvda_nixl/lib64",
-	"/opt/nvidia/nvda_nixl/lib",
+// StandardPaths are the library files tried last, in order: where NIXL's own installers put
+// libnixl_capi.so (the convention of cuda.StandardPaths and neuron.StandardPaths). NIXL's plugins are
+// looked for in the "plugins" folder beside the file found.
+var StandardPaths = []string{
+	"/opt/nvidia/nvda_nixl/lib/x86_64-linux-gnu/" + LibraryName,
+	"/opt/nvidia/nvda_nixl/lib64/" + LibraryName,
+	"/opt/nvidia/nvda_nixl/lib/" + LibraryName,
 }
 
 // LoadOptions tell Load where NIXL is. The zero value searches, in order: $NIXL_LIB_DIR, the dynamic
-// loader's search path (LD_LIBRARY_PATH, ld.so.cache), then StandardPrefixes.
+// loader's search path (LD_LIBRARY_PATH, ld.so.cache), then StandardPaths.
 type LoadOptions struct {
 	// LibDir is the folder holding libnixl_capi.so; when set it is tried first.
 	LibDir string
@@ -135,7 +137,6 @@ func Load(opts LoadOptions) (*Library, error) {
 	for _, cand := range candidates(opts.LibDir) {
 		path := cand.path
 		if cand.dir != "" {
-			path = filepath.Join(cand.dir, LibraryName)
 			if _, err := os.Stat(path); err != nil {
 				le.Add(fmt.Sprintf("%s (%s)", path, cand.source), "no such file")
 				continue
@@ -184,22 +185,27 @@ func Load(opts LoadOptions) (*Library, error) {
 }
 
 type candidate struct {
-	dir    string // folder to look in; empty means "let the dynamic loader search for path"
+	dir    string // the folder of path (where its plugins are); empty means "let the dynamic loader search for path"
 	path   string
 	source string
 }
 
+// candidates lists what Load tries, in order: the explicit folder, $NIXL_LIB_DIR's, the dynamic loader's
+// search path, then StandardPaths.
 func candidates(explicit string) []candidate {
 	var out []candidate
+	inDir := func(dir, source string) {
+		out = append(out, candidate{dir: dir, path: filepath.Join(dir, LibraryName), source: source})
+	}
 	if explicit != "" {
-		out = append(out, candidate{dir: explicit, source: "LoadOptions.LibDir"})
+		inDir(explicit, "LoadOptions.LibDir")
 	}
 	if env := os.Getenv(EnvLibDir); env != "" {
-		out = append(out, candidate{dir: env, source: EnvLibDir})
+		inDir(env, EnvLibDir)
 	}
-	out = append(out, candidate{path: LibraryName, source: "dynamic loader search path"})
-	for _, p := range StandardPrefixes {
-		out = append(out, candidate{dir: p, source: "standard prefix"})
+	out = append(out, candidate{path: LibraryName, source: dl.SourceLoader})
+	for _, p := range StandardPaths {
+		out = append(out, candidate{dir: filepath.Dir(p), path: p, source: dl.SourceStandard})
 	}
 	return out
 }

@@ -24,7 +24,7 @@ type nixlFlags struct {
 func (n *nixlFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&n.logLevel, "nixl-log-level", "", "NIXL's own log level (TRACE, DEBUG, INFO, WARN, ERROR, FATAL; default $NIXL_LOG_LEVEL, else FATAL: "+
 		"gonixl reports NIXL's errors itself)")
-	fs.StringVar(&n.libDir, "nixl-lib-dir", "", "folder of libnixl_capi.so (default: $NIXL_LIB_DIR, the loader path, then "+strings.Join(nixl.StandardPrefixes, ", ")+")")
+	fs.StringVar(&n.libDir, "nixl-lib-dir", "", "folder of libnixl_capi.so (default: $NIXL_LIB_DIR, the loader path, then "+strings.Join(nixl.StandardPaths, ", ")+")")
 }
 
 func (n *nixlFlags) load() (*nixl.Library, error) {

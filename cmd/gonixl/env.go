@@ -298,7 +298,7 @@ func neuronEnv(initialise bool) neuronReport {
 	if !initialise {
 		r.Found = neuron.Available(neuron.LoadOptions{})
 		if !r.Found {
-			r.Error = "libnrt.so.1 not found (tried $" + neuron.EnvLibPath + ", the loader path, " + neuron.DefaultLibDir + ")"
+			r.Error = "libnrt.so.1 not found (tried $" + neuron.EnvLibPath + ", the loader path, " + strings.Join(neuron.StandardPaths, ", ") + ")"
 		}
 		return r
 	}

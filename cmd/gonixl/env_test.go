@@ -79,7 +79,7 @@ func TestEnvWithoutNIXL(t *testing.T) {
 	require.False(t, rep.NIXL.Found)
 	require.NotEmpty(t, rep.NIXL.Tried)
 	require.Contains(t, strings.Join(rep.NIXL.Tried, "\n"), filepath.Join(empty, "nixl"), "$NIXL_LIB_DIR is tried")
-	for _, p := range nixl.StandardPrefixes {
+	for _, p := range nixl.StandardPaths {
 		require.Contains(t, strings.Join(rep.NIXL.Tried, "\n"), p)
 	}
 	require.Contains(t, rep.NIXL.Error, "make nixl")
