@@ -50,10 +50,7 @@ var (
 
 // candidates lists what Load tries, in order, without duplicates (internal/dl's one search order).
 func (o LoadOptions) candidates() []dl.Candidate {
-	if o.NoSearch && o.Path != "" {
-		return []dl.Candidate{{Path: o.Path, Source: "LoadOptions.Path"}}
-	}
-	return dl.Search("LoadOptions.Path", o.Path, EnvLibPath, os.Getenv, LibraryName, StandardPaths)
+	return dl.PathSearch(o.Path, o.NoSearch, EnvLibPath, LibraryName, StandardPaths)
 }
 
 // Load opens libcuda.so.1, binds the driver entry points this package uses (the _v2 versions where the

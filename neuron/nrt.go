@@ -157,10 +157,7 @@ var (
 )
 
 func (o LoadOptions) candidates() []dl.Candidate {
-	if o.NoSearch && o.Path != "" {
-		return []dl.Candidate{{Path: o.Path, Source: "LoadOptions.Path"}}
-	}
-	return dl.Search("LoadOptions.Path", o.Path, EnvLibPath, os.Getenv, LibraryName, StandardPaths)
+	return dl.PathSearch(o.Path, o.NoSearch, EnvLibPath, LibraryName, StandardPaths)
 }
 
 func loadLibrary(opts LoadOptions) (*library, error) {

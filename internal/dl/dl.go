@@ -7,7 +7,10 @@
 // ld.so.cache), then the loader's standard install locations.
 package dl
 
-import "strings"
+import (
+	"os"
+	"strings"
+)
 
 // Candidate is one place a loader tries: a file path, a folder holding the library, or a soname resolved
 // by the dynamic loader.
@@ -43,6 +46,16 @@ func Search(field, explicit, env string, getenv func(string) string, soname stri
 		add(p, SourceStandard)
 	}
 	return out
+}
+
+// PathSearch is the candidate list of a loader whose options are a file Path and NoSearch (cuda.Load,
+// neuron.Load): Path alone when noSearch is set and Path is not empty, else Search from Path with the
+// process environment.
+func PathSearch(path string, noSearch bool, env, soname string, standard []string) []Candidate {
+	if noSearch && path != "" {
+		return []Candidate{{Path: path, Source: "LoadOptions.Path"}}
+	}
+	return Search("LoadOptions.Path", path, env, os.Getenv, soname, standard)
 }
 
 // LoadError reports that no candidate of a library could be loaded: each one tried, in order, with why it

@@ -22,6 +22,21 @@ func TestSearchOrderAndDedup(t *testing.T) {
 	assert.Equal(t, []Candidate{{"liby.so.1", SourceLoader}}, got)
 }
 
+func TestPathSearch(t *testing.T) {
+	t.Setenv("GONIXL_X_LIB", "/env/libx.so.1")
+	std := []string{"/std/libx.so.1"}
+	assert.Equal(t, []Candidate{{"/p/libx.so.1", "LoadOptions.Path"}}, PathSearch("/p/libx.so.1", true, "GONIXL_X_LIB", "libx.so.1", std),
+		"NoSearch: Path alone")
+	assert.Equal(t, []Candidate{
+		{"/p/libx.so.1", "LoadOptions.Path"},
+		{"/env/libx.so.1", "$GONIXL_X_LIB"},
+		{"libx.so.1", SourceLoader},
+		{"/std/libx.so.1", SourceStandard},
+	}, PathSearch("/p/libx.so.1", false, "GONIXL_X_LIB", "libx.so.1", std))
+	assert.Equal(t, []Candidate{{"/env/libx.so.1", "$GONIXL_X_LIB"}, {"libx.so.1", SourceLoader}, {"/std/libx.so.1", SourceStandard}},
+		PathSearch("", true, "GONIXL_X_LIB", "libx.so.1", std), "NoSearch without a Path searches (Load refuses it before)")
+}
+
 func TestLoadError(t *testing.T) {
 	sentinel := errors.New("x: not loaded")
 	e := &LoadError{Prefix: "x", Library: "libx.so.1", Fix: "install x", Sentinel: sentinel}
