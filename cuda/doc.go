@@ -17,7 +17,9 @@
 // binds the device's primary context with cuCtxSetCurrent at the start of every C call that uses it,
 // inside that same cgo call, so its methods work from any goroutine without locking OS threads. Calls
 // into other native code that expects a current context (NIXL/UCX registering VRAM, posting transfers
-// into VRAM) go through Device.Do, which locks the OS thread and binds the context while a function runs.
+// into VRAM) go through Device.Do, which locks the OS thread and binds the context while a function runs,
+// or KVCache.Do, the same for a cache's device, which makes a KVCache the connector's DeviceContext. The
+// function must not close the device nor take it again (Device.Do lists what would deadlock).
 //
 // # Memory and copies
 //
