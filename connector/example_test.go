@@ -40,7 +40,7 @@ func Example() {
 		}
 		return nil
 	}
-	params, err := pre.Prefill(ctx, "req-1", 20, fill) // 20 tokens → 2 blocks
+	params, err := pre.Hold(ctx, "req-1", 20, fill) // 20 tokens → 2 blocks
 	if err != nil {
 		fmt.Println(err)
 		return

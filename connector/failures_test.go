@@ -70,7 +70,7 @@ func TestPrefillLeaseHeartbeats(t *testing.T) {
 			pr := newPair(t, p, pairOpts{hold: hold, clock: clk})
 			ctx := ctxT(t, 60*time.Second)
 			// Handshake with a first request, so the decode agent knows the prefill agent.
-			kv0, err := pr.pre.Prefill(ctx, "warm", tinyBlock, nil)
+			kv0, err := pr.pre.Hold(ctx, "warm", tinyBlock, nil)
 			require.NoError(t, err)
 			_, err = pr.dec.Pull(ctx, "warm", kv0, localBlocks(1, 0))
 			require.NoError(t, err)
@@ -79,7 +79,7 @@ func TestPrefillLeaseHeartbeats(t *testing.T) {
 			remote := pr.dec.remotes[pr.pre.EngineID()].sources[0].agent
 			pr.dec.mu.Unlock()
 
-			_, err = pr.pre.Prefill(ctx, "leased", 2*tinyBlock, nil)
+			_, err = pr.pre.Hold(ctx, "leased", 2*tinyBlock, nil)
 			require.NoError(t, err)
 			msg := []byte(protocol.HeartbeatPrefix + "leased,unknown-id")
 			seen := func() int64 { return pr.preM.Heartbeats.Load() + pr.preM.BadMessages.Load() }
@@ -188,7 +188,7 @@ func TestHandshakeHashMismatch(t *testing.T) {
 			plog, plogs := observed()
 			pr := newPair(t, p, pairOpts{decodeCompat: &other, hold: 300 * time.Millisecond, prefillLog: plog})
 			ctx := ctxT(t, 10*time.Second)
-			kv, err := pr.pre.Prefill(ctx, "h", tinyBlock, nil)
+			kv, err := pr.pre.Hold(ctx, "h", tinyBlock, nil)
 			require.NoError(t, err)
 			_, err = pr.dec.Pull(ctx, "h", kv, []int{1})
 			require.ErrorIs(t, err, protocol.ErrHashMismatch)
@@ -206,7 +206,7 @@ func TestHandshakeHashMismatch(t *testing.T) {
 			skip := other
 			skip.SkipCheck = true
 			pr2 := newPair(t, p, pairOpts{decodeCompat: &skip})
-			kv, err = pr2.pre.Prefill(ctx, "h2", tinyBlock, patternFill(pr2.pcache, 4))
+			kv, err = pr2.pre.Hold(ctx, "h2", tinyBlock, patternFill(pr2.pcache, 4))
 			require.NoError(t, err)
 			_, err = pr2.dec.Pull(ctx, "h2", kv, []int{1})
 			require.NoError(t, err)
@@ -226,7 +226,7 @@ func TestHandshakeProfileMismatch(t *testing.T) {
 			dec := c.dec
 			pr := newPair(t, c.pre, pairOpts{decodeProfile: &dec, prefillLog: plog})
 			ctx := ctxT(t, 10*time.Second)
-			kv, err := pr.pre.Prefill(ctx, "m", tinyBlock, nil)
+			kv, err := pr.pre.Hold(ctx, "m", tinyBlock, nil)
 			require.NoError(t, err)
 			_, err = pr.dec.Pull(ctx, "m", kv, []int{1})
 			require.Error(t, err)

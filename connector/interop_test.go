@@ -103,7 +103,7 @@ func TestInteropPythonDecodeHashMismatch(t *testing.T) {
 	p, _ := protocol.ProfileByName("0.33")
 	pr := newPair(t, p, pairOpts{hold: 500 * time.Millisecond})
 	ctx := ctxT(t, 60*time.Second)
-	kv, err := pr.pre.Prefill(ctx, "py-mismatch", 16, nil)
+	kv, err := pr.pre.Hold(ctx, "py-mismatch", 16, nil)
 	require.NoError(t, err)
 	raw, err := p.EncodeParams(kv)
 	require.NoError(t, err)

@@ -50,7 +50,7 @@ func TestKeepAlive(t *testing.T) {
 			assert.Zero(t, pr.preM.RequestsExpired.Load())
 
 			// Close ends a keep-alive that is still running; KeepAlive after Close is refused.
-			kv2, err := pr.pre.Prefill(ctx, "dropped", tinyBlock, nil)
+			kv2, err := pr.pre.Hold(ctx, "dropped", tinyBlock, nil)
 			require.NoError(t, err)
 			stop2, err := pr.dec.KeepAlive(ctx, kv2)
 			require.NoError(t, err)

@@ -37,7 +37,7 @@ func TestPublishedLayoutLabelApartFromPhysicalOrder(t *testing.T) {
 	require.Equal(t, "HND", md.KVCacheLayout, "the published label")
 
 	const tokens = 21
-	kv, err := pre.Prefill(ctx, "label-1", tokens, fillHeads(pc, 0, tokens))
+	kv, err := pre.Hold(ctx, "label-1", tokens, fillHeads(pc, 0, tokens))
 	require.NoError(t, err)
 
 	plain, err := NewDecode(DecodeConfig{Profile: p, Library: testLib(t), Cache: newCache(t, nhd), Compat: tpCompat(p)})
@@ -90,7 +90,7 @@ func TestLayoutNamesPerRowBlockSize32(t *testing.T) {
 				require.EqualValues(t, 32, md.BlockSize)
 
 				const tokens = 70 // three blocks of 32, the last one partial
-				kv, err := pre.Prefill(ctx, "bs32-"+want, tokens, patternFill(pc, 3))
+				kv, err := pre.Hold(ctx, "bs32-"+want, tokens, patternFill(pc, 3))
 				require.NoError(t, err)
 				require.Len(t, kv.RemoteBlockIDs[0], 3)
 				dc := newCache(t, g)
@@ -159,7 +159,7 @@ func TestPrefillReregister(t *testing.T) {
 	require.NoError(t, err)
 	defer dec.Close()
 
-	kv, err := pre.Prefill(ctx, "before", tinyBlock, func(_ context.Context, b []int) error { fillPattern(mc.DRAMCache, b, 1); return nil })
+	kv, err := pre.Hold(ctx, "before", tinyBlock, func(_ context.Context, b []int) error { fillPattern(mc.DRAMCache, b, 1); return nil })
 	require.NoError(t, err)
 	_, err = pre.Reregister()
 	require.ErrorIs(t, err, ErrBusy, "a held request blocks re-registration")
@@ -178,7 +178,7 @@ func TestPrefillReregister(t *testing.T) {
 	require.NoError(t, first.Close())
 	t.Cleanup(func() { require.NoError(t, second.Close()) }) // cleanups run after the deferred role Closes
 
-	kv, err = pre.Prefill(ctx, "after", tinyBlock, func(_ context.Context, b []int) error { fillPattern(second, b, 2); return nil })
+	kv, err = pre.Hold(ctx, "after", tinyBlock, func(_ context.Context, b []int) error { fillPattern(second, b, 2); return nil })
 	require.NoError(t, err)
 	require.EqualValues(t, 2, kv.RemoteRegistrationGeneration)
 	_, err = dec.Pull(ctx, "d-after", kv, []int{2})

@@ -152,7 +152,7 @@ func TestMetricsAfterTraffic(t *testing.T) {
 	p, _ := protocol.ProfileByName("0.16")
 	pr := newPair(t, p, pairOpts{})
 	ctx := ctxT(t, 10*time.Second)
-	kv, err := pr.pre.Prefill(ctx, "m1", 2*tinyBlock, nil)
+	kv, err := pr.pre.Hold(ctx, "m1", 2*tinyBlock, nil)
 	require.NoError(t, err)
 	assert.EqualValues(t, 2, gather(t, pr.preM)["gonixl_blocks_held"])
 	_, err = pr.dec.Pull(ctx, "m1", kv, []int{1, 2})

@@ -98,7 +98,7 @@ type PrefillConfig struct {
 }
 
 // Prefill is the prefill role: it owns a registered KV cache, serves the side channel, and for each request
-// fills blocks (Prefill), holds them for the decode peer, and frees them when the peer's notifications
+// fills blocks and holds them for the decode peer (Hold), and frees them when the peer's notifications
 // arrive or the lease / abort timeout passes. It is safe for concurrent use.
 type Prefill struct {
 	cfg     PrefillConfig
@@ -287,16 +287,17 @@ func (p *Prefill) Metrics() *Metrics { return p.metrics }
 // every block is complete.
 type FillFunc func(ctx context.Context, blockIDs []int) error
 
-// ErrDuplicateRequest is wrapped by Prefill's error for a request id that is already being prefilled or held
+// ErrDuplicateRequest is wrapped by Hold's error for a request id that is already being prefilled or held
 // for a decode peer (HTTP servers answer 409).
 var ErrDuplicateRequest = errors.New("connector: duplicate request id")
 
-// Prefill runs one prefill request: it takes blocks for numTokens tokens, calls fill to put the KV there
+// Hold runs one prefill request: it takes blocks for numTokens tokens, calls fill to put the KV there
 // (Neuron staging, a CPU computation, …), holds the blocks for the decode peer and returns the
-// kv_transfer_params of vLLM's prefill response. On any error the blocks are freed and nothing is published.
+// kv_transfer_params of vLLM's prefill response. The blocks stay held (Held counts such requests) until the
+// decode peers' notifications arrive, the hold lapses (PrefillConfig.HoldTimeout) or Abort. On any error the blocks are freed and nothing is published.
 // A request id already in use fails with ErrDuplicateRequest; when the role's block pool has too few free
 // blocks the error wraps ErrNoBlocks. The role owns allocation and the hold clock: fill only writes blocks.
-func (p *Prefill) Prefill(ctx context.Context, requestID string, numTokens int, fill FillFunc) (protocol.KVTransferParams, error) {
+func (p *Prefill) Hold(ctx context.Context, requestID string, numTokens int, fill FillFunc) (protocol.KVTransferParams, error) {
 	log := p.log.With(zap.String("request_id", requestID))
 	if requestID == "" || numTokens <= 0 {
 		return protocol.KVTransferParams{}, fmt.Errorf("connector: prefill needs a request id and at least one token (got %q, %d)", requestID, numTokens)

@@ -189,26 +189,26 @@ func TestPrefillFailuresFreeBlocks(t *testing.T) {
 	pr := newPair(t, p, pairOpts{prefillBlocks: 8})
 	ctx := ctxT(t, 10*time.Second)
 	boom := errors.New("device fault")
-	_, err := pr.pre.Prefill(ctx, "f1", 40, func(context.Context, []int) error { return boom })
+	_, err := pr.pre.Hold(ctx, "f1", 40, func(context.Context, []int) error { return boom })
 	require.ErrorIs(t, err, boom)
 	assert.Zero(t, pr.pre.pool.InUse())
 	assert.Zero(t, pr.pre.Held())
 	assert.EqualValues(t, 1, pr.preM.RequestErrors.Load())
 	assert.Zero(t, pr.preM.Requests.Load())
 
-	_, err = pr.pre.Prefill(ctx, "big", 8*tinyBlock, nil) // 8 blocks, 7 usable (block 0 is null)
+	_, err = pr.pre.Hold(ctx, "big", 8*tinyBlock, nil) // 8 blocks, 7 usable (block 0 is null)
 	require.ErrorIs(t, err, ErrNoBlocks)
 	assert.NotErrorIs(t, err, ErrDuplicateRequest)
 	assert.Zero(t, pr.pre.pool.InUse())
 
-	_, err = pr.pre.Prefill(ctx, "", 4, nil)
+	_, err = pr.pre.Hold(ctx, "", 4, nil)
 	require.Error(t, err)
-	_, err = pr.pre.Prefill(ctx, "zero", 0, nil)
+	_, err = pr.pre.Hold(ctx, "zero", 0, nil)
 	require.Error(t, err)
 
-	_, err = pr.pre.Prefill(ctx, "dup", 4, nil)
+	_, err = pr.pre.Hold(ctx, "dup", 4, nil)
 	require.NoError(t, err)
-	_, err = pr.pre.Prefill(ctx, "dup", 4, nil)
+	_, err = pr.pre.Hold(ctx, "dup", 4, nil)
 	require.ErrorIs(t, err, ErrDuplicateRequest)
 	require.ErrorContains(t, err, "held for a decode peer")
 	assert.NotErrorIs(t, err, ErrNoBlocks)
@@ -231,14 +231,14 @@ func TestPrefillDuplicateIDRace(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		_, first = pr.pre.Prefill(ctx, "same", 2*tinyBlock, func(context.Context, []int) error {
+		_, first = pr.pre.Hold(ctx, "same", 2*tinyBlock, func(context.Context, []int) error {
 			close(entered)
 			<-release
 			return nil
 		})
 	}()
 	<-entered
-	_, second := pr.pre.Prefill(ctx, "same", 2*tinyBlock, nil)
+	_, second := pr.pre.Hold(ctx, "same", 2*tinyBlock, nil)
 	close(release)
 	<-done
 	assert.True(t, (first == nil) != (second == nil), "exactly one prefill of the id succeeds (first %v, second %v)", first, second)
@@ -259,9 +259,9 @@ func TestPrefillCloseReleasesHeld(t *testing.T) {
 	pre, err := NewPrefill(PrefillConfig{Profile: p, Library: testLib(t), Cache: c, Compat: tinyCompat(p), Metrics: m})
 	require.NoError(t, err)
 	ctx := ctxT(t, 10*time.Second)
-	_, err = pre.Prefill(ctx, "a", 3*tinyBlock, nil)
+	_, err = pre.Hold(ctx, "a", 3*tinyBlock, nil)
 	require.NoError(t, err)
-	_, err = pre.Prefill(ctx, "b", tinyBlock, nil)
+	_, err = pre.Hold(ctx, "b", tinyBlock, nil)
 	require.NoError(t, err)
 	assert.Equal(t, 4, pre.pool.InUse())
 	require.NoError(t, pre.Close())

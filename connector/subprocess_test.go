@@ -57,7 +57,7 @@ func prefillPeerMain() int {
 	}
 	defer pre.Close()
 	for i := 0; i < max(1, env("GONIXL_PEER_REQUESTS")); i++ {
-		kv, err := pre.Prefill(context.Background(), fmt.Sprintf("peer-req-%d", i), env("GONIXL_PEER_TOKENS"),
+		kv, err := pre.Hold(context.Background(), fmt.Sprintf("peer-req-%d", i), env("GONIXL_PEER_TOKENS"),
 			patternFill(c, env("GONIXL_PEER_SEED")+i))
 		if err != nil {
 			return fail(err)

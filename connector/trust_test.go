@@ -160,7 +160,7 @@ func TestNotifyFromAllowList(t *testing.T) {
 	t.Run("no allow-list: a forged completion frees the blocks", func(t *testing.T) {
 		pr := newPair(t, p, pairOpts{clock: newFakeClock()}) // the hold never expires here
 		ctx := ctxT(t, 30*time.Second)
-		_, err := pr.pre.Prefill(ctx, "victim", 2*tinyBlock, nil)
+		_, err := pr.pre.Hold(ctx, "victim", 2*tinyBlock, nil)
 		require.NoError(t, err)
 		forge(t, pr, "victim")
 		require.Eventually(t, func() bool { return pr.pre.Held() == 0 }, 30*time.Second, time.Millisecond)

@@ -399,7 +399,7 @@ func vllmDecodeGoPrefill(t *testing.T, lib *nixl.Library, r release, model strin
 	// Two requests, block size 32: 100 tokens (4 blocks, the last partial) and 600 (19 blocks).
 	for i, tokens := range []int{100, 600} {
 		id := fmt.Sprintf("req-%d", i)
-		kv, err := pre.Prefill(ctx, id, tokens, randomFill(c))
+		kv, err := pre.Hold(ctx, id, tokens, randomFill(c))
 		require.NoError(t, err)
 		want := blockHashes(c, int64sToInts(kv.RemoteBlockIDs[0]))
 		res := pull(id, kv, tokens, 0)
@@ -419,7 +419,7 @@ func vllmDecodeGoPrefill(t *testing.T, lib *nixl.Library, r release, model strin
 	// heartbeats meanwhile; gonixl's prefill counts them and they keep the blocks alive until the READ.
 	pre2, c2, m2 := newPrefill(3 * time.Second)
 	if p.Leases {
-		kv, err := pre2.Prefill(ctx, "hb", 64, randomFill(c2))
+		kv, err := pre2.Hold(ctx, "hb", 64, randomFill(c2))
 		require.NoError(t, err)
 		want := blockHashes(c2, int64sToInts(kv.RemoteBlockIDs[0]))
 		res := pull("hb", kv, 64, 6*time.Second)
@@ -433,7 +433,7 @@ func vllmDecodeGoPrefill(t *testing.T, lib *nixl.Library, r release, model strin
 		t.Logf("vLLM sent %d heartbeats while holding the request 6 s; gonixl counted %d", res.HBs, m2.Heartbeats.Load())
 	}
 	// Expiry: a request vLLM never reads is freed by gonixl at its hold timeout.
-	_, err := pre2.Prefill(ctx, "never-read", 64, randomFill(c2))
+	_, err := pre2.Hold(ctx, "never-read", 64, randomFill(c2))
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return pre2.Held() == 0 }, time.Minute, 10*time.Millisecond)
 	assert.EqualValues(t, 1, m2.RequestsExpired.Load())
@@ -544,7 +544,7 @@ func TestVLLMRealHeteroTP(t *testing.T) {
 			pre := startPrefill(t, connector.PrefillConfig{Profile: p, Library: lib, Cache: c, Compat: realCompat(p, v, model), Metrics: m,
 				EngineID: fmt.Sprintf("gonixl-prefill-tp1-%s-%d", v, time.Now().UnixNano())})
 			const tokens = 300
-			kv, err := pre.Prefill(ctx, "tp", tokens, randomFill(c))
+			kv, err := pre.Hold(ctx, "tp", tokens, randomFill(c))
 			require.NoError(t, err)
 			res := d.pull(ctx, "vllm-tp", tokens, encodeParams(t, p, kv), 0)
 			require.True(t, res.OK, res.raw)
