@@ -78,7 +78,7 @@ type PrefillConfig struct {
 	// peer outside the list cannot free or extend held blocks. Empty: every agent, as vLLM does.
 	NotifyFrom []string
 	// HoldTimeout overrides how long unread blocks are held: the profile's lease (renewed by heartbeats) or
-	// abort timeout.
+	// abort timeout when 0. A negative value is refused (it would free the blocks before any peer reads them).
 	HoldTimeout time.Duration
 	// Logger receives logs carrying request and engine ids; nil = none.
 	Logger *zap.Logger
