@@ -67,7 +67,7 @@ func Example() {
 	for pre.Held() > 0 && ctx.Err() == nil {
 		time.Sleep(time.Millisecond)
 	}
-	fmt.Println("held on P:", pre.Held(), "freed:", pre.Metrics().BlocksFreed.Load())
+	fmt.Println("held on P:", pre.Held(), "freed:", pre.Metrics().BlocksFreed())
 	// Output:
 	// true
 	// pulled 2 blocks, 3670016 bytes

@@ -104,8 +104,8 @@ func TestPullHostBuffered(t *testing.T) {
 	_, err = d.Pull(ctx, "hb-2", kv, []int{9})
 	require.ErrorIs(t, err, boom)
 	assert.Contains(t, err.Error(), "host → device copy")
-	assert.EqualValues(t, 1, m.RequestErrors.Load())
-	assert.EqualValues(t, 1, m.Requests.Load())
+	assert.EqualValues(t, 1, m.RequestErrors())
+	assert.EqualValues(t, 1, m.Requests())
 }
 
 // hostBufferedPipe is hostBufferedDRAM with started (here: immediate) copies, so the role pulls in slices.

@@ -129,12 +129,12 @@ func TestRegistrationGenerationRehandshake(t *testing.T) {
 	}
 	pull("g1", 1, []int{1})
 	pull("g1b", 1, []int{2})
-	require.EqualValues(t, 1, pr.decM.Handshakes.Load(), "same generation: the cached handshake is used")
+	require.EqualValues(t, 1, pr.decM.Handshakes(), "same generation: the cached handshake is used")
 	pull("g2", 2, []int{3})
-	require.EqualValues(t, 2, pr.decM.Handshakes.Load(), "a larger generation: handshake again")
+	require.EqualValues(t, 2, pr.decM.Handshakes(), "a larger generation: handshake again")
 	pull("g2b", 2, []int{4})
 	pull("g1c", 1, []int{5}) // an older generation (a late request) does not go back
-	require.EqualValues(t, 2, pr.decM.Handshakes.Load())
+	require.EqualValues(t, 2, pr.decM.Handshakes())
 }
 
 // movingCache is a DRAM cache whose memory can be replaced (a reallocated staging arena).
@@ -184,5 +184,5 @@ func TestPrefillReregister(t *testing.T) {
 	_, err = dec.Pull(ctx, "d-after", kv, []int{2})
 	require.NoError(t, err)
 	requirePattern(t, dc, []int{2}, kv.RemoteBlockIDs[0], 2)
-	require.EqualValues(t, 2, dm.Handshakes.Load(), "the larger generation made the decode role handshake again")
+	require.EqualValues(t, 2, dm.Handshakes(), "the larger generation made the decode role handshake again")
 }

@@ -98,7 +98,7 @@ func TestRemoteEngineRefcount(t *testing.T) {
 	require.NoError(t, err)
 	assert.Positive(t, res.Handshake, "a new handshake")
 	requirePattern(t, pr.dcache, []int{3}, kvc.RemoteBlockIDs[0], 3)
-	assert.EqualValues(t, 2, pr.decM.Handshakes.Load())
+	assert.EqualValues(t, 2, pr.decM.Handshakes())
 }
 
 // Concurrent pulls on one prefill engine while other pulls on the same engine fail (their context ends

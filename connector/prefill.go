@@ -322,7 +322,7 @@ func (p *Prefill) Hold(ctx context.Context, requestID string, numTokens int, fil
 	blocks, err := p.pool.Alloc(p.reg.geom.NeededBlocks(numTokens))
 	if err != nil {
 		unclaim()
-		p.metrics.RequestErrors.Add(1)
+		p.metrics.requestErrors.Add(1)
 		return protocol.KVTransferParams{}, fmt.Errorf("connector: request %q, %d tokens: %w", requestID, numTokens, err)
 	}
 	start := time.Now()
@@ -330,7 +330,7 @@ func (p *Prefill) Hold(ctx context.Context, requestID string, numTokens int, fil
 		if err := fill(ctx, blocks); err != nil {
 			p.pool.Free(blocks)
 			unclaim()
-			p.metrics.RequestErrors.Add(1)
+			p.metrics.requestErrors.Add(1)
 			log.Warn("prefill fill failed; blocks freed", zap.Error(err))
 			return protocol.KVTransferParams{}, err
 		}
@@ -341,9 +341,9 @@ func (p *Prefill) Hold(ctx context.Context, requestID string, numTokens int, fil
 	delete(p.pending, requestID)
 	p.held[requestID] = &heldReq{id: requestID, blocks: blocks, expiry: p.now().Add(p.hold), bytes: bytes}
 	p.mu.Unlock()
-	p.metrics.Requests.Add(1)
-	p.metrics.Bytes.Add(bytes)
-	p.metrics.BlocksHeld.Add(int64(len(blocks)))
+	p.metrics.requests.Add(1)
+	p.metrics.bytes.Add(bytes)
+	p.metrics.blocksHeld.Add(int64(len(blocks)))
 	ids := make([]int64, len(blocks))
 	for i, b := range blocks {
 		ids[i] = int64(b)
@@ -394,7 +394,7 @@ func (p *Prefill) Held() int {
 // from p.held, so Held() == 0 implies every block is back and counted.
 func (p *Prefill) release(h *heldReq) {
 	p.pool.Free(h.blocks)
-	p.metrics.BlocksHeld.Add(-int64(len(h.blocks)))
+	p.metrics.blocksHeld.Add(-int64(len(h.blocks)))
 }
 
 // Progress intervals of the prefill loop: while blocks are held a decode peer may be reading them, and a
@@ -464,7 +464,7 @@ func (p *Prefill) notifyAllowed(agent string) bool {
 func (p *Prefill) handleNotification(raw nixl.Notification) {
 	if !p.notifyAllowed(raw.Agent) {
 		// Logged for the first few, then every 1000th: a peer flooding forged notifications cannot flood the log.
-		if n := p.metrics.RejectedNotifications.Add(1); n <= 10 || n%1000 == 0 {
+		if n := p.metrics.rejectedNotifications.Add(1); n <= 10 || n%1000 == 0 {
 			p.log.Warn("notification from an agent outside NotifyFrom dropped", zap.String("from", raw.Agent),
 				zap.Int("msg_bytes", len(raw.Msg)), zap.Int64("rejected_so_far", n))
 		}
@@ -472,12 +472,12 @@ func (p *Prefill) handleNotification(raw nixl.Notification) {
 	}
 	n, err := p.cfg.Profile.DecodeNotification(raw.Msg)
 	if err != nil {
-		p.metrics.BadMessages.Add(1)
+		p.metrics.badMessages.Add(1)
 		p.log.Warn("ignoring malformed notification", zap.String("from", raw.Agent), zap.ByteString("msg", raw.Msg), zap.Error(err))
 		return
 	}
 	if n.IsHeartbeat() {
-		p.metrics.Heartbeats.Add(1)
+		p.metrics.heartbeats.Add(1)
 		ext := p.leaseExtension()
 		p.mu.Lock()
 		for _, id := range n.Heartbeat {
@@ -490,13 +490,13 @@ func (p *Prefill) handleNotification(raw nixl.Notification) {
 		p.mu.Unlock()
 		return
 	}
-	p.metrics.Notifications.Add(1)
+	p.metrics.notifications.Add(1)
 	log := p.log.With(zap.String("request_id", n.RequestID), zap.String("from", raw.Agent))
 	p.mu.Lock()
 	h := p.held[n.RequestID]
 	if h == nil {
 		p.mu.Unlock()
-		p.metrics.BadMessages.Add(1)
+		p.metrics.badMessages.Add(1)
 		log.Warn("notification for a request that is not held (already freed, expired, or unknown)")
 		return
 	}
@@ -512,7 +512,7 @@ func (p *Prefill) handleNotification(raw nixl.Notification) {
 	if done {
 		delete(p.held, n.RequestID)
 		p.release(h)
-		p.metrics.BlocksFreed.Add(int64(len(h.blocks)))
+		p.metrics.blocksFreed.Add(int64(len(h.blocks)))
 	}
 	p.mu.Unlock()
 	if done {
@@ -538,8 +538,8 @@ func (p *Prefill) expire(now time.Time) {
 			gone = append(gone, h)
 			delete(p.held, id)
 			p.release(h)
-			p.metrics.BlocksExpired.Add(int64(len(h.blocks)))
-			p.metrics.RequestsExpired.Add(1)
+			p.metrics.blocksExpired.Add(int64(len(h.blocks)))
+			p.metrics.requestsExpired.Add(1)
 		}
 	}
 	p.mu.Unlock()

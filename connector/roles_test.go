@@ -60,17 +60,17 @@ func TestRolesRoundTrip(t *testing.T) {
 			}
 
 			// Counters on both sides.
-			assert.EqualValues(t, 4, pr.preM.Requests.Load())
-			assert.EqualValues(t, 4, pr.decM.Requests.Load())
-			assert.Equal(t, total, pr.preM.Bytes.Load())
-			assert.Equal(t, total, pr.decM.Bytes.Load())
-			assert.EqualValues(t, 1+1+2+3, pr.preM.BlocksFreed.Load())
-			assert.Zero(t, pr.preM.BlocksHeld.Load())
-			assert.Zero(t, pr.preM.BlocksExpired.Load())
-			assert.EqualValues(t, 4, pr.preM.Notifications.Load())
-			assert.Zero(t, pr.preM.BadMessages.Load())
-			assert.EqualValues(t, 1, pr.decM.Handshakes.Load())
-			assert.Zero(t, pr.decM.RequestErrors.Load())
+			assert.EqualValues(t, 4, pr.preM.Requests())
+			assert.EqualValues(t, 4, pr.decM.Requests())
+			assert.Equal(t, total, pr.preM.Bytes())
+			assert.Equal(t, total, pr.decM.Bytes())
+			assert.EqualValues(t, 1+1+2+3, pr.preM.BlocksFreed())
+			assert.Zero(t, pr.preM.BlocksHeld())
+			assert.Zero(t, pr.preM.BlocksExpired())
+			assert.EqualValues(t, 4, pr.preM.Notifications())
+			assert.Zero(t, pr.preM.BadMessages())
+			assert.EqualValues(t, 1, pr.decM.Handshakes())
+			assert.Zero(t, pr.decM.RequestErrors())
 			ds, ps := gather(t, pr.decM), gather(t, pr.preM)
 			assert.EqualValues(t, 1, ds["gonixl_handshake_time_seconds_count"])
 			assert.Positive(t, ds["gonixl_handshake_time_seconds_sum"])
@@ -177,9 +177,9 @@ func TestRolesConcurrentPulls(t *testing.T) {
 		require.NoError(t, err, "pull %d", i)
 		requirePattern(t, pr.dcache, localBlocks(3, 3*i), kvs[i].RemoteBlockIDs[0], 10+i)
 	}
-	assert.EqualValues(t, 1, pr.decM.Handshakes.Load(), "one handshake for all concurrent pulls")
+	assert.EqualValues(t, 1, pr.decM.Handshakes(), "one handshake for all concurrent pulls")
 	require.Eventually(t, func() bool { return pr.pre.Held() == 0 }, 30*time.Second, 5*time.Millisecond)
-	assert.EqualValues(t, 3*reqs, pr.preM.BlocksFreed.Load())
+	assert.EqualValues(t, 3*reqs, pr.preM.BlocksFreed())
 	assert.Zero(t, pr.pre.pool.InUse())
 }
 
@@ -193,8 +193,8 @@ func TestPrefillFailuresFreeBlocks(t *testing.T) {
 	require.ErrorIs(t, err, boom)
 	assert.Zero(t, pr.pre.pool.InUse())
 	assert.Zero(t, pr.pre.Held())
-	assert.EqualValues(t, 1, pr.preM.RequestErrors.Load())
-	assert.Zero(t, pr.preM.Requests.Load())
+	assert.EqualValues(t, 1, pr.preM.RequestErrors())
+	assert.Zero(t, pr.preM.Requests())
 
 	_, err = pr.pre.Hold(ctx, "big", 8*tinyBlock, nil) // 8 blocks, 7 usable (block 0 is null)
 	require.ErrorIs(t, err, ErrNoBlocks)
@@ -216,7 +216,7 @@ func TestPrefillFailuresFreeBlocks(t *testing.T) {
 	assert.True(t, pr.pre.Abort("dup"))
 	assert.False(t, pr.pre.Abort("dup"))
 	assert.Zero(t, pr.pre.pool.InUse())
-	assert.Zero(t, pr.preM.BlocksHeld.Load())
+	assert.Zero(t, pr.preM.BlocksHeld())
 }
 
 // Two prefills of the same request id that overlap must not leak the first one's blocks: exactly one is held,
@@ -245,7 +245,7 @@ func TestPrefillDuplicateIDRace(t *testing.T) {
 	require.ErrorIs(t, errors.Join(first, second), ErrDuplicateRequest)
 	assert.Equal(t, 1, pr.pre.Held())
 	assert.Equal(t, 2, pr.pre.pool.InUse(), "the refused prefill's blocks are back in the pool")
-	assert.EqualValues(t, 2, pr.preM.BlocksHeld.Load())
+	assert.EqualValues(t, 2, pr.preM.BlocksHeld())
 	require.True(t, pr.pre.Abort("same"))
 	assert.Zero(t, pr.pre.pool.InUse())
 }
@@ -267,7 +267,7 @@ func TestPrefillCloseReleasesHeld(t *testing.T) {
 	require.NoError(t, pre.Close())
 	assert.Zero(t, pre.pool.InUse())
 	assert.Zero(t, pre.Held())
-	assert.Zero(t, m.BlocksHeld.Load())
+	assert.Zero(t, m.BlocksHeld())
 	require.NoError(t, pre.Close())
 	_, err = pre.Agent().LocalMetadata()
 	require.Error(t, err, "the agent is closed")

@@ -107,7 +107,7 @@ func TestHeterogeneousTPDecodeWider(t *testing.T) {
 				}
 			}
 			require.Eventually(t, func() bool { return pre.Held() == 0 }, 30*time.Second, 5*time.Millisecond)
-			require.EqualValues(t, 2, pre.Metrics().Notifications.Load())
+			require.EqualValues(t, 2, pre.Metrics().Notifications())
 		})
 	}
 }
