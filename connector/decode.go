@@ -214,7 +214,7 @@ func (d *Decode) pull(ctx context.Context, requestID string, kv protocol.KVTrans
 	log := d.log.With(zap.String("request_id", requestID), zap.String("remote_engine_id", kv.RemoteEngineID),
 		zap.String("remote_request_id", kv.RemoteRequestID))
 	fail := func(err error) (Result, error) {
-		d.metrics.RequestErrors.Add(1)
+		d.metrics.requestErrors.Add(1)
 		log.Warn("pull failed", zap.Error(err))
 		return res, err
 	}
@@ -417,8 +417,8 @@ func (re *remoteEngine) agents() []string {
 // pulled records a pulled request of blocks blocks.
 func (d *Decode) pulled(log *zap.Logger, res Result, blocks int) Result {
 	res.Blocks = blocks
-	d.metrics.Requests.Add(1)
-	d.metrics.Bytes.Add(res.Bytes)
+	d.metrics.requests.Add(1)
+	d.metrics.bytes.Add(res.Bytes)
 	d.metrics.observe(timingTransfer, res.Transfer)
 	log.Debug("pulled", zap.Int("blocks", res.Blocks), zap.Int64("bytes", res.Bytes), zap.Duration("transfer", res.Transfer), zap.Float64("gbps", res.GBps()))
 	return res
@@ -446,7 +446,7 @@ func (d *Decode) heartbeat(agents []string, remoteRequestID string, now bool) (s
 	beat := func() {
 		for _, a := range agents {
 			if err := d.reg.agent.SendNotification(a, msg); err == nil {
-				d.metrics.Heartbeats.Add(1)
+				d.metrics.heartbeats.Add(1)
 			}
 		}
 	}
@@ -487,7 +487,7 @@ func (d *Decode) remote(ctx context.Context, engineID, addr string, prefillTP in
 			re.err = d.handshake(ctx, engineID, re)
 			re.took = time.Since(start)
 			if re.err == nil {
-				d.metrics.Handshakes.Add(1)
+				d.metrics.handshakes.Add(1)
 				d.metrics.observe(timingHandshake, re.took)
 			} else {
 				d.drop(re)

@@ -5,7 +5,7 @@
 // # Roles
 //
 // A Prefill (NewPrefill) owns a registered KV cache, serves its rank's handshake on the ZMQ side channel
-// (connector/sidechannel), and for each request takes blocks, fills them (Prefill's FillFunc: a Neuron
+// (connector/sidechannel), and for each request takes blocks, fills them (Prefill.Hold's FillFunc: a Neuron
 // staging, a CPU computation) and returns the kv_transfer_params of vLLM's prefill response. It holds the
 // blocks until the decode peer's transfer notifications arrive, renews them on "HB:" heartbeats where the
 // profile has leases, and frees them at lease expiry or abort timeout, logging and counting each expiry.
@@ -29,7 +29,7 @@
 // pinned DRAM) or a cuda.KVCache (GPU memory) from the device packages, which this package never imports.
 // A role owns the rest: it allocates blocks (BlockPool), holds them for the decode peer on one clock (the
 // profile's lease or abort timeout, PrefillConfig.HoldTimeout) and registers the cache; a device only fills
-// blocks (Prefill's FillFunc, e.g. neuron.Stager.Fill). Optional interfaces add what a device needs: Registrar
+// blocks (Prefill.Hold's FillFunc, e.g. neuron.Stager.Fill). Optional interfaces add what a device needs: Registrar
 // (the cache registers itself), DeviceContext (NIXL calls run with the device context current) and
 // HostBuffered (a host-buffered decode cache copied to the device after each READ; HostBufferedPipeline
 // copies each READ slice while the next ones run).

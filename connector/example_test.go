@@ -40,7 +40,7 @@ func Example() {
 		}
 		return nil
 	}
-	params, err := pre.Prefill(ctx, "req-1", 20, fill) // 20 tokens → 2 blocks
+	params, err := pre.Hold(ctx, "req-1", 20, fill) // 20 tokens → 2 blocks
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -67,7 +67,7 @@ func Example() {
 	for pre.Held() > 0 && ctx.Err() == nil {
 		time.Sleep(time.Millisecond)
 	}
-	fmt.Println("held on P:", pre.Held(), "freed:", pre.Metrics().BlocksFreed.Load())
+	fmt.Println("held on P:", pre.Held(), "freed:", pre.Metrics().BlocksFreed())
 	// Output:
 	// true
 	// pulled 2 blocks, 3670016 bytes

@@ -27,17 +27,17 @@ func TestPrefillExpiry(t *testing.T) {
 			pr := newPair(t, p, pairOpts{hold: hold, prefillLog: plog, clock: clk})
 			ctx := ctxT(t, 30*time.Second)
 			kv := pr.prefill(t, ctx, "never-read", 3*tinyBlock, 3)
-			assert.EqualValues(t, 3, pr.preM.BlocksHeld.Load())
+			assert.EqualValues(t, 3, pr.preM.BlocksHeld())
 			advanceAndSettle(t, pr.pre, clk, hold-time.Millisecond)
 			require.Equal(t, 1, pr.pre.Held(), "blocks must not be freed before the hold ends")
-			assert.EqualValues(t, 3, pr.preM.BlocksHeld.Load())
+			assert.EqualValues(t, 3, pr.preM.BlocksHeld())
 			advanceAndSettle(t, pr.pre, clk, 50*time.Millisecond)
 			require.Zero(t, pr.pre.Held(), "blocks must be freed once the hold ended")
 			assert.Zero(t, pr.pre.pool.InUse())
-			assert.EqualValues(t, 3, pr.preM.BlocksExpired.Load())
-			assert.EqualValues(t, 1, pr.preM.RequestsExpired.Load())
-			assert.Zero(t, pr.preM.BlocksHeld.Load())
-			assert.Zero(t, pr.preM.BlocksFreed.Load())
+			assert.EqualValues(t, 3, pr.preM.BlocksExpired())
+			assert.EqualValues(t, 1, pr.preM.RequestsExpired())
+			assert.Zero(t, pr.preM.BlocksHeld())
+			assert.Zero(t, pr.preM.BlocksFreed())
 			exp := plogs.FilterMessage("decode peer never confirmed reading; blocks freed at expiry").All()
 			require.Len(t, exp, 1)
 			f := fieldsOf(exp[0])
@@ -48,8 +48,8 @@ func TestPrefillExpiry(t *testing.T) {
 			// A decode peer that shows up late: its notification is for a request no longer held.
 			_, err := pr.dec.Pull(ctx, "late", kv, localBlocks(3, 0))
 			require.NoError(t, err)
-			require.Eventually(t, func() bool { return pr.preM.BadMessages.Load() == 1 }, 30*time.Second, 5*time.Millisecond)
-			assert.Zero(t, pr.preM.BlocksFreed.Load())
+			require.Eventually(t, func() bool { return pr.preM.BadMessages() == 1 }, 30*time.Second, 5*time.Millisecond)
+			assert.Zero(t, pr.preM.BlocksFreed())
 			assert.Zero(t, pr.pre.pool.InUse())
 			late := plogs.FilterMessage("notification for a request that is not held (already freed, expired, or unknown)").All()
 			require.Len(t, late, 1)
@@ -70,7 +70,7 @@ func TestPrefillLeaseHeartbeats(t *testing.T) {
 			pr := newPair(t, p, pairOpts{hold: hold, clock: clk})
 			ctx := ctxT(t, 60*time.Second)
 			// Handshake with a first request, so the decode agent knows the prefill agent.
-			kv0, err := pr.pre.Prefill(ctx, "warm", tinyBlock, nil)
+			kv0, err := pr.pre.Hold(ctx, "warm", tinyBlock, nil)
 			require.NoError(t, err)
 			_, err = pr.dec.Pull(ctx, "warm", kv0, localBlocks(1, 0))
 			require.NoError(t, err)
@@ -79,10 +79,10 @@ func TestPrefillLeaseHeartbeats(t *testing.T) {
 			remote := pr.dec.remotes[pr.pre.EngineID()].sources[0].agent
 			pr.dec.mu.Unlock()
 
-			_, err = pr.pre.Prefill(ctx, "leased", 2*tinyBlock, nil)
+			_, err = pr.pre.Hold(ctx, "leased", 2*tinyBlock, nil)
 			require.NoError(t, err)
 			msg := []byte(protocol.HeartbeatPrefix + "leased,unknown-id")
-			seen := func() int64 { return pr.preM.Heartbeats.Load() + pr.preM.BadMessages.Load() }
+			seen := func() int64 { return pr.preM.Heartbeats() + pr.preM.BadMessages() }
 			for range 2 * hold / step {
 				n := seen()
 				require.NoError(t, pr.dec.Agent().SendNotification(remote, msg))
@@ -91,15 +91,15 @@ func TestPrefillLeaseHeartbeats(t *testing.T) {
 			}
 			if !p.Leases {
 				assert.Zero(t, pr.pre.Held(), "no leases: freed at the hold, heartbeats or not")
-				assert.Positive(t, pr.preM.BadMessages.Load(), "0.16 reads HB: as a malformed notification")
-				assert.Zero(t, pr.preM.Heartbeats.Load())
-				assert.EqualValues(t, 1, pr.preM.RequestsExpired.Load())
+				assert.Positive(t, pr.preM.BadMessages(), "0.16 reads HB: as a malformed notification")
+				assert.Zero(t, pr.preM.Heartbeats())
+				assert.EqualValues(t, 1, pr.preM.RequestsExpired())
 				return
 			}
 			// Leases: heartbeats kept it past 2× the lease.
 			// At least ours: the decode role's own heartbeats during the warm-up pull count too when that READ
 			// outlasts a heartbeat interval (a loaded machine).
-			assert.GreaterOrEqual(t, pr.preM.Heartbeats.Load(), int64(2*hold/step))
+			assert.GreaterOrEqual(t, pr.preM.Heartbeats(), int64(2*hold/step))
 			require.Equal(t, 1, pr.pre.Held(), "heartbeats must keep the lease alive")
 			// The last heartbeat was processed one step ago; its extension ends ext after it.
 			ext := hold * 2 / 3
@@ -107,8 +107,8 @@ func TestPrefillLeaseHeartbeats(t *testing.T) {
 			require.Equal(t, 1, pr.pre.Held(), "not freed before a lease extension after the last heartbeat")
 			advanceAndSettle(t, pr.pre, clk, 50*time.Millisecond)
 			require.Zero(t, pr.pre.Held(), "freed a lease extension after the last heartbeat (a shortened lease is extended by 2/3 of itself, not the default 20 s)")
-			assert.EqualValues(t, 1, pr.preM.RequestsExpired.Load())
-			assert.Zero(t, pr.preM.BadMessages.Load())
+			assert.EqualValues(t, 1, pr.preM.RequestsExpired())
+			assert.Zero(t, pr.preM.BadMessages())
 			assert.Zero(t, pr.pre.pool.InUse())
 		})
 	}
@@ -161,11 +161,11 @@ func TestPullRejectsBadParams(t *testing.T) {
 			_, err := pr.dec.Pull(ctx, "bad", with(func(k *protocol.KVTransferParams) { k.RemoteEngineID = "someone-else" }), local)
 			require.ErrorIs(t, err, protocol.ErrEngineMismatch)
 
-			assert.EqualValues(t, len(cases)+1, pr.decM.RequestErrors.Load())
-			assert.Zero(t, pr.decM.Requests.Load())
+			assert.EqualValues(t, len(cases)+1, pr.decM.RequestErrors())
+			assert.Zero(t, pr.decM.Requests())
 			requireZero(t, pr.dcache, []int{1, 2, 3, 15})
 			time.Sleep(100 * time.Millisecond)
-			assert.Zero(t, pr.preM.Notifications.Load(), "nothing was transferred, so nothing was notified")
+			assert.Zero(t, pr.preM.Notifications(), "nothing was transferred, so nothing was notified")
 			assert.Equal(t, 1, pr.pre.Held())
 
 			// The good params still work afterwards.
@@ -188,7 +188,7 @@ func TestHandshakeHashMismatch(t *testing.T) {
 			plog, plogs := observed()
 			pr := newPair(t, p, pairOpts{decodeCompat: &other, hold: 300 * time.Millisecond, prefillLog: plog})
 			ctx := ctxT(t, 10*time.Second)
-			kv, err := pr.pre.Prefill(ctx, "h", tinyBlock, nil)
+			kv, err := pr.pre.Hold(ctx, "h", tinyBlock, nil)
 			require.NoError(t, err)
 			_, err = pr.dec.Pull(ctx, "h", kv, []int{1})
 			require.ErrorIs(t, err, protocol.ErrHashMismatch)
@@ -197,16 +197,16 @@ func TestHandshakeHashMismatch(t *testing.T) {
 			assert.Contains(t, err.Error(), want)
 			assert.Contains(t, err.Error(), mine)
 			assert.Contains(t, err.Error(), "enforce_handshake_compat")
-			assert.Zero(t, pr.decM.Handshakes.Load())
+			assert.Zero(t, pr.decM.Handshakes())
 			require.Eventually(t, func() bool { return pr.pre.Held() == 0 }, 30*time.Second, 5*time.Millisecond)
-			assert.EqualValues(t, 1, pr.preM.RequestsExpired.Load())
+			assert.EqualValues(t, 1, pr.preM.RequestsExpired())
 			require.Len(t, plogs.FilterMessage("decode peer never confirmed reading; blocks freed at expiry").All(), 1)
 
 			// Opt-out.
 			skip := other
 			skip.SkipCheck = true
 			pr2 := newPair(t, p, pairOpts{decodeCompat: &skip})
-			kv, err = pr2.pre.Prefill(ctx, "h2", tinyBlock, patternFill(pr2.pcache, 4))
+			kv, err = pr2.pre.Hold(ctx, "h2", tinyBlock, patternFill(pr2.pcache, 4))
 			require.NoError(t, err)
 			_, err = pr2.dec.Pull(ctx, "h2", kv, []int{1})
 			require.NoError(t, err)
@@ -226,7 +226,7 @@ func TestHandshakeProfileMismatch(t *testing.T) {
 			dec := c.dec
 			pr := newPair(t, c.pre, pairOpts{decodeProfile: &dec, prefillLog: plog})
 			ctx := ctxT(t, 10*time.Second)
-			kv, err := pr.pre.Prefill(ctx, "m", tinyBlock, nil)
+			kv, err := pr.pre.Hold(ctx, "m", tinyBlock, nil)
 			require.NoError(t, err)
 			_, err = pr.dec.Pull(ctx, "m", kv, []int{1})
 			require.Error(t, err)
@@ -235,7 +235,7 @@ func TestHandshakeProfileMismatch(t *testing.T) {
 			assert.NotErrorIs(t, err, context.DeadlineExceeded)
 			assert.Contains(t, err.Error(), "handshake with "+pr.pre.EngineID())
 			t.Logf("decode side: %v", err)
-			assert.Zero(t, pr.decM.Handshakes.Load())
+			assert.Zero(t, pr.decM.Handshakes())
 			rejected := plogs.FilterMessage("malformed metadata request; answering with an empty payload").All()
 			require.NotEmpty(t, rejected, "the prefill side must log the request it cannot serve")
 			assert.Equal(t, pr.pre.EngineID(), fieldsOf(rejected[0])["engine_id"])

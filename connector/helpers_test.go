@@ -232,7 +232,7 @@ func newPair(t testing.TB, p protocol.Profile, o pairOpts) *pair {
 // kv_transfer_params.
 func (pr *pair) prefill(t testing.TB, ctx context.Context, id string, tokens, seed int) protocol.KVTransferParams {
 	t.Helper()
-	kv, err := pr.pre.Prefill(ctx, id, tokens, patternFill(pr.pcache, seed))
+	kv, err := pr.pre.Hold(ctx, id, tokens, patternFill(pr.pcache, seed))
 	require.NoError(t, err)
 	return kv
 }

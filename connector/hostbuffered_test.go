@@ -78,7 +78,7 @@ func TestPullHostBuffered(t *testing.T) {
 	t.Cleanup(func() { require.NoError(t, d.Close()) })
 	ctx := ctxT(t, 10*time.Second)
 
-	kv, err := pre.Prefill(ctx, "hb-1", 2*tinyBlock, patternFill(pc, 5))
+	kv, err := pre.Hold(ctx, "hb-1", 2*tinyBlock, patternFill(pc, 5))
 	require.NoError(t, err)
 	local := []int{7, 3}
 	res, err := d.Pull(ctx, "hb-1", kv, local)
@@ -99,13 +99,13 @@ func TestPullHostBuffered(t *testing.T) {
 
 	boom := errors.New("device copy failed")
 	hb.fail = boom
-	kv, err = pre.Prefill(ctx, "hb-2", tinyBlock, nil)
+	kv, err = pre.Hold(ctx, "hb-2", tinyBlock, nil)
 	require.NoError(t, err)
 	_, err = d.Pull(ctx, "hb-2", kv, []int{9})
 	require.ErrorIs(t, err, boom)
 	assert.Contains(t, err.Error(), "host → device copy")
-	assert.EqualValues(t, 1, m.RequestErrors.Load())
-	assert.EqualValues(t, 1, m.Requests.Load())
+	assert.EqualValues(t, 1, m.RequestErrors())
+	assert.EqualValues(t, 1, m.Requests())
 }
 
 // hostBufferedPipe is hostBufferedDRAM with started (here: immediate) copies, so the role pulls in slices.
@@ -140,7 +140,7 @@ func TestPullHostBufferedSlices(t *testing.T) {
 	t.Cleanup(func() { require.NoError(t, d.Close()) })
 	ctx := ctxT(t, 10*time.Second)
 
-	kv, err := pre.Prefill(ctx, "hbs-1", 10*tinyBlock, patternFill(pc, 7))
+	kv, err := pre.Hold(ctx, "hbs-1", 10*tinyBlock, patternFill(pc, 7))
 	require.NoError(t, err)
 	local := []int{12, 3, 4, 5, 9, 1, 2, 14, 15, 6}
 	res, err := d.Pull(ctx, "hbs-1", kv, local)

@@ -85,12 +85,12 @@ func TestInteropPythonDecodeGoPrefill(t *testing.T) {
 			t.Logf("python READ of %d bytes in %.3f ms", res.Bytes, res.TransferS*1e3)
 
 			require.Eventually(t, func() bool { return pr.pre.Held() == 0 }, 30*time.Second, 5*time.Millisecond)
-			assert.EqualValues(t, 3, pr.preM.BlocksFreed.Load())
-			assert.EqualValues(t, 1, pr.preM.Notifications.Load())
-			assert.Zero(t, pr.preM.BadMessages.Load())
+			assert.EqualValues(t, 3, pr.preM.BlocksFreed())
+			assert.EqualValues(t, 1, pr.preM.Notifications())
+			assert.Zero(t, pr.preM.BadMessages())
 			assert.Zero(t, pr.pre.pool.InUse())
 			if p.Leases {
-				assert.EqualValues(t, 1, pr.preM.Heartbeats.Load())
+				assert.EqualValues(t, 1, pr.preM.Heartbeats())
 			}
 		})
 	}
@@ -103,7 +103,7 @@ func TestInteropPythonDecodeHashMismatch(t *testing.T) {
 	p, _ := protocol.ProfileByName("0.33")
 	pr := newPair(t, p, pairOpts{hold: 500 * time.Millisecond})
 	ctx := ctxT(t, 60*time.Second)
-	kv, err := pr.pre.Prefill(ctx, "py-mismatch", 16, nil)
+	kv, err := pr.pre.Hold(ctx, "py-mismatch", 16, nil)
 	require.NoError(t, err)
 	raw, err := p.EncodeParams(kv)
 	require.NoError(t, err)
@@ -117,7 +117,7 @@ func TestInteropPythonDecodeHashMismatch(t *testing.T) {
 	require.NoError(t, json.Unmarshal(jsonLine(out), &res), string(out))
 	assert.Contains(t, res.Error, "compatibility hash mismatch")
 	require.Eventually(t, func() bool { return pr.pre.Held() == 0 }, 30*time.Second, 5*time.Millisecond)
-	assert.EqualValues(t, 1, pr.preM.RequestsExpired.Load())
+	assert.EqualValues(t, 1, pr.preM.RequestsExpired())
 }
 
 // The mirror case: a Python prefill worker (NIXL wheel API, vLLM's ROUTER framing and msgspec payload with
@@ -158,7 +158,7 @@ func TestInteropGoDecodePythonPrefill(t *testing.T) {
 			requirePattern(t, dc, local, kv.RemoteBlockIDs[0], 33)
 			assert.Equal(t, 3, res.Blocks)
 			assert.Positive(t, res.Handshake)
-			assert.EqualValues(t, 1, m.Handshakes.Load())
+			assert.EqualValues(t, 1, m.Handshakes())
 			hs := dlogs.FilterMessage("handshake done").All()
 			require.Len(t, hs, 1)
 			assert.Equal(t, hello.EngineID, fieldsOf(hs[0])["remote_engine_id"])

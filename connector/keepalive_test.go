@@ -32,12 +32,12 @@ func TestKeepAlive(t *testing.T) {
 			require.NoError(t, err)
 			if !p.Leases {
 				stop()
-				assert.Zero(t, pr.decM.Heartbeats.Load(), "no leases: no heartbeats")
+				assert.Zero(t, pr.decM.Heartbeats(), "no leases: no heartbeats")
 			} else {
 				// The first heartbeat goes out at once; on the prefill side it extends the lease past the hold.
-				require.Eventually(t, func() bool { return pr.preM.Heartbeats.Load() >= 1 }, 30*time.Second, time.Millisecond,
+				require.Eventually(t, func() bool { return pr.preM.Heartbeats() >= 1 }, 30*time.Second, time.Millisecond,
 					"the prefill side counted no heartbeat")
-				assert.GreaterOrEqual(t, pr.decM.Heartbeats.Load(), int64(1))
+				assert.GreaterOrEqual(t, pr.decM.Heartbeats(), int64(1))
 				advanceAndSettle(t, pr.pre, clk, hold/2)
 				require.Equal(t, 1, pr.pre.Held(), "the request must still be held")
 				stop()
@@ -47,10 +47,10 @@ func TestKeepAlive(t *testing.T) {
 			require.NoError(t, err)
 			assert.Equal(t, 2, res.Blocks)
 			require.Eventually(t, func() bool { return pr.pre.Held() == 0 }, 30*time.Second, time.Millisecond)
-			assert.Zero(t, pr.preM.RequestsExpired.Load())
+			assert.Zero(t, pr.preM.RequestsExpired())
 
 			// Close ends a keep-alive that is still running; KeepAlive after Close is refused.
-			kv2, err := pr.pre.Prefill(ctx, "dropped", tinyBlock, nil)
+			kv2, err := pr.pre.Hold(ctx, "dropped", tinyBlock, nil)
 			require.NoError(t, err)
 			stop2, err := pr.dec.KeepAlive(ctx, kv2)
 			require.NoError(t, err)

@@ -37,7 +37,7 @@ func TestPublishedLayoutLabelApartFromPhysicalOrder(t *testing.T) {
 	require.Equal(t, "HND", md.KVCacheLayout, "the published label")
 
 	const tokens = 21
-	kv, err := pre.Prefill(ctx, "label-1", tokens, fillHeads(pc, 0, tokens))
+	kv, err := pre.Hold(ctx, "label-1", tokens, fillHeads(pc, 0, tokens))
 	require.NoError(t, err)
 
 	plain, err := NewDecode(DecodeConfig{Profile: p, Library: testLib(t), Cache: newCache(t, nhd), Compat: tpCompat(p)})
@@ -90,7 +90,7 @@ func TestLayoutNamesPerRowBlockSize32(t *testing.T) {
 				require.EqualValues(t, 32, md.BlockSize)
 
 				const tokens = 70 // three blocks of 32, the last one partial
-				kv, err := pre.Prefill(ctx, "bs32-"+want, tokens, patternFill(pc, 3))
+				kv, err := pre.Hold(ctx, "bs32-"+want, tokens, patternFill(pc, 3))
 				require.NoError(t, err)
 				require.Len(t, kv.RemoteBlockIDs[0], 3)
 				dc := newCache(t, g)
@@ -129,12 +129,12 @@ func TestRegistrationGenerationRehandshake(t *testing.T) {
 	}
 	pull("g1", 1, []int{1})
 	pull("g1b", 1, []int{2})
-	require.EqualValues(t, 1, pr.decM.Handshakes.Load(), "same generation: the cached handshake is used")
+	require.EqualValues(t, 1, pr.decM.Handshakes(), "same generation: the cached handshake is used")
 	pull("g2", 2, []int{3})
-	require.EqualValues(t, 2, pr.decM.Handshakes.Load(), "a larger generation: handshake again")
+	require.EqualValues(t, 2, pr.decM.Handshakes(), "a larger generation: handshake again")
 	pull("g2b", 2, []int{4})
 	pull("g1c", 1, []int{5}) // an older generation (a late request) does not go back
-	require.EqualValues(t, 2, pr.decM.Handshakes.Load())
+	require.EqualValues(t, 2, pr.decM.Handshakes())
 }
 
 // movingCache is a DRAM cache whose memory can be replaced (a reallocated staging arena).
@@ -159,7 +159,7 @@ func TestPrefillReregister(t *testing.T) {
 	require.NoError(t, err)
 	defer dec.Close()
 
-	kv, err := pre.Prefill(ctx, "before", tinyBlock, func(_ context.Context, b []int) error { fillPattern(mc.DRAMCache, b, 1); return nil })
+	kv, err := pre.Hold(ctx, "before", tinyBlock, func(_ context.Context, b []int) error { fillPattern(mc.DRAMCache, b, 1); return nil })
 	require.NoError(t, err)
 	_, err = pre.Reregister()
 	require.ErrorIs(t, err, ErrBusy, "a held request blocks re-registration")
@@ -178,11 +178,11 @@ func TestPrefillReregister(t *testing.T) {
 	require.NoError(t, first.Close())
 	t.Cleanup(func() { require.NoError(t, second.Close()) }) // cleanups run after the deferred role Closes
 
-	kv, err = pre.Prefill(ctx, "after", tinyBlock, func(_ context.Context, b []int) error { fillPattern(second, b, 2); return nil })
+	kv, err = pre.Hold(ctx, "after", tinyBlock, func(_ context.Context, b []int) error { fillPattern(second, b, 2); return nil })
 	require.NoError(t, err)
 	require.EqualValues(t, 2, kv.RemoteRegistrationGeneration)
 	_, err = dec.Pull(ctx, "d-after", kv, []int{2})
 	require.NoError(t, err)
 	requirePattern(t, dc, []int{2}, kv.RemoteBlockIDs[0], 2)
-	require.EqualValues(t, 2, dm.Handshakes.Load(), "the larger generation made the decode role handshake again")
+	require.EqualValues(t, 2, dm.Handshakes(), "the larger generation made the decode role handshake again")
 }

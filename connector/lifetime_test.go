@@ -98,7 +98,7 @@ func TestRemoteEngineRefcount(t *testing.T) {
 	require.NoError(t, err)
 	assert.Positive(t, res.Handshake, "a new handshake")
 	requirePattern(t, pr.dcache, []int{3}, kvc.RemoteBlockIDs[0], 3)
-	assert.EqualValues(t, 2, pr.decM.Handshakes.Load())
+	assert.EqualValues(t, 2, pr.decM.Handshakes())
 }
 
 // Concurrent pulls on one prefill engine while other pulls on the same engine fail (their context ends
@@ -119,11 +119,11 @@ func TestDecodeConcurrentPullsFailuresAndClose(t *testing.T) {
 	dead, err := NewPrefill(PrefillConfig{Profile: p, Library: testLib(t), Cache: deadCache, Compat: tinyCompat(p),
 		EngineID: fmt.Sprintf("dead-%d", time.Now().UnixNano())})
 	require.NoError(t, err)
-	kvDead, err := dead.Prefill(ctx, "d0", tinyBlock, nil)
+	kvDead, err := dead.Hold(ctx, "d0", tinyBlock, nil)
 	require.NoError(t, err)
 	_, err = pr.dec.Pull(ctx, "d0", kvDead, []int{4*rounds*perRound - 1})
 	require.NoError(t, err)
-	kvDead, err = dead.Prefill(ctx, "d1", tinyBlock, nil)
+	kvDead, err = dead.Hold(ctx, "d1", tinyBlock, nil)
 	require.NoError(t, err)
 	require.NoError(t, dead.Close())
 
@@ -147,7 +147,7 @@ func TestDecodeConcurrentPullsFailuresAndClose(t *testing.T) {
 			})
 		}
 		for i := range failing {
-			kv, err := pr.pre.Prefill(ctx, fmt.Sprintf("f%d-%d", round, i), tinyBlock, nil)
+			kv, err := pr.pre.Hold(ctx, fmt.Sprintf("f%d-%d", round, i), tinyBlock, nil)
 			require.NoError(t, err)
 			wg.Go(func() {
 				// A context that ends at once: the pull fails once its READ is posted (or before), and drops

@@ -23,21 +23,23 @@ import (
 //	gonixl_requests_total, gonixl_request_errors_total, gonixl_bytes_total, gonixl_blocks_held (gauge),
 //	gonixl_blocks_freed_total, gonixl_blocks_expired_total, gonixl_heartbeats_total,
 //	gonixl_notifications_total, gonixl_bad_messages_total, gonixl_rejected_notifications_total,
-//	gonixl_handshakes_total: the fields below.
+//	gonixl_handshakes_total: the counters.
+//
+// The roles alone count. A program reads a counter in Go through its method (Requests, Bytes,
+// RequestsExpired, …; each one's doc names its series) and cannot change it.
 type Metrics struct {
-	Requests        atomic.Int64 // prefill: requests published; decode: requests pulled
-	RequestErrors   atomic.Int64 // requests that failed
-	Bytes           atomic.Int64 // bytes read (decode) or published (prefill)
-	BlocksHeld      atomic.Int64 // prefill: blocks currently held for decode peers
-	BlocksFreed     atomic.Int64 // prefill: blocks freed after the decode peers' notifications
-	BlocksExpired   atomic.Int64 // prefill: blocks freed at lease expiry / abort timeout
-	RequestsExpired atomic.Int64 // prefill: requests whose blocks expired
-	Heartbeats      atomic.Int64 // heartbeats sent (decode) or received (prefill)
-	Notifications   atomic.Int64 // transfer notifications received (prefill)
-	BadMessages     atomic.Int64 // malformed or unknown notifications (prefill)
-	// RejectedNotifications counts notifications from agents outside PrefillConfig.NotifyFrom (prefill).
-	RejectedNotifications atomic.Int64
-	Handshakes            atomic.Int64 // decode: handshakes done (cache misses)
+	requests              atomic.Int64
+	requestErrors         atomic.Int64
+	bytes                 atomic.Int64
+	blocksHeld            atomic.Int64
+	blocksFreed           atomic.Int64
+	blocksExpired         atomic.Int64
+	requestsExpired       atomic.Int64
+	heartbeats            atomic.Int64
+	notifications         atomic.Int64
+	badMessages           atomic.Int64
+	rejectedNotifications atomic.Int64
+	handshakes            atomic.Int64
 
 	labels prometheus.Labels
 	once   sync.Once
@@ -48,6 +50,47 @@ type Metrics struct {
 // NewMetrics returns a Metrics whose series all carry labels (e.g. {"role": "prefill"}), so that several
 // Metrics can be registered in one registry.
 func NewMetrics(labels prometheus.Labels) *Metrics { return &Metrics{labels: labels} }
+
+// Requests is the number of requests published (prefill) or pulled (decode): gonixl_requests_total.
+func (m *Metrics) Requests() int64 { return m.requests.Load() }
+
+// RequestErrors is the number of requests that failed: gonixl_request_errors_total.
+func (m *Metrics) RequestErrors() int64 { return m.requestErrors.Load() }
+
+// Bytes is the number of KV bytes read (decode) or published (prefill): gonixl_bytes_total.
+func (m *Metrics) Bytes() int64 { return m.bytes.Load() }
+
+// BlocksHeld is the number of blocks held for decode peers now (prefill): the gauge gonixl_blocks_held.
+func (m *Metrics) BlocksHeld() int64 { return m.blocksHeld.Load() }
+
+// BlocksFreed is the number of blocks freed after the decode peers' notifications (prefill):
+// gonixl_blocks_freed_total.
+func (m *Metrics) BlocksFreed() int64 { return m.blocksFreed.Load() }
+
+// BlocksExpired is the number of blocks freed at lease expiry or abort timeout (prefill):
+// gonixl_blocks_expired_total.
+func (m *Metrics) BlocksExpired() int64 { return m.blocksExpired.Load() }
+
+// RequestsExpired is the number of requests whose blocks expired unread (prefill):
+// gonixl_kv_expired_reqs_total.
+func (m *Metrics) RequestsExpired() int64 { return m.requestsExpired.Load() }
+
+// Heartbeats is the number of lease heartbeats sent (decode) or received (prefill): gonixl_heartbeats_total.
+func (m *Metrics) Heartbeats() int64 { return m.heartbeats.Load() }
+
+// Notifications is the number of transfer notifications received (prefill): gonixl_notifications_total.
+func (m *Metrics) Notifications() int64 { return m.notifications.Load() }
+
+// BadMessages is the number of malformed notifications, or notifications for requests not held (prefill):
+// gonixl_bad_messages_total.
+func (m *Metrics) BadMessages() int64 { return m.badMessages.Load() }
+
+// RejectedNotifications is the number of notifications from agents outside PrefillConfig.NotifyFrom
+// (prefill): gonixl_rejected_notifications_total.
+func (m *Metrics) RejectedNotifications() int64 { return m.rejectedNotifications.Load() }
+
+// Handshakes is the number of side-channel handshakes done, cache misses (decode): gonixl_handshakes_total.
+func (m *Metrics) Handshakes() int64 { return m.handshakes.Load() }
 
 // timing names what observe times.
 type timing string
@@ -98,9 +141,9 @@ var counterInfos = []counterInfo{
 
 // counters returns the fields in the order of counterInfos.
 func (m *Metrics) counters() []*atomic.Int64 {
-	return []*atomic.Int64{&m.Requests, &m.RequestErrors, &m.Bytes, &m.BlocksHeld, &m.BlocksFreed, &m.BlocksExpired,
-		&m.RequestsExpired, &m.Heartbeats, &m.Notifications, &m.BadMessages,
-		&m.RejectedNotifications, &m.Handshakes}
+	return []*atomic.Int64{&m.requests, &m.requestErrors, &m.bytes, &m.blocksHeld, &m.blocksFreed, &m.blocksExpired,
+		&m.requestsExpired, &m.heartbeats, &m.notifications, &m.badMessages,
+		&m.rejectedNotifications, &m.handshakes}
 }
 
 func (m *Metrics) init() {

@@ -51,13 +51,13 @@ func TestMetricsCollector(t *testing.T) {
 	assert.Len(t, s, len(counterInfos)+2*numTimings, "every counter and histogram is exported, also before any traffic")
 	assert.Zero(t, s["gonixl_requests_total"])
 
-	m.Requests.Add(3)
-	m.Bytes.Add(1 << 20)
-	m.BlocksHeld.Add(5)
-	m.BlocksHeld.Add(-2)
-	m.BlocksExpired.Add(4)
-	m.RequestsExpired.Add(1)
-	m.Handshakes.Add(1)
+	m.requests.Add(3)
+	m.bytes.Add(1 << 20)
+	m.blocksHeld.Add(5)
+	m.blocksHeld.Add(-2)
+	m.blocksExpired.Add(4)
+	m.requestsExpired.Add(1)
+	m.handshakes.Add(1)
 	m.observe(timingTransfer, 2*time.Millisecond)
 	m.observe("transfer", 4*time.Millisecond)
 	m.observe(timingHandshake, 30*time.Millisecond)
@@ -130,8 +130,8 @@ func TestMetricsRegistry(t *testing.T) {
 	require.NoError(t, reg.Register(pre))
 	require.NoError(t, reg.Register(dec))
 	require.Error(t, reg.Register(NewMetrics(prometheus.Labels{"role": "decode"})), "the same series twice")
-	pre.Requests.Add(2)
-	dec.Requests.Add(1)
+	pre.requests.Add(2)
+	dec.requests.Add(1)
 	dec.observe(timingTransfer, time.Millisecond)
 
 	srv := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
@@ -152,7 +152,7 @@ func TestMetricsAfterTraffic(t *testing.T) {
 	p, _ := protocol.ProfileByName("0.16")
 	pr := newPair(t, p, pairOpts{})
 	ctx := ctxT(t, 10*time.Second)
-	kv, err := pr.pre.Prefill(ctx, "m1", 2*tinyBlock, nil)
+	kv, err := pr.pre.Hold(ctx, "m1", 2*tinyBlock, nil)
 	require.NoError(t, err)
 	assert.EqualValues(t, 2, gather(t, pr.preM)["gonixl_blocks_held"])
 	_, err = pr.dec.Pull(ctx, "m1", kv, []int{1, 2})
@@ -171,25 +171,36 @@ func TestMetricsAfterTraffic(t *testing.T) {
 	assert.Equal(t, ps["gonixl_bytes_total"], ds["gonixl_bytes_total"])
 }
 
-// Each field is exported under its own name (the field list and the name table cannot drift apart).
-func TestMetricsFieldNames(t *testing.T) {
+// Each counter is exported under its own name and read by the method of that name: the fields, the name table
+// and the accessors cannot drift apart.
+func TestMetricsCounterNames(t *testing.T) {
 	var m Metrics
-	fields := map[string]*atomic.Int64{
-		"gonixl_requests_total": &m.Requests, "gonixl_request_errors_total": &m.RequestErrors, "gonixl_bytes_total": &m.Bytes,
-		"gonixl_blocks_held": &m.BlocksHeld, "gonixl_blocks_freed_total": &m.BlocksFreed,
-		"gonixl_blocks_expired_total": &m.BlocksExpired, "gonixl_kv_expired_reqs_total": &m.RequestsExpired,
-		"gonixl_heartbeats_total": &m.Heartbeats, "gonixl_notifications_total": &m.Notifications,
-		"gonixl_bad_messages_total": &m.BadMessages, "gonixl_rejected_notifications_total": &m.RejectedNotifications,
-		"gonixl_handshakes_total": &m.Handshakes,
+	type counter struct {
+		field *atomic.Int64
+		read  func() int64
 	}
-	require.Len(t, fields, len(counterInfos))
+	counters := map[string]counter{
+		"gonixl_requests_total": {&m.requests, m.Requests}, "gonixl_request_errors_total": {&m.requestErrors, m.RequestErrors},
+		"gonixl_bytes_total": {&m.bytes, m.Bytes}, "gonixl_blocks_held": {&m.blocksHeld, m.BlocksHeld},
+		"gonixl_blocks_freed_total": {&m.blocksFreed, m.BlocksFreed}, "gonixl_blocks_expired_total": {&m.blocksExpired, m.BlocksExpired},
+		"gonixl_kv_expired_reqs_total": {&m.requestsExpired, m.RequestsExpired}, "gonixl_heartbeats_total": {&m.heartbeats, m.Heartbeats},
+		"gonixl_notifications_total": {&m.notifications, m.Notifications}, "gonixl_bad_messages_total": {&m.badMessages, m.BadMessages},
+		"gonixl_rejected_notifications_total": {&m.rejectedNotifications, m.RejectedNotifications},
+		"gonixl_handshakes_total":             {&m.handshakes, m.Handshakes},
+	}
+	require.Len(t, counters, len(counterInfos))
 	i := int64(1)
-	for _, f := range fields {
-		f.Store(i)
+	for _, c := range counters {
+		c.field.Store(i)
 		i++
 	}
 	s := gather(t, &m)
-	for name, f := range fields {
-		assert.EqualValues(t, f.Load(), s[name], name)
+	seen := map[int64]bool{}
+	for name, c := range counters {
+		v := c.field.Load()
+		seen[v] = true
+		assert.EqualValues(t, v, s[name], name)
+		assert.Equal(t, v, c.read(), name)
 	}
+	assert.Len(t, seen, len(counters), "one field per counter")
 }

@@ -195,6 +195,9 @@ func (s roleSpec) setup(engineID *string, tpSize *int) (*zap.Logger, *Metrics, e
 // NewPrefill starts a prefill worker: it derives Profile, Compat and (when Cache is nil) a DRAM cache from
 // VLLMVersion and Model, registers the cache, and starts the side channel and the notification loop.
 func NewPrefill(cfg PrefillConfig) (*Prefill, error) {
+	if cfg.HoldTimeout < 0 {
+		return nil, fmt.Errorf("connector: PrefillConfig.HoldTimeout is %v: set a positive duration, or 0 for the profile's lease or abort timeout", cfg.HoldTimeout)
+	}
 	return startWithModel(modelSpec{cfg.VLLMVersion, cfg.Model, cfg.NumBlocks, cfg.TPSize}, &cfg.Profile, &cfg.Compat, &cfg.Cache,
 		func() (*Prefill, error) { return newPrefill(cfg) })
 }

@@ -152,7 +152,7 @@ func TestModelRoles(t *testing.T) {
 	assert.Regexp(t, "^gonixl-d-[0-9a-f]{16}$", dec.EngineID(), "a random engine id by default")
 
 	ctx := ctxT(t, 10*time.Second)
-	kv, err := pre.Prefill(ctx, "r1", 2*g.BlockSize, nil)
+	kv, err := pre.Hold(ctx, "r1", 2*g.BlockSize, nil)
 	require.NoError(t, err)
 	res, err := dec.Pull(ctx, "r1", kv, []int{1, 2})
 	require.NoError(t, err)

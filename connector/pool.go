@@ -25,7 +25,7 @@ func NewBlockPool(numBlocks int) *BlockPool {
 }
 
 // ErrNoBlocks is wrapped by the errors of a pool that cannot satisfy an allocation: BlockPool's, and so
-// Prefill's (the role owns allocation). It is transient: retry once decode peers have read their blocks
+// Prefill.Hold's (the role owns allocation). It is transient: retry once decode peers have read their blocks
 // (HTTP servers answer 503 with Retry-After).
 var ErrNoBlocks = errors.New("not enough free KV blocks")
 

@@ -78,7 +78,7 @@ type PrefillConfig struct {
 	// peer outside the list cannot free or extend held blocks. Empty: every agent, as vLLM does.
 	NotifyFrom []string
 	// HoldTimeout overrides how long unread blocks are held: the profile's lease (renewed by heartbeats) or
-	// abort timeout.
+	// abort timeout when 0. A negative value is refused (it would free the blocks before any peer reads them).
 	HoldTimeout time.Duration
 	// Logger receives logs carrying request and engine ids; nil = none.
 	Logger *zap.Logger
@@ -98,7 +98,7 @@ type PrefillConfig struct {
 }
 
 // Prefill is the prefill role: it owns a registered KV cache, serves the side channel, and for each request
-// fills blocks (Prefill), holds them for the decode peer, and frees them when the peer's notifications
+// fills blocks and holds them for the decode peer (Hold), and frees them when the peer's notifications
 // arrive or the lease / abort timeout passes. It is safe for concurrent use.
 type Prefill struct {
 	cfg     PrefillConfig
@@ -287,16 +287,17 @@ func (p *Prefill) Metrics() *Metrics { return p.metrics }
 // every block is complete.
 type FillFunc func(ctx context.Context, blockIDs []int) error
 
-// ErrDuplicateRequest is wrapped by Prefill's error for a request id that is already being prefilled or held
+// ErrDuplicateRequest is wrapped by Hold's error for a request id that is already being prefilled or held
 // for a decode peer (HTTP servers answer 409).
 var ErrDuplicateRequest = errors.New("connector: duplicate request id")
 
-// Prefill runs one prefill request: it takes blocks for numTokens tokens, calls fill to put the KV there
+// Hold runs one prefill request: it takes blocks for numTokens tokens, calls fill to put the KV there
 // (Neuron staging, a CPU computation, …), holds the blocks for the decode peer and returns the
-// kv_transfer_params of vLLM's prefill response. On any error the blocks are freed and nothing is published.
+// kv_transfer_params of vLLM's prefill response. The blocks stay held (Held counts such requests) until the
+// decode peers' notifications arrive, the hold lapses (PrefillConfig.HoldTimeout) or Abort. On any error the blocks are freed and nothing is published.
 // A request id already in use fails with ErrDuplicateRequest; when the role's block pool has too few free
 // blocks the error wraps ErrNoBlocks. The role owns allocation and the hold clock: fill only writes blocks.
-func (p *Prefill) Prefill(ctx context.Context, requestID string, numTokens int, fill FillFunc) (protocol.KVTransferParams, error) {
+func (p *Prefill) Hold(ctx context.Context, requestID string, numTokens int, fill FillFunc) (protocol.KVTransferParams, error) {
 	log := p.log.With(zap.String("request_id", requestID))
 	if requestID == "" || numTokens <= 0 {
 		return protocol.KVTransferParams{}, fmt.Errorf("connector: prefill needs a request id and at least one token (got %q, %d)", requestID, numTokens)
@@ -321,7 +322,7 @@ func (p *Prefill) Prefill(ctx context.Context, requestID string, numTokens int, 
 	blocks, err := p.pool.Alloc(p.reg.geom.NeededBlocks(numTokens))
 	if err != nil {
 		unclaim()
-		p.metrics.RequestErrors.Add(1)
+		p.metrics.requestErrors.Add(1)
 		return protocol.KVTransferParams{}, fmt.Errorf("connector: request %q, %d tokens: %w", requestID, numTokens, err)
 	}
 	start := time.Now()
@@ -329,7 +330,7 @@ func (p *Prefill) Prefill(ctx context.Context, requestID string, numTokens int, 
 		if err := fill(ctx, blocks); err != nil {
 			p.pool.Free(blocks)
 			unclaim()
-			p.metrics.RequestErrors.Add(1)
+			p.metrics.requestErrors.Add(1)
 			log.Warn("prefill fill failed; blocks freed", zap.Error(err))
 			return protocol.KVTransferParams{}, err
 		}
@@ -340,9 +341,9 @@ func (p *Prefill) Prefill(ctx context.Context, requestID string, numTokens int, 
 	delete(p.pending, requestID)
 	p.held[requestID] = &heldReq{id: requestID, blocks: blocks, expiry: p.now().Add(p.hold), bytes: bytes}
 	p.mu.Unlock()
-	p.metrics.Requests.Add(1)
-	p.metrics.Bytes.Add(bytes)
-	p.metrics.BlocksHeld.Add(int64(len(blocks)))
+	p.metrics.requests.Add(1)
+	p.metrics.bytes.Add(bytes)
+	p.metrics.blocksHeld.Add(int64(len(blocks)))
 	ids := make([]int64, len(blocks))
 	for i, b := range blocks {
 		ids[i] = int64(b)
@@ -393,7 +394,7 @@ func (p *Prefill) Held() int {
 // from p.held, so Held() == 0 implies every block is back and counted.
 func (p *Prefill) release(h *heldReq) {
 	p.pool.Free(h.blocks)
-	p.metrics.BlocksHeld.Add(-int64(len(h.blocks)))
+	p.metrics.blocksHeld.Add(-int64(len(h.blocks)))
 }
 
 // Progress intervals of the prefill loop: while blocks are held a decode peer may be reading them, and a
@@ -463,7 +464,7 @@ func (p *Prefill) notifyAllowed(agent string) bool {
 func (p *Prefill) handleNotification(raw nixl.Notification) {
 	if !p.notifyAllowed(raw.Agent) {
 		// Logged for the first few, then every 1000th: a peer flooding forged notifications cannot flood the log.
-		if n := p.metrics.RejectedNotifications.Add(1); n <= 10 || n%1000 == 0 {
+		if n := p.metrics.rejectedNotifications.Add(1); n <= 10 || n%1000 == 0 {
 			p.log.Warn("notification from an agent outside NotifyFrom dropped", zap.String("from", raw.Agent),
 				zap.Int("msg_bytes", len(raw.Msg)), zap.Int64("rejected_so_far", n))
 		}
@@ -471,12 +472,12 @@ func (p *Prefill) handleNotification(raw nixl.Notification) {
 	}
 	n, err := p.cfg.Profile.DecodeNotification(raw.Msg)
 	if err != nil {
-		p.metrics.BadMessages.Add(1)
+		p.metrics.badMessages.Add(1)
 		p.log.Warn("ignoring malformed notification", zap.String("from", raw.Agent), zap.ByteString("msg", raw.Msg), zap.Error(err))
 		return
 	}
 	if n.IsHeartbeat() {
-		p.metrics.Heartbeats.Add(1)
+		p.metrics.heartbeats.Add(1)
 		ext := p.leaseExtension()
 		p.mu.Lock()
 		for _, id := range n.Heartbeat {
@@ -489,13 +490,13 @@ func (p *Prefill) handleNotification(raw nixl.Notification) {
 		p.mu.Unlock()
 		return
 	}
-	p.metrics.Notifications.Add(1)
+	p.metrics.notifications.Add(1)
 	log := p.log.With(zap.String("request_id", n.RequestID), zap.String("from", raw.Agent))
 	p.mu.Lock()
 	h := p.held[n.RequestID]
 	if h == nil {
 		p.mu.Unlock()
-		p.metrics.BadMessages.Add(1)
+		p.metrics.badMessages.Add(1)
 		log.Warn("notification for a request that is not held (already freed, expired, or unknown)")
 		return
 	}
@@ -511,7 +512,7 @@ func (p *Prefill) handleNotification(raw nixl.Notification) {
 	if done {
 		delete(p.held, n.RequestID)
 		p.release(h)
-		p.metrics.BlocksFreed.Add(int64(len(h.blocks)))
+		p.metrics.blocksFreed.Add(int64(len(h.blocks)))
 	}
 	p.mu.Unlock()
 	if done {
@@ -537,8 +538,8 @@ func (p *Prefill) expire(now time.Time) {
 			gone = append(gone, h)
 			delete(p.held, id)
 			p.release(h)
-			p.metrics.BlocksExpired.Add(int64(len(h.blocks)))
-			p.metrics.RequestsExpired.Add(1)
+			p.metrics.blocksExpired.Add(int64(len(h.blocks)))
+			p.metrics.requestsExpired.Add(1)
 		}
 	}
 	p.mu.Unlock()

@@ -60,17 +60,17 @@ func TestRolesRoundTrip(t *testing.T) {
 			}
 
 			// Counters on both sides.
-			assert.EqualValues(t, 4, pr.preM.Requests.Load())
-			assert.EqualValues(t, 4, pr.decM.Requests.Load())
-			assert.Equal(t, total, pr.preM.Bytes.Load())
-			assert.Equal(t, total, pr.decM.Bytes.Load())
-			assert.EqualValues(t, 1+1+2+3, pr.preM.BlocksFreed.Load())
-			assert.Zero(t, pr.preM.BlocksHeld.Load())
-			assert.Zero(t, pr.preM.BlocksExpired.Load())
-			assert.EqualValues(t, 4, pr.preM.Notifications.Load())
-			assert.Zero(t, pr.preM.BadMessages.Load())
-			assert.EqualValues(t, 1, pr.decM.Handshakes.Load())
-			assert.Zero(t, pr.decM.RequestErrors.Load())
+			assert.EqualValues(t, 4, pr.preM.Requests())
+			assert.EqualValues(t, 4, pr.decM.Requests())
+			assert.Equal(t, total, pr.preM.Bytes())
+			assert.Equal(t, total, pr.decM.Bytes())
+			assert.EqualValues(t, 1+1+2+3, pr.preM.BlocksFreed())
+			assert.Zero(t, pr.preM.BlocksHeld())
+			assert.Zero(t, pr.preM.BlocksExpired())
+			assert.EqualValues(t, 4, pr.preM.Notifications())
+			assert.Zero(t, pr.preM.BadMessages())
+			assert.EqualValues(t, 1, pr.decM.Handshakes())
+			assert.Zero(t, pr.decM.RequestErrors())
 			ds, ps := gather(t, pr.decM), gather(t, pr.preM)
 			assert.EqualValues(t, 1, ds["gonixl_handshake_time_seconds_count"])
 			assert.Positive(t, ds["gonixl_handshake_time_seconds_sum"])
@@ -177,9 +177,9 @@ func TestRolesConcurrentPulls(t *testing.T) {
 		require.NoError(t, err, "pull %d", i)
 		requirePattern(t, pr.dcache, localBlocks(3, 3*i), kvs[i].RemoteBlockIDs[0], 10+i)
 	}
-	assert.EqualValues(t, 1, pr.decM.Handshakes.Load(), "one handshake for all concurrent pulls")
+	assert.EqualValues(t, 1, pr.decM.Handshakes(), "one handshake for all concurrent pulls")
 	require.Eventually(t, func() bool { return pr.pre.Held() == 0 }, 30*time.Second, 5*time.Millisecond)
-	assert.EqualValues(t, 3*reqs, pr.preM.BlocksFreed.Load())
+	assert.EqualValues(t, 3*reqs, pr.preM.BlocksFreed())
 	assert.Zero(t, pr.pre.pool.InUse())
 }
 
@@ -189,26 +189,26 @@ func TestPrefillFailuresFreeBlocks(t *testing.T) {
 	pr := newPair(t, p, pairOpts{prefillBlocks: 8})
 	ctx := ctxT(t, 10*time.Second)
 	boom := errors.New("device fault")
-	_, err := pr.pre.Prefill(ctx, "f1", 40, func(context.Context, []int) error { return boom })
+	_, err := pr.pre.Hold(ctx, "f1", 40, func(context.Context, []int) error { return boom })
 	require.ErrorIs(t, err, boom)
 	assert.Zero(t, pr.pre.pool.InUse())
 	assert.Zero(t, pr.pre.Held())
-	assert.EqualValues(t, 1, pr.preM.RequestErrors.Load())
-	assert.Zero(t, pr.preM.Requests.Load())
+	assert.EqualValues(t, 1, pr.preM.RequestErrors())
+	assert.Zero(t, pr.preM.Requests())
 
-	_, err = pr.pre.Prefill(ctx, "big", 8*tinyBlock, nil) // 8 blocks, 7 usable (block 0 is null)
+	_, err = pr.pre.Hold(ctx, "big", 8*tinyBlock, nil) // 8 blocks, 7 usable (block 0 is null)
 	require.ErrorIs(t, err, ErrNoBlocks)
 	assert.NotErrorIs(t, err, ErrDuplicateRequest)
 	assert.Zero(t, pr.pre.pool.InUse())
 
-	_, err = pr.pre.Prefill(ctx, "", 4, nil)
+	_, err = pr.pre.Hold(ctx, "", 4, nil)
 	require.Error(t, err)
-	_, err = pr.pre.Prefill(ctx, "zero", 0, nil)
+	_, err = pr.pre.Hold(ctx, "zero", 0, nil)
 	require.Error(t, err)
 
-	_, err = pr.pre.Prefill(ctx, "dup", 4, nil)
+	_, err = pr.pre.Hold(ctx, "dup", 4, nil)
 	require.NoError(t, err)
-	_, err = pr.pre.Prefill(ctx, "dup", 4, nil)
+	_, err = pr.pre.Hold(ctx, "dup", 4, nil)
 	require.ErrorIs(t, err, ErrDuplicateRequest)
 	require.ErrorContains(t, err, "held for a decode peer")
 	assert.NotErrorIs(t, err, ErrNoBlocks)
@@ -216,7 +216,7 @@ func TestPrefillFailuresFreeBlocks(t *testing.T) {
 	assert.True(t, pr.pre.Abort("dup"))
 	assert.False(t, pr.pre.Abort("dup"))
 	assert.Zero(t, pr.pre.pool.InUse())
-	assert.Zero(t, pr.preM.BlocksHeld.Load())
+	assert.Zero(t, pr.preM.BlocksHeld())
 }
 
 // Two prefills of the same request id that overlap must not leak the first one's blocks: exactly one is held,
@@ -231,21 +231,21 @@ func TestPrefillDuplicateIDRace(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		_, first = pr.pre.Prefill(ctx, "same", 2*tinyBlock, func(context.Context, []int) error {
+		_, first = pr.pre.Hold(ctx, "same", 2*tinyBlock, func(context.Context, []int) error {
 			close(entered)
 			<-release
 			return nil
 		})
 	}()
 	<-entered
-	_, second := pr.pre.Prefill(ctx, "same", 2*tinyBlock, nil)
+	_, second := pr.pre.Hold(ctx, "same", 2*tinyBlock, nil)
 	close(release)
 	<-done
 	assert.True(t, (first == nil) != (second == nil), "exactly one prefill of the id succeeds (first %v, second %v)", first, second)
 	require.ErrorIs(t, errors.Join(first, second), ErrDuplicateRequest)
 	assert.Equal(t, 1, pr.pre.Held())
 	assert.Equal(t, 2, pr.pre.pool.InUse(), "the refused prefill's blocks are back in the pool")
-	assert.EqualValues(t, 2, pr.preM.BlocksHeld.Load())
+	assert.EqualValues(t, 2, pr.preM.BlocksHeld())
 	require.True(t, pr.pre.Abort("same"))
 	assert.Zero(t, pr.pre.pool.InUse())
 }
@@ -259,15 +259,15 @@ func TestPrefillCloseReleasesHeld(t *testing.T) {
 	pre, err := NewPrefill(PrefillConfig{Profile: p, Library: testLib(t), Cache: c, Compat: tinyCompat(p), Metrics: m})
 	require.NoError(t, err)
 	ctx := ctxT(t, 10*time.Second)
-	_, err = pre.Prefill(ctx, "a", 3*tinyBlock, nil)
+	_, err = pre.Hold(ctx, "a", 3*tinyBlock, nil)
 	require.NoError(t, err)
-	_, err = pre.Prefill(ctx, "b", tinyBlock, nil)
+	_, err = pre.Hold(ctx, "b", tinyBlock, nil)
 	require.NoError(t, err)
 	assert.Equal(t, 4, pre.pool.InUse())
 	require.NoError(t, pre.Close())
 	assert.Zero(t, pre.pool.InUse())
 	assert.Zero(t, pre.Held())
-	assert.Zero(t, m.BlocksHeld.Load())
+	assert.Zero(t, m.BlocksHeld())
 	require.NoError(t, pre.Close())
 	_, err = pre.Agent().LocalMetadata()
 	require.Error(t, err, "the agent is closed")

@@ -57,7 +57,7 @@ func prefillPeerMain() int {
 	}
 	defer pre.Close()
 	for i := 0; i < max(1, env("GONIXL_PEER_REQUESTS")); i++ {
-		kv, err := pre.Prefill(context.Background(), fmt.Sprintf("peer-req-%d", i), env("GONIXL_PEER_TOKENS"),
+		kv, err := pre.Hold(context.Background(), fmt.Sprintf("peer-req-%d", i), env("GONIXL_PEER_TOKENS"),
 			patternFill(c, env("GONIXL_PEER_SEED")+i))
 		if err != nil {
 			return fail(err)
@@ -209,7 +209,7 @@ func TestPrefillKilledMidRead(t *testing.T) {
 			assert.Less(t, time.Since(killedAt), 2*deadline+15*time.Second, "the failure must come at the deadline")
 			t.Logf("pull failed %v after SIGKILL (in flight at the kill: %v; it ran %v): %v",
 				last.start.Add(last.took).Sub(killedAt), last.start.Before(killedAt), last.took, last.err)
-			assert.EqualValues(t, 1, m.RequestErrors.Load())
+			assert.EqualValues(t, 1, m.RequestErrors())
 			d.mu.Lock()
 			assert.Empty(t, d.remotes, "the dead engine's handshake is dropped")
 			d.mu.Unlock()
@@ -223,7 +223,7 @@ func TestPrefillKilledMidRead(t *testing.T) {
 			require.NoError(t, err)
 			assert.Positive(t, res.Handshake)
 			requirePattern(t, dc, local2, kv2.RemoteBlockIDs[0], 50)
-			assert.EqualValues(t, 2, m.Handshakes.Load())
+			assert.EqualValues(t, 2, m.Handshakes())
 			peer2.kill()
 		})
 	}
@@ -250,8 +250,8 @@ func TestPullNoPrefillEngine(t *testing.T) {
 	assert.NotErrorIs(t, err, context.DeadlineExceeded)
 	assert.Contains(t, err.Error(), "handshake with gone")
 	assert.False(t, errors.Is(err, ErrBadParams))
-	assert.Zero(t, m.Handshakes.Load())
-	assert.EqualValues(t, 1, m.RequestErrors.Load())
+	assert.Zero(t, m.Handshakes())
+	assert.EqualValues(t, 1, m.RequestErrors())
 	d.mu.Lock()
 	assert.Empty(t, d.remotes)
 	d.mu.Unlock()

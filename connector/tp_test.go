@@ -89,7 +89,7 @@ func TestHeterogeneousTPDecodeWider(t *testing.T) {
 			require.NoError(t, err)
 			defer pre.Close()
 			const tokens = 37
-			kv, err := pre.Prefill(ctx, "wide-1", tokens, fillHeads(pc, 0, tokens))
+			kv, err := pre.Hold(ctx, "wide-1", tokens, fillHeads(pc, 0, tokens))
 			require.NoError(t, err)
 			for rank := 0; rank < 2; rank++ {
 				dc := newCache(t, tpGeom(t, p, 2))
@@ -107,7 +107,7 @@ func TestHeterogeneousTPDecodeWider(t *testing.T) {
 				}
 			}
 			require.Eventually(t, func() bool { return pre.Held() == 0 }, 30*time.Second, 5*time.Millisecond)
-			require.EqualValues(t, 2, pre.Metrics().Notifications.Load())
+			require.EqualValues(t, 2, pre.Metrics().Notifications())
 		})
 	}
 }
@@ -131,7 +131,7 @@ func TestHeterogeneousTPPrefillWider(t *testing.T) {
 					EngineID: "p-engine", Rank: protocol.Rank{TP: rank}, TPSize: 2, SideChannel: srv})
 				require.NoError(t, err)
 				defer pre.Close()
-				kv, err := pre.Prefill(ctx, "narrow-1", tokens, fillHeads(pc, 2*rank, tokens))
+				kv, err := pre.Hold(ctx, "narrow-1", tokens, fillHeads(pc, 2*rank, tokens))
 				require.NoError(t, err)
 				kvs = append(kvs, kv)
 				pres = append(pres, pre)
@@ -167,7 +167,7 @@ func TestHeterogeneousTPRefusesNHD(t *testing.T) {
 	pre, err := NewPrefill(PrefillConfig{Profile: p, Library: testLib(t), Cache: pc, Compat: tpCompat(p)})
 	require.NoError(t, err)
 	defer pre.Close()
-	kv, err := pre.Prefill(ctx, "nhd", 20, fillHeads(pc, 0, 20))
+	kv, err := pre.Hold(ctx, "nhd", 20, fillHeads(pc, 0, 20))
 	require.NoError(t, err)
 	dec, err := NewDecode(DecodeConfig{Profile: p, Library: testLib(t), Cache: newCache(t, gd), Rank: protocol.Rank{TP: 1}, TPSize: 2, Compat: tpCompat(p)})
 	require.NoError(t, err)

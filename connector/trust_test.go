@@ -160,13 +160,13 @@ func TestNotifyFromAllowList(t *testing.T) {
 	t.Run("no allow-list: a forged completion frees the blocks", func(t *testing.T) {
 		pr := newPair(t, p, pairOpts{clock: newFakeClock()}) // the hold never expires here
 		ctx := ctxT(t, 30*time.Second)
-		_, err := pr.pre.Prefill(ctx, "victim", 2*tinyBlock, nil)
+		_, err := pr.pre.Hold(ctx, "victim", 2*tinyBlock, nil)
 		require.NoError(t, err)
 		forge(t, pr, "victim")
 		require.Eventually(t, func() bool { return pr.pre.Held() == 0 }, 30*time.Second, time.Millisecond)
-		assert.EqualValues(t, 1, pr.preM.Notifications.Load())
-		assert.EqualValues(t, 2, pr.preM.BlocksFreed.Load(), "freed by the forged completion, unread")
-		assert.Zero(t, pr.preM.RejectedNotifications.Load())
+		assert.EqualValues(t, 1, pr.preM.Notifications())
+		assert.EqualValues(t, 2, pr.preM.BlocksFreed(), "freed by the forged completion, unread")
+		assert.Zero(t, pr.preM.RejectedNotifications())
 	})
 
 	t.Run("allow-list: only the decode peer's notification counts", func(t *testing.T) {
@@ -180,7 +180,7 @@ func TestNotifyFromAllowList(t *testing.T) {
 		// The counter moves before the log line is written: wait for the line.
 		const dropped = "notification from an agent outside NotifyFrom dropped"
 		require.Eventually(t, func() bool { return plogs.FilterMessage(dropped).Len() == 1 }, 30*time.Second, time.Millisecond)
-		assert.EqualValues(t, 1, pr.preM.RejectedNotifications.Load())
+		assert.EqualValues(t, 1, pr.preM.RejectedNotifications())
 		assert.Equal(t, 1, pr.pre.Held(), "the forged completion must not free the blocks")
 		rejected := plogs.FilterMessage(dropped).All()
 		require.Len(t, rejected, 1)
@@ -191,7 +191,7 @@ func TestNotifyFromAllowList(t *testing.T) {
 		requirePattern(t, pr.dcache, localBlocks(2, 0), kv.RemoteBlockIDs[0], 8)
 		require.Eventually(t, func() bool { return pr.pre.Held() == 0 }, 30*time.Second, time.Millisecond,
 			"the listed decode peer's completion frees the blocks")
-		assert.EqualValues(t, 1, pr.preM.RejectedNotifications.Load())
+		assert.EqualValues(t, 1, pr.preM.RejectedNotifications())
 	})
 
 	t.Run("exact names", func(t *testing.T) {

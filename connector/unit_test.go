@@ -160,3 +160,16 @@ func TestRolesNeedAProfile(t *testing.T) {
 	_, err = NewDecode(DecodeConfig{})
 	require.ErrorContains(t, err, "connector: DecodeConfig.Profile is not set")
 }
+
+// A negative HoldTimeout would free every request's blocks at the first expiry pass, before a decode peer could
+// read them: NewPrefill refuses it before it creates a cache or touches NIXL (no Library here), naming the field.
+func TestPrefillRefusesNegativeHoldTimeout(t *testing.T) {
+	qwen := Model{Name: "Qwen/Qwen3-0.6B", Layers: 28, KVHeads: 8, HeadDim: 128, DType: layout.BF16}
+	for _, hold := range []time.Duration{-1, -time.Second} {
+		_, err := NewPrefill(PrefillConfig{VLLMVersion: "0.16.0", Model: qwen, NumBlocks: 16, HoldTimeout: hold})
+		require.ErrorContains(t, err, "connector: PrefillConfig.HoldTimeout is "+hold.String()+": set a positive duration")
+	}
+	// The same config with the default hold gets past the check (and fails only for want of a NIXL library).
+	_, err := NewPrefill(PrefillConfig{VLLMVersion: "0.16.0", Model: qwen, NumBlocks: 16})
+	require.ErrorContains(t, err, "nil NIXL library")
+}

@@ -399,7 +399,7 @@ func vllmDecodeGoPrefill(t *testing.T, lib *nixl.Library, r release, model strin
 	// Two requests, block size 32: 100 tokens (4 blocks, the last partial) and 600 (19 blocks).
 	for i, tokens := range []int{100, 600} {
 		id := fmt.Sprintf("req-%d", i)
-		kv, err := pre.Prefill(ctx, id, tokens, randomFill(c))
+		kv, err := pre.Hold(ctx, id, tokens, randomFill(c))
 		require.NoError(t, err)
 		want := blockHashes(c, int64sToInts(kv.RemoteBlockIDs[0]))
 		res := pull(id, kv, tokens, 0)
@@ -409,9 +409,9 @@ func vllmDecodeGoPrefill(t *testing.T, lib *nixl.Library, r release, model strin
 		assert.Equal(t, want, res.Hashes, "vLLM received other bytes than gonixl's blocks held")
 		// vLLM's notification frees the blocks, not the expiry.
 		require.Eventually(t, func() bool { return pre.Held() == 0 }, time.Minute, 10*time.Millisecond)
-		assert.EqualValues(t, i+1, m.Notifications.Load())
-		assert.Zero(t, m.RequestsExpired.Load())
-		assert.Zero(t, m.BadMessages.Load())
+		assert.EqualValues(t, i+1, m.Notifications())
+		assert.Zero(t, m.RequestsExpired())
+		assert.Zero(t, m.BadMessages())
 		t.Logf("request %s: vLLM %s read %d blocks in %.3f s (after scheduling)", id, version, len(res.Hashes), res.Seconds)
 	}
 
@@ -419,24 +419,24 @@ func vllmDecodeGoPrefill(t *testing.T, lib *nixl.Library, r release, model strin
 	// heartbeats meanwhile; gonixl's prefill counts them and they keep the blocks alive until the READ.
 	pre2, c2, m2 := newPrefill(3 * time.Second)
 	if p.Leases {
-		kv, err := pre2.Prefill(ctx, "hb", 64, randomFill(c2))
+		kv, err := pre2.Hold(ctx, "hb", 64, randomFill(c2))
 		require.NoError(t, err)
 		want := blockHashes(c2, int64sToInts(kv.RemoteBlockIDs[0]))
 		res := pull("hb", kv, 64, 6*time.Second)
 		require.True(t, res.OK, res.raw)
 		assert.Equal(t, want, res.Hashes)
 		assert.Positive(t, res.HBs, "vLLM's decode sent no heartbeat")
-		assert.Positive(t, m2.Heartbeats.Load(), "gonixl's prefill counted no heartbeat")
+		assert.Positive(t, m2.Heartbeats(), "gonixl's prefill counted no heartbeat")
 		require.Eventually(t, func() bool { return pre2.Held() == 0 }, time.Minute, 10*time.Millisecond)
-		assert.Zero(t, m2.RequestsExpired.Load(), "the heartbeats did not extend the lease")
-		assert.EqualValues(t, 1, m2.Notifications.Load())
-		t.Logf("vLLM sent %d heartbeats while holding the request 6 s; gonixl counted %d", res.HBs, m2.Heartbeats.Load())
+		assert.Zero(t, m2.RequestsExpired(), "the heartbeats did not extend the lease")
+		assert.EqualValues(t, 1, m2.Notifications())
+		t.Logf("vLLM sent %d heartbeats while holding the request 6 s; gonixl counted %d", res.HBs, m2.Heartbeats())
 	}
 	// Expiry: a request vLLM never reads is freed by gonixl at its hold timeout.
-	_, err := pre2.Prefill(ctx, "never-read", 64, randomFill(c2))
+	_, err := pre2.Hold(ctx, "never-read", 64, randomFill(c2))
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return pre2.Held() == 0 }, time.Minute, 10*time.Millisecond)
-	assert.EqualValues(t, 1, m2.RequestsExpired.Load())
+	assert.EqualValues(t, 1, m2.RequestsExpired())
 }
 
 // (b) gonixl decode ← vLLM prefill.
@@ -473,7 +473,7 @@ func goDecodeVLLMPrefill(t *testing.T, lib *nixl.Library, r release, model strin
 		t.Logf("request %s: gonixl read %d blocks (%d bytes) in %v; vLLM released it %.3f s after publishing",
 			id, res.Blocks, res.Bytes, res.Transfer, fin.AfterS)
 	}
-	assert.EqualValues(t, 1, m.Handshakes.Load(), "one handshake with vLLM's side channel")
+	assert.EqualValues(t, 1, m.Handshakes(), "one handshake with vLLM's side channel")
 
 	// Leases: gonixl's decode keeps a waiting request alive (Decode.KeepAlive: "HB:" heartbeats from the
 	// moment it has the params, as vLLM's decode does for a waiting request), and vLLM's prefill extends the
@@ -497,11 +497,11 @@ func goDecodeVLLMPrefill(t *testing.T, lib *nixl.Library, r release, model strin
 		assert.Equal(t, ev.Hashes, blockHashes(c, local))
 		fin := d.next(ctx, "finished_sending", "hb")
 		assert.Zero(t, fin.Expired, "vLLM released the request at expiry despite gonixl's heartbeats")
-		assert.Positive(t, hm.Heartbeats.Load(), "gonixl's decode sent no heartbeat")
-		assert.Positive(t, fin.HBsRecv, "vLLM's prefill handled none of gonixl's %d heartbeats", hm.Heartbeats.Load())
-		assert.Positive(t, fin.Extended, "vLLM's prefill extended no lease on gonixl's %d heartbeats", hm.Heartbeats.Load())
+		assert.Positive(t, hm.Heartbeats(), "gonixl's decode sent no heartbeat")
+		assert.Positive(t, fin.HBsRecv, "vLLM's prefill handled none of gonixl's %d heartbeats", hm.Heartbeats())
+		assert.Positive(t, fin.Extended, "vLLM's prefill extended no lease on gonixl's %d heartbeats", hm.Heartbeats())
 		t.Logf("gonixl kept request hb alive for %d s with %d heartbeats; vLLM's prefill handled %d and extended the lease %d times; READ %v",
-			2*lease, hm.Heartbeats.Load(), fin.HBsRecv, fin.Extended, res.Transfer)
+			2*lease, hm.Heartbeats(), fin.HBsRecv, fin.Extended, res.Transfer)
 	}
 
 	// Expiry: a request gonixl never reads is released by vLLM's prefill at its lease (0.22+) or abort timeout.
@@ -544,7 +544,7 @@ func TestVLLMRealHeteroTP(t *testing.T) {
 			pre := startPrefill(t, connector.PrefillConfig{Profile: p, Library: lib, Cache: c, Compat: realCompat(p, v, model), Metrics: m,
 				EngineID: fmt.Sprintf("gonixl-prefill-tp1-%s-%d", v, time.Now().UnixNano())})
 			const tokens = 300
-			kv, err := pre.Prefill(ctx, "tp", tokens, randomFill(c))
+			kv, err := pre.Hold(ctx, "tp", tokens, randomFill(c))
 			require.NoError(t, err)
 			res := d.pull(ctx, "vllm-tp", tokens, encodeParams(t, p, kv), 0)
 			require.True(t, res.OK, res.raw)
@@ -554,8 +554,8 @@ func TestVLLMRealHeteroTP(t *testing.T) {
 				assert.Equal(t, headHalfHashes(c, blocks, r), res.RankHashes[r], "vLLM rank %d received other bytes than its heads of gonixl's blocks", r)
 			}
 			require.Eventually(t, func() bool { return pre.Held() == 0 }, time.Minute, 10*time.Millisecond)
-			assert.EqualValues(t, 2, m.Notifications.Load(), "one notification per vLLM rank")
-			assert.Zero(t, m.RequestsExpired.Load())
+			assert.EqualValues(t, 2, m.Notifications(), "one notification per vLLM rank")
+			assert.Zero(t, m.RequestsExpired())
 			t.Logf("vLLM %s decode TP 2 read %d blocks from gonixl's prefill TP 1 in %.3f s", v, len(blocks), res.Seconds)
 		})
 		t.Run("gonixl-decode-tp1-vllm-prefill-tp2", func(t *testing.T) {

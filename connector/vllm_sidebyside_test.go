@@ -127,7 +127,7 @@ func TestVLLMSideBySide(t *testing.T) {
 		xHS := vs[0].handshake.Seconds() / gs[0].handshake.Seconds()
 		t.Logf("side by side, vLLM %s prefill (CPU platform, real NIXL), %d runs per reader alternating, %d bytes per READ:\n%s"+
 			"x_vllm (READ, medians): %.2f   x_vllm (handshake): %.2f   (above 1: gonixl faster)", version, runs, gs[0].bytes, b.String(), xRead, xHS)
-		require.EqualValues(t, 1, m.Handshakes.Load(), "gonixl handshook once")
+		require.EqualValues(t, 1, m.Handshakes(), "gonixl handshook once")
 	})
 }
 

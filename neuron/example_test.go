@@ -21,7 +21,7 @@ var (
 // Staging a prefill request from (fake) Neuron device tensors into the host arena a decode peer reads.
 // With a real Trainium the only change is LoadOptions.Path (or nothing: libnrt.so.1 is found by itself). In a
 // server the Stager is the prefill role's Cache (the role registers it with NIXL, allocates the blocks and
-// holds them for the decode peer) and Fill is what it runs: role.Prefill(ctx, id, 20, st.Fill(row, 20)).
+// holds them for the decode peer) and Fill is what it runs: role.Hold(ctx, id, 20, st.Fill(row, 20)).
 func Example() {
 	dir, _ := os.MkdirTemp("", "fakenrt")
 	defer os.RemoveAll(dir)

@@ -244,7 +244,7 @@ func (s *Stager) Stage(ctx context.Context, req Request) error {
 
 // Fill returns the fill function of a prefill request whose KV sits in batch row row with tokens valid
 // positions: it stages them at the block ids it is given (Stage). It has connector.FillFunc's signature, so
-// a prefill role takes it as is: role.Prefill(ctx, id, tokens, stager.Fill(row, tokens)).
+// a prefill role takes it as is: role.Hold(ctx, id, tokens, stager.Fill(row, tokens)).
 func (s *Stager) Fill(row, tokens int) func(ctx context.Context, blockIDs []int) error {
 	return func(ctx context.Context, blockIDs []int) error {
 		return s.Stage(ctx, Request{ID: fmt.Sprintf("row %d", row), Row: row, Tokens: tokens, BlockIDs: blockIDs})

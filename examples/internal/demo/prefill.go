@@ -288,7 +288,7 @@ func (s *PrefillServer) completions(w http.ResponseWriter, r *http.Request) {
 	var out protocol.KVTransferParams
 	if err == nil {
 		fill := s.stager.Fill(row, tokens)
-		out, err = s.role.Prefill(r.Context(), id, tokens, func(ctx context.Context, blocks []int) error {
+		out, err = s.role.Hold(r.Context(), id, tokens, func(ctx context.Context, blocks []int) error {
 			t := time.Now()
 			defer func() { stage = time.Since(t) }()
 			return fill(ctx, blocks)
