@@ -51,7 +51,7 @@ type DecodeConfig struct {
 	// equal the peer's physical order.
 	PeerOrder layout.BlockOrder
 	// HandshakeTimeout bounds one side-channel round trip (default: the profile's, 5 s in vLLM; see
-	// sidechannel.FetchOptions.Timeout).
+	// sidechannel.FetchOptions.Timeout). NewDecode refuses a negative one.
 	HandshakeTimeout time.Duration
 	// HandshakeRetries is how many times a failed handshake is retried (default 2).
 	HandshakeRetries int

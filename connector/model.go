@@ -205,6 +205,9 @@ func NewPrefill(cfg PrefillConfig) (*Prefill, error) {
 // NewDecode starts a decode worker: it derives Profile, Compat and (when Cache is nil) a DRAM cache from
 // VLLMVersion and Model, registers the cache and prepares its descriptor list.
 func NewDecode(cfg DecodeConfig) (*Decode, error) {
+	if cfg.HandshakeTimeout < 0 {
+		return nil, fmt.Errorf("connector: DecodeConfig.HandshakeTimeout is %v: set a positive duration, or 0 for the profile's", cfg.HandshakeTimeout)
+	}
 	return startWithModel(modelSpec{cfg.VLLMVersion, cfg.Model, cfg.NumBlocks, cfg.TPSize}, &cfg.Profile, &cfg.Compat, &cfg.Cache,
 		func() (*Decode, error) { return newDecode(cfg) })
 }

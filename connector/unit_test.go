@@ -172,4 +172,9 @@ func TestPrefillRefusesNegativeHoldTimeout(t *testing.T) {
 	// The same config with the default hold gets past the check (and fails only for want of a NIXL library).
 	_, err := NewPrefill(PrefillConfig{VLLMVersion: "0.16.0", Model: qwen, NumBlocks: 16})
 	require.ErrorContains(t, err, "nil NIXL library")
+	// Likewise a decode role's HandshakeTimeout: a negative one would fail every handshake at once.
+	_, err = NewDecode(DecodeConfig{VLLMVersion: "0.16.0", Model: qwen, NumBlocks: 16, HandshakeTimeout: -time.Second})
+	require.ErrorContains(t, err, "connector: DecodeConfig.HandshakeTimeout is -1s: set a positive duration")
+	_, err = NewDecode(DecodeConfig{VLLMVersion: "0.16.0", Model: qwen, NumBlocks: 16})
+	require.ErrorContains(t, err, "nil NIXL library")
 }
