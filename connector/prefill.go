@@ -202,15 +202,13 @@ func newPrefill(cfg PrefillConfig) (*Prefill, error) {
 		}
 		md.KVCacheLayout = cfg.KVCacheLayout
 	}
-	hash := ""
-	if cfg.Profile.Payload == protocol.PayloadM1 {
-		if hash, err = cfg.Profile.CompatHash(cfg.Compat.CompatInputs); err != nil {
-			reg.close()
-			return nil, fmt.Errorf("connector: compatibility hash: %w", err)
-		}
-		if js, err := cfg.Profile.FactorsJSON(cfg.Compat.CompatInputs); err == nil {
-			log.Info("compatibility hash", zap.String("hash", hash), zap.String("inputs", js))
-		}
+	hash, err := cfg.Profile.CompatHash(cfg.Compat.CompatInputs)
+	if err != nil {
+		reg.close()
+		return nil, fmt.Errorf("connector: compatibility hash: %w", err)
+	}
+	if js, err := cfg.Profile.FactorsJSON(cfg.Compat.CompatInputs); err == nil {
+		log.Info("compatibility hash", zap.String("hash", hash), zap.String("inputs", js))
 	}
 	p.hash = hash
 	if p.payload, err = cfg.Profile.EncodeHandshake(hash, md); err != nil {

@@ -186,9 +186,6 @@ func runProbe(ctx context.Context, env *cmdEnv, args []string) error {
 		if err != nil {
 			return err
 		}
-		if p.Payload != protocol.PayloadM1 {
-			return usagef("vLLM %s sends no compatibility hash; drop --model", p.Name)
-		}
 		if rep.LocalHash, err = p.CompatHash(in); err != nil {
 			return usagef("hash inputs: %v", err)
 		}
@@ -214,7 +211,7 @@ func runProbe(ctx context.Context, env *cmdEnv, args []string) error {
 		if err != nil {
 			return probeError(err, addr, rank, p)
 		}
-		hp, err := p.DecodeHandshake(res.Payload)
+		hp, err := protocol.DecodeHandshakePayload(res.Payload)
 		if err != nil {
 			return fmt.Errorf("rank %s at %s: %w (is --vllm-version %s what the peer runs?)", rank, addr, err, *version)
 		}

@@ -14,8 +14,7 @@
 //	meta, err := p.OpenHandshake(payload, protocol.HandshakeCheck{LocalHash: hash, EnforceHash: true})
 //
 // Supported: every vLLM release from 0.16.0 to 0.33.x, in 13 rows (framing H2 up to 0.25, H4 from 0.26;
-// payload M1 throughout; NIXL_CONNECTOR_VERSION 2 to 15). The Profiles doc comment lists what each row adds to
-// the one before. Decoders never panic on network input and return errors wrapping the package's sentinels
+// NIXL_CONNECTOR_VERSION 2 to 15). The Profiles doc comment lists what each row adds to the one before. Decoders never panic on network input and return errors wrapping the package's sentinels
 // (ErrMalformed, ErrMissingField, ErrHashMismatch, ...).
 //
 // What differs on the wire between the oldest and the newest row (read in their wheels):
@@ -54,4 +53,4 @@
 // The package builds with CGO_ENABLED=0.
 package protocol
 
-//go:generate go run golang.org/x/tools/cmd/stringer@v0.52.0 -linecomment -output=string.go -type=Framing,PayloadKind,LayoutEra
+//go:generate go run golang.org/x/tools/cmd/stringer@v0.52.0 -linecomment -output=string.go -type=Framing,LayoutEra

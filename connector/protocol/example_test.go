@@ -19,8 +19,8 @@ func ExampleProfileFor() {
 	_, err = protocol.ProfileFor("0.34.0")
 	fmt.Println(err)
 	// Output:
-	// vLLM 0.33 (H4/M1, connector v15)
-	// vLLM 0.23 (H2/M1, connector v4) B
+	// vLLM 0.33 (H4, connector v15)
+	// vLLM 0.23 (H2, connector v4) B
 	// protocol: no profile for this vLLM version: vLLM "0.34.0" (supported: 0.16.x–0.17.x, 0.18.x–0.19.x, 0.20.x, 0.21.x, 0.22.x, 0.23.x–0.25.x, 0.26.x–0.27.x, 0.28.x, 0.29.x, 0.30.x, 0.31.x, 0.32.x, 0.33.x)
 }
 

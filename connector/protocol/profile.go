@@ -7,30 +7,18 @@ import (
 	"time"
 )
 
-// Framing is the side-channel request/reply format, in the order vLLM introduced them (H1–H4); the rows of
-// Profiles use H2 and H4.
+// Framing is the side-channel request/reply format. The names follow the order in which vLLM introduced the
+// formats (H1–H4); only H2 and H4 were in a final release from 0.16 on, so only they are here (H1, one raw
+// "get_meta_msg" listener per TP rank, predates 0.16; H3, H4's request with a one-frame reply, never shipped
+// in a release).
 type Framing int
 
 const (
-	// FramingH1: the request is the 12 raw bytes "get_meta_msg" (no rank); one listener per TP rank.
-	FramingH1 Framing = iota + 1 // H1
 	// FramingH2: the request is msgpack [bin "get_meta_msg", tp_rank]; the reply is one frame.
-	FramingH2 // H2
-	// FramingH3: the request is msgpack [bin "get_meta_msg", pp_rank, tp_rank]; the reply is one frame.
-	FramingH3 // H3
-	// FramingH4: H3's request; the reply has a second frame, msgpack float64 of the server's monotonic clock.
+	FramingH2 Framing = iota + 1 // H2
+	// FramingH4: the request is msgpack [bin "get_meta_msg", pp_rank, tp_rank]; the reply has a second frame,
+	// msgpack float64 of the server's monotonic clock.
 	FramingH4 // H4
-)
-
-// PayloadKind says what the side-channel reply payload is: the metadata alone (M0), or with the
-// compatibility hash (M1, which every row of Profiles uses).
-type PayloadKind int
-
-const (
-	// PayloadM0: the reply is msgpack(NixlAgentMetadata).
-	PayloadM0 PayloadKind = iota + 1 // M0
-	// PayloadM1: the reply is msgpack(NixlHandshakePayload{compatibility_hash, agent_metadata_bytes}).
-	PayloadM1 // M1
 )
 
 // BlockIDsShape is how kv_transfer_params.remote_block_ids is shaped in JSON.
@@ -77,8 +65,10 @@ type Profile struct {
 	// MinVersion (inclusive) and MaxVersion (exclusive) bound the final releases this profile covers.
 	MinVersion, MaxVersion string
 
+	// Framing is the side-channel request/reply format. In every row the reply payload is
+	// msgpack(NixlHandshakePayload{compatibility_hash, agent_metadata_bytes}) (vLLM's M1; the bare metadata, M0,
+	// predates 0.16).
 	Framing Framing
-	Payload PayloadKind
 	// Schema lists NixlAgentMetadata's fields in declaration (= wire) order.
 	Schema Schema
 	// ConnectorVersion is vLLM's NIXL_CONNECTOR_VERSION, hashed as "nixl_connector_version".
@@ -139,7 +129,7 @@ var (
 // spans several releases only where their connector sources are identical (patch releases were compared file
 // by file). What changes from one row to the next:
 //
-//	0.16–0.17  H2, M1, version 2, flat remote_block_ids, layout A, abort timeout 480 s
+//	0.16–0.17  H2, version 2, flat remote_block_ids, layout A, abort timeout 480 s
 //	0.18–0.19  + ssm_sizes; hash + is_hma_enabled; remote_block_ids one list per KV-cache group
 //	0.20       + attn_backend_name (last metadata field)
 //	           (all three: hash default is_hma_enabled false, vLLM turns HMA off when a connector is set)
@@ -161,7 +151,6 @@ var Profiles = []Profile{
 	{
 		Name: "0.16", MinVersion: "0.16.0", MaxVersion: "0.18.0",
 		Framing:          FramingH2,
-		Payload:          PayloadM1,
 		Schema:           schemaV016,
 		ConnectorVersion: 2,
 		HashFactors:      hashFactorsV016,
@@ -179,7 +168,6 @@ var Profiles = []Profile{
 	{
 		Name: "0.18", MinVersion: "0.18.0", MaxVersion: "0.20.0",
 		Framing:          FramingH2,
-		Payload:          PayloadM1,
 		Schema:           schemaV018,
 		ConnectorVersion: 2,
 		HashFactors:      hashFactorsV018,
@@ -197,7 +185,6 @@ var Profiles = []Profile{
 	{
 		Name: "0.20", MinVersion: "0.20.0", MaxVersion: "0.21.0",
 		Framing:          FramingH2,
-		Payload:          PayloadM1,
 		Schema:           schemaV020,
 		ConnectorVersion: 2,
 		HashFactors:      hashFactorsV018,
@@ -215,7 +202,6 @@ var Profiles = []Profile{
 	{
 		Name: "0.21", MinVersion: "0.21.0", MaxVersion: "0.22.0",
 		Framing:          FramingH2,
-		Payload:          PayloadM1,
 		Schema:           schemaV021,
 		ConnectorVersion: 3,
 		HashFactors:      hashFactorsV018,
@@ -233,7 +219,6 @@ var Profiles = []Profile{
 	{
 		Name: "0.22", MinVersion: "0.22.0", MaxVersion: "0.23.0",
 		Framing:           FramingH2,
-		Payload:           PayloadM1,
 		Schema:            schemaV021,
 		ConnectorVersion:  4,
 		HashFactors:       hashFactorsV018,
@@ -254,7 +239,6 @@ var Profiles = []Profile{
 	{
 		Name: "0.23", MinVersion: "0.23.0", MaxVersion: "0.26.0",
 		Framing:           FramingH2,
-		Payload:           PayloadM1,
 		Schema:            schemaV021,
 		ConnectorVersion:  4,
 		HashFactors:       hashFactorsV018,
@@ -275,7 +259,6 @@ var Profiles = []Profile{
 	{
 		Name: "0.26", MinVersion: "0.26.0", MaxVersion: "0.28.0",
 		Framing:           FramingH4,
-		Payload:           PayloadM1,
 		Schema:            schemaV021,
 		ConnectorVersion:  5,
 		HashFactors:       hashFactorsV018,
@@ -295,7 +278,6 @@ var Profiles = []Profile{
 	{
 		Name: "0.28", MinVersion: "0.28.0", MaxVersion: "0.29.0",
 		Framing:           FramingH4,
-		Payload:           PayloadM1,
 		Schema:            schemaV021,
 		ConnectorVersion:  7,
 		HashFactors:       hashFactorsV028,
@@ -315,7 +297,6 @@ var Profiles = []Profile{
 	{
 		Name: "0.29", MinVersion: "0.29.0", MaxVersion: "0.30.0",
 		Framing:           FramingH4,
-		Payload:           PayloadM1,
 		Schema:            schemaV029,
 		ConnectorVersion:  9,
 		HashFactors:       hashFactorsV029,
@@ -335,7 +316,6 @@ var Profiles = []Profile{
 	{
 		Name: "0.30", MinVersion: "0.30.0", MaxVersion: "0.31.0",
 		Framing:           FramingH4,
-		Payload:           PayloadM1,
 		Schema:            schemaV030,
 		ConnectorVersion:  11,
 		HashFactors:       hashFactorsV029,
@@ -355,7 +335,6 @@ var Profiles = []Profile{
 	{
 		Name: "0.31", MinVersion: "0.31.0", MaxVersion: "0.32.0",
 		Framing:           FramingH4,
-		Payload:           PayloadM1,
 		Schema:            schemaV031,
 		ConnectorVersion:  13,
 		HashFactors:       hashFactorsV029,
@@ -375,7 +354,6 @@ var Profiles = []Profile{
 	{
 		Name: "0.32", MinVersion: "0.32.0", MaxVersion: "0.33.0",
 		Framing:           FramingH4,
-		Payload:           PayloadM1,
 		Schema:            schemaV032,
 		ConnectorVersion:  14,
 		HashFactors:       hashFactorsV029,
@@ -395,7 +373,6 @@ var Profiles = []Profile{
 	{
 		Name: "0.33", MinVersion: "0.33.0", MaxVersion: "0.34.0",
 		Framing:           FramingH4,
-		Payload:           PayloadM1,
 		Schema:            schemaV032,
 		ConnectorVersion:  15,
 		HashFactors:       hashFactorsV029,
@@ -448,9 +425,9 @@ func ProfileFor(version string) (Profile, error) {
 	return Profile{}, fmt.Errorf("%w: vLLM %q (supported: %s)", ErrUnknownVersion, version, knownNames())
 }
 
-// String returns "vLLM 0.16 (H2/M1, connector v2)".
+// String returns "vLLM 0.16 (H2, connector v2)".
 func (p Profile) String() string {
-	return fmt.Sprintf("vLLM %s (%s/%s, connector v%d)", p.Name, p.Framing, p.Payload, p.ConnectorVersion)
+	return fmt.Sprintf("vLLM %s (%s, connector v%d)", p.Name, p.Framing, p.ConnectorVersion)
 }
 
 func knownNames() string {

@@ -102,7 +102,7 @@ func TestRealVectors(t *testing.T) {
 				assert.Equal(t, rv.BlockLen, bl)
 			}
 			// Re-encoding the decoded metadata gives vLLM's bytes back.
-			hp, err := p.DecodeHandshake(unhex(t, rv.Handshake.PayloadHex))
+			hp, err := DecodeHandshakePayload(unhex(t, rv.Handshake.PayloadHex))
 			require.NoError(t, err)
 			enc, err := p.EncodeMetadata(md)
 			require.NoError(t, err)

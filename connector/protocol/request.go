@@ -1,7 +1,6 @@
 package protocol
 
 import (
-	"bytes"
 	"fmt"
 	"math"
 )
@@ -35,11 +34,6 @@ func (p Profile) EncodeRequest(r Rank) ([]byte, error) {
 		return nil, invalid(objRequest, "", "rank %v out of range [0, %d]", r, MaxRank)
 	}
 	switch p.Framing {
-	case FramingH1:
-		if r.PP != 0 {
-			return nil, fmt.Errorf("%w: framing H1 has no pp rank (asked for %v)", ErrUnsupported, r)
-		}
-		return []byte(GetMetaMsg), nil // the rank is the port offset in H1
 	case FramingH2:
 		if r.PP != 0 {
 			return nil, fmt.Errorf("%w: framing H2 (vLLM %s) serves pp rank 0 only (asked for %v)", ErrUnsupported, p.Name, r)
@@ -49,7 +43,7 @@ func (p Profile) EncodeRequest(r Rank) ([]byte, error) {
 		w.bin([]byte(GetMetaMsg))
 		w.int(int64(r.TP))
 		return w.bytes()
-	case FramingH3, FramingH4:
+	case FramingH4:
 		w := newWriter()
 		w.arrayLen(3)
 		w.bin([]byte(GetMetaMsg))
@@ -64,9 +58,6 @@ func (p Profile) EncodeRequest(r Rank) ([]byte, error) {
 // ROUTER's identity and empty delimiter). Unlike vLLM's listener it returns an error for anything malformed
 // instead of raising: wrong array length, a non-integer or out-of-range rank, trailing bytes.
 func (p Profile) DecodeRequest(b []byte) (MetaRequest, error) {
-	if p.Framing == FramingH1 {
-		return MetaRequest{UnexpectedTag: !bytes.Equal(b, []byte(GetMetaMsg))}, nil
-	}
 	want := 3
 	if p.Framing == FramingH2 {
 		want = 2

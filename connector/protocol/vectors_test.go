@@ -343,7 +343,7 @@ func TestVectorsPayload(t *testing.T) {
 		}
 		for _, c := range v.Payload {
 			t.Run(v.VLLMVersion+"/"+c.Name, func(t *testing.T) {
-				hp, err := p.DecodeHandshake(unhex(t, c.Hex))
+				hp, err := DecodeHandshakePayload(unhex(t, c.Hex))
 				require.NoError(t, err)
 				assert.Equal(t, c.Hash, hp.CompatibilityHash)
 				assert.Equal(t, meta[c.Metadata], hex.EncodeToString(hp.AgentMetadataBytes))
