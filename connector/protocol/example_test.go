@@ -77,12 +77,12 @@ func ExampleProfile_EncodeNotification() {
 	// true [reqA reqB]
 }
 
-// Name the vLLM version, the peer's platform and the model; the rest is vLLM's defaults for that release. This
-// is the hash vLLM 0.33.0's own NixlConnector computed on its CPU platform for this model path
-// (testdata/vllm/0.33.0/real.json).
+// Name the vLLM version (once, to ProfileFor), the peer's platform and the model; the rest is vLLM's defaults
+// for that release. This is the hash vLLM 0.33.0's own NixlConnector computed on its CPU platform for this
+// model path (testdata/vllm/0.33.0/real.json).
 func ExampleProfile_DefaultCompatInputs() {
 	p, _ := protocol.ProfileFor("0.33.0")
-	in := p.DefaultCompatInputs("0.33.0", protocol.PlatformCPU)
+	in := p.DefaultCompatInputs(protocol.PlatformCPU)
 	in.Model, in.Dtype, in.NumKVHeads, in.HeadSize, in.NumHiddenLayers = "/tmp/gonixl-vectors/Qwen3-0.6B", "torch.bfloat16", 8, 128, 28
 	h, _ := p.CompatHash(in)
 	js, _ := p.FactorsJSON(in)

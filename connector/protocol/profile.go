@@ -64,6 +64,12 @@ type Profile struct {
 	Name string
 	// MinVersion (inclusive) and MaxVersion (exclusive) bound the final releases this profile covers.
 	MinVersion, MaxVersion string
+	// Version is the vLLM version string of the side whose compatibility hash we reproduce (vllm.__version__,
+	// hashed as "vllm_version"), exactly as ProfileFor was given it; the hash inputs take it from here
+	// (DefaultCompatInputs, and Factors when CompatInputs.VLLMVersion is empty), so the version is stated once.
+	// The rows of Profiles and ProfileByName leave it empty: a row spans several releases, and no release's
+	// string can stand for a dev build's, so set it to the peer's exact string then.
+	Version string
 
 	// Framing is the side-channel request/reply format. In every row the reply payload is
 	// msgpack(NixlHandshakePayload{compatibility_hash, agent_metadata_bytes}) (vLLM's M1; the bare metadata, M0,
@@ -391,7 +397,8 @@ var Profiles = []Profile{
 	},
 }
 
-// ProfileByName returns the profile whose Name is name ("0.16", "0.33").
+// ProfileByName returns the profile whose Name is name ("0.16", "0.33"), with Version empty: set it to the
+// exact version string of the vLLM side before hashing (e.g. a dev build's, which ProfileFor refuses).
 func ProfileByName(name string) (Profile, error) {
 	for _, p := range Profiles {
 		if p.Name == name {
@@ -401,8 +408,8 @@ func ProfileByName(name string) (Profile, error) {
 	return Profile{}, fmt.Errorf("%w: no profile named %q (known: %s)", ErrUnknownVersion, name, knownNames())
 }
 
-// ProfileFor returns the profile for the vLLM version string a peer reports (GET /version → {"version": …}).
-// Final releases, post releases and local tags ("0.16.0", "0.16.0.post1", "0.33.0+cu129") match by their
+// ProfileFor returns the profile for the vLLM version string a peer reports (GET /version → {"version": …}),
+// with Version set to that string (hashed as the peer's vllm_version). Final releases, post releases and local tags ("0.16.0", "0.16.0.post1", "0.33.0+cu129") match by their
 // release number. Pre-releases and dev builds ("0.17.0rc1", "0.20.2rc1.dev265+gdd6b3a5ef") are rejected with
 // ErrUnknownVersion: their code may sit anywhere between two releases, so choosing a profile would be a guess;
 // use ProfileByName if you know which format such a build speaks.
@@ -419,6 +426,7 @@ func ProfileFor(version string) (Profile, error) {
 		lo, _ := parseVersion(p.MinVersion)
 		hi, _ := parseVersion(p.MaxVersion)
 		if compareRelease(v.release, lo.release) >= 0 && compareRelease(v.release, hi.release) < 0 {
+			p.Version = version
 			return p, nil
 		}
 	}

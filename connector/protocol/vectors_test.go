@@ -464,11 +464,12 @@ func TestVectorsHash(t *testing.T) {
 				// The defaults cases: naming the v.VLLMVersion, the platform and the model is enough.
 				if pl, ok := map[string]Platform{"defaults_cuda": PlatformCUDA, "defaults_cpu": PlatformCPU}[c.Name]; ok {
 					assert.Equal(t, v.Wire.HMADefault, p.Defaults.HMAEnabled, "the row's HMA default")
-					d := p.DefaultCompatInputs(in.VLLMVersion, pl)
+					d := p.DefaultCompatInputs(pl)
+					require.Equal(t, in.VLLMVersion, d.VLLMVersion, "the version ProfileFor was given")
 					d.Model, d.Dtype, d.NumKVHeads, d.HeadSize, d.NumHiddenLayers = in.Model, in.Dtype, in.NumKVHeads, in.HeadSize, in.NumHiddenLayers
 					h, err := p.CompatHash(d)
 					require.NoError(t, err)
-					assert.Equal(t, c.SHA256, h, "DefaultCompatInputs(%q, %q)", in.VLLMVersion, pl)
+					assert.Equal(t, c.SHA256, h, "DefaultCompatInputs(%q) of vLLM %s", pl, in.VLLMVersion)
 					// A literal that leaves the backend and cache dtype empty gets them from the row too.
 					d.AttnBackendName, d.CacheDtype, d.TransferMode = "", "", ""
 					h, err = p.CompatHash(d)
