@@ -175,7 +175,7 @@ func (p Profile) CompatHash(in CompatInputs) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return CompatHash(f)
+	return factorDigest(f)
 }
 
 // FactorsJSON returns the factor dict as vLLM hashes it (json.dumps(factors, sort_keys=True)): what to compare
@@ -185,12 +185,13 @@ func (p Profile) FactorsJSON(in CompatInputs) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return PyJSONDumps(f)
+	return pyJSONDumps(f)
 }
 
-// CompatHash returns hashlib.sha256(json.dumps(factors, sort_keys=True).encode()).hexdigest().
-func CompatHash(factors map[string]any) (string, error) {
-	js, err := PyJSONDumps(factors)
+// factorDigest returns hashlib.sha256(json.dumps(factors, sort_keys=True).encode()).hexdigest(): the hash of
+// a factor dict (Profile.Factors).
+func factorDigest(factors map[string]any) (string, error) {
+	js, err := pyJSONDumps(factors)
 	if err != nil {
 		return "", err
 	}
@@ -198,11 +199,11 @@ func CompatHash(factors map[string]any) (string, error) {
 	return hex.EncodeToString(sum[:]), nil
 }
 
-// PyJSONDumps reproduces Python's json.dumps(v, sort_keys=True) with its defaults: separators ", " and ": ",
+// pyJSONDumps reproduces Python's json.dumps(v, sort_keys=True) with its defaults: separators ", " and ": ",
 // ensure_ascii (\uXXXX escapes, lowercase hex, surrogate pairs), float repr ("1e-05", "1e+16", "1.0"),
 // NaN/Infinity, true/false/null. Accepted types: nil, bool, all Go integer types, *big.Int, float32/64,
 // string, []any, []string, []int64, []int, map[string]any.
-func PyJSONDumps(v any) (string, error) {
+func pyJSONDumps(v any) (string, error) {
 	var b strings.Builder
 	if err := pyDump(&b, v, 0); err != nil {
 		return "", err
@@ -232,9 +233,9 @@ func pyDump(b *strings.Builder, v any, depth int) error {
 			b.WriteString(x.String())
 		}
 	case float32:
-		b.WriteString(PyFloatRepr(float64(x)))
+		b.WriteString(pyFloatRepr(float64(x)))
 	case float64:
-		b.WriteString(PyFloatRepr(x))
+		b.WriteString(pyFloatRepr(x))
 	case string:
 		if err := pyString(b, x); err != nil {
 			return err
@@ -325,9 +326,9 @@ func writeU(b *strings.Builder, r rune) {
 	}
 }
 
-// PyFloatRepr returns Python's repr(float): the shortest round-trip digits, in positional notation when the
+// pyFloatRepr returns Python's repr(float): the shortest round-trip digits, in positional notation when the
 // decimal exponent is in [-4, 16), else in scientific notation with a signed, at-least-two-digit exponent.
-func PyFloatRepr(f float64) string {
+func pyFloatRepr(f float64) string {
 	switch {
 	case math.IsNaN(f):
 		return "NaN"

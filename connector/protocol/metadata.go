@@ -501,11 +501,11 @@ func (p Profile) EncodeHandshake(hash string, m AgentMetadata) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	return EncodeHandshakePayload(HandshakePayload{CompatibilityHash: hash, AgentMetadataBytes: inner})
+	return encodeHandshakePayload(HandshakePayload{CompatibilityHash: hash, AgentMetadataBytes: inner})
 }
 
-// EncodeHandshakePayload encodes the two-field NixlHandshakePayload dataclass.
-func EncodeHandshakePayload(hp HandshakePayload) ([]byte, error) {
+// encodeHandshakePayload encodes the two-field NixlHandshakePayload dataclass.
+func encodeHandshakePayload(hp HandshakePayload) ([]byte, error) {
 	if !utf8.ValidString(hp.CompatibilityHash) {
 		return nil, invalid(objPayload, "compatibility_hash", "string is not valid UTF-8")
 	}

@@ -113,7 +113,7 @@ func (p Profile) ReplyFrames(payload []byte, clock float64) ([][]byte, error) {
 	if p.Framing != FramingH4 {
 		return [][]byte{payload}, nil
 	}
-	ts, err := EncodeClock(clock)
+	ts, err := encodeClock(clock)
 	if err != nil {
 		return nil, err
 	}
@@ -139,7 +139,7 @@ func (p Profile) DecodeReply(frames [][]byte) (Reply, error) {
 	}
 	rep := Reply{Payload: frames[0]}
 	if want == 2 {
-		c, err := DecodeClock(frames[1])
+		c, err := decodeClock(frames[1])
 		if err != nil {
 			return Reply{}, err
 		}
@@ -148,8 +148,8 @@ func (p Profile) DecodeReply(frames [][]byte) (Reply, error) {
 	return rep, nil
 }
 
-// EncodeClock encodes msgspec.msgpack.encode(float): always float64 (0xcb + 8 bytes big-endian).
-func EncodeClock(clock float64) ([]byte, error) {
+// encodeClock encodes msgspec.msgpack.encode(float): always float64 (0xcb + 8 bytes big-endian).
+func encodeClock(clock float64) ([]byte, error) {
 	if math.IsNaN(clock) || math.IsInf(clock, 0) {
 		return nil, invalid("clock frame", "", "clock must be finite, got %v", clock)
 	}
@@ -158,8 +158,8 @@ func EncodeClock(clock float64) ([]byte, error) {
 	return w.bytes()
 }
 
-// DecodeClock decodes the H4 clock frame (msgpack float; an int is accepted, as Python arithmetic would).
-func DecodeClock(b []byte) (float64, error) {
+// decodeClock decodes the H4 clock frame (msgpack float; an int is accepted, as Python arithmetic would).
+func decodeClock(b []byte) (float64, error) {
 	r := newReader(b, "clock frame")
 	f, err := r.number("")
 	if err != nil {

@@ -347,7 +347,7 @@ func TestVectorsPayload(t *testing.T) {
 				require.NoError(t, err)
 				assert.Equal(t, c.Hash, hp.CompatibilityHash)
 				assert.Equal(t, meta[c.Metadata], hex.EncodeToString(hp.AgentMetadataBytes))
-				enc, err := EncodeHandshakePayload(hp)
+				enc, err := encodeHandshakePayload(hp)
 				require.NoError(t, err)
 				assert.Equal(t, c.Hex, hex.EncodeToString(enc))
 
@@ -375,10 +375,10 @@ func TestVectorsRequestsAndClock(t *testing.T) {
 		for _, c := range v.Clock {
 			f, err := strconv.ParseFloat(c.Value, 64)
 			require.NoError(t, err)
-			enc, err := EncodeClock(f)
+			enc, err := encodeClock(f)
 			require.NoError(t, err)
 			assert.Equal(t, c.Hex, hex.EncodeToString(enc))
-			got, err := DecodeClock(enc)
+			got, err := decodeClock(enc)
 			require.NoError(t, err)
 			assert.Equal(t, f, got)
 			frames, err := p.ReplyFrames([]byte("x"), f)
@@ -455,7 +455,7 @@ func TestVectorsHash(t *testing.T) {
 				}
 				sort.Strings(keys)
 				assert.Equal(t, c.FactorKeys, keys, "the profile's hash factors must be vLLM's")
-				js, err := PyJSONDumps(f)
+				js, err := pyJSONDumps(f)
 				require.NoError(t, err)
 				assert.Equal(t, c.JSON, js)
 				h, err := p.CompatHash(ci)
@@ -622,7 +622,7 @@ func TestVectorsPyJSON(t *testing.T) {
 	require.NoError(t, json.Unmarshal(b, &doc))
 	require.NotEmpty(t, doc.Cases)
 	for _, c := range doc.Cases {
-		got, err := PyJSONDumps(c.Typed.value(t))
+		got, err := pyJSONDumps(c.Typed.value(t))
 		require.NoError(t, err)
 		assert.Equal(t, c.JSON, got)
 	}
