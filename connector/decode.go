@@ -146,7 +146,7 @@ func newDecode(cfg DecodeConfig) (*Decode, error) {
 	d := &Decode{cfg: cfg, log: log, metrics: metrics, reg: reg, remotes: map[string]*remoteEngine{},
 		draining: map[string]*remoteEngine{}}
 	d.closing, d.stop = context.WithCancel(context.Background())
-	if cfg.Profile.Payload == protocol.PayloadM1 && !cfg.Compat.SkipCheck {
+	if !cfg.Compat.SkipCheck {
 		if d.hash, err = cfg.Profile.CompatHash(cfg.Compat.CompatInputs); err != nil {
 			d.Close()
 			return nil, fmt.Errorf("connector: compatibility hash: %w", err)

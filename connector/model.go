@@ -14,8 +14,8 @@ import (
 // Model describes the model whose KV cache moves, once, as vLLM's configuration knows it. With the vLLM
 // release of the peers (a protocol.Profile) it yields the cache geometry of one TP rank (Geometry), the region
 // plan of that release's layout era, and the compatibility-hash inputs with that release's defaults
-// (CompatInputs). Set it in PrefillConfig.Model / DecodeConfig.Model with VLLMVersion and the roles derive
-// the rest.
+// (CompatInputs, hashed with the profile's Version). Set it in PrefillConfig.Model / DecodeConfig.Model with
+// VLLMVersion and the roles derive the rest.
 type Model struct {
 	// Name is vLLM's --model, exactly as the vLLM side was given it (it is hashed), e.g. "Qwen/Qwen3-0.6B".
 	Name string
@@ -78,12 +78,16 @@ var torchNames = map[layout.DType]string{layout.BF16: "torch.bfloat16", layout.F
 // cacheDtypeNames are vLLM's --kv-cache-dtype spellings of the cache element types.
 var cacheDtypeNames = map[layout.DType]string{layout.FP8E4M3: "fp8_e4m3", layout.FP8E5M2: "fp8_e5m2"}
 
-// CompatInputs returns the compatibility-hash inputs of the model under p's release, whose version string
-// (vllm.__version__ of the vLLM side) is vllmVersion, with that release's defaults for everything the model
-// does not say (Profile.DefaultCompatInputs). Change a field of the result only where the vLLM side changed
-// its defaults, and pass it as Compat.
-func (m Model) CompatInputs(p protocol.Profile, vllmVersion string) (protocol.CompatInputs, error) {
-	in := p.DefaultCompatInputs(vllmVersion, "")
+// CompatInputs returns the compatibility-hash inputs of the model under p's release: the vLLM side's version
+// string is p.Version (protocol.ProfileFor sets it), and that release's defaults fill in everything the model
+// does not say (Profile.DefaultCompatInputs). Change a field of the result only where the vLLM side changed its
+// defaults, and pass it as Compat.
+func (m Model) CompatInputs(p protocol.Profile) (protocol.CompatInputs, error) {
+	if p.Version == "" {
+		return protocol.CompatInputs{}, fmt.Errorf("connector: Model %q: profile %s has no Version (it is hashed): use protocol.ProfileFor(the peers' version string), or set Profile.Version",
+			m.Name, p.Name)
+	}
+	in := p.DefaultCompatInputs("")
 	in.Model = m.Name
 	in.NumKVHeads, in.HeadSize, in.NumHiddenLayers = int64(m.KVHeads), int64(m.HeadDim), int64(m.Layers)
 	var ok bool
@@ -111,18 +115,24 @@ type modelSpec struct {
 	tpSize    int
 }
 
-// resolve fills profile from the version, compat from the model (unless compat was given) and, when cache is
-// nil and numBlocks > 0, creates a DRAM cache for the model, which it returns for the role to own.
+// resolve fills profile (and its Version) from the version, compat from the model (unless compat was given)
+// and, when cache is nil and numBlocks > 0, creates a DRAM cache for the model, which it returns for the role
+// to own.
 func (s modelSpec) resolve(profile *protocol.Profile, compat *Compat, cache *Cache) (*DRAMCache, error) {
 	if s.version != "" {
 		p, err := protocol.ProfileFor(s.version)
 		if err != nil {
 			return nil, fmt.Errorf("connector: VLLMVersion: %w", err)
 		}
-		if profile.Name == "" {
+		switch {
+		case profile.Name == "":
 			*profile = p
-		} else if profile.Name != p.Name {
+		case profile.Name != p.Name:
 			return nil, fmt.Errorf("connector: VLLMVersion %q is in profile %s but Profile is %s; set one of them", s.version, p.Name, profile.Name)
+		case profile.Version == "":
+			profile.Version = s.version
+		case profile.Version != s.version:
+			return nil, fmt.Errorf("connector: VLLMVersion is %q but Profile.Version is %q; set one of them", s.version, profile.Version)
 		}
 	}
 	if s.model == (Model{}) {
@@ -132,10 +142,10 @@ func (s modelSpec) resolve(profile *protocol.Profile, compat *Compat, cache *Cac
 		return nil, errors.New("connector: a Model needs VLLMVersion (the vLLM version string of the peers, e.g. \"0.16.0\")")
 	}
 	if compat.VLLMVersion == "" && compat.Model == "" {
-		if s.version == "" {
-			return nil, errors.New("connector: a Model without Compat needs VLLMVersion (it is hashed)")
+		if profile.Version == "" {
+			return nil, errors.New("connector: a Model without Compat needs VLLMVersion or Profile.Version (the version string is hashed)")
 		}
-		in, err := s.model.CompatInputs(*profile, s.version)
+		in, err := s.model.CompatInputs(*profile)
 		if err != nil {
 			return nil, err
 		}

@@ -55,9 +55,10 @@ func TestModelCompatInputs(t *testing.T) {
 	}{{"0.16.0", false}, {"0.21.0", false}, {"0.22.0", true}, {"0.33.0", true}} {
 		p, err := protocol.ProfileFor(c.version)
 		require.NoError(t, err)
-		in, err := qwen.CompatInputs(p, c.version)
+		in, err := qwen.CompatInputs(p)
 		require.NoError(t, err)
-		want := p.DefaultCompatInputs(c.version, "")
+		assert.Equal(t, c.version, in.VLLMVersion, "the version ProfileFor was given")
+		want := p.DefaultCompatInputs("")
 		want.Model, want.Dtype, want.NumKVHeads, want.HeadSize, want.NumHiddenLayers = "Qwen/Qwen3-0.6B", "torch.bfloat16", 8, 128, 28
 		assert.Equal(t, want, in, c.version)
 		assert.Equal(t, c.hma, in.HMAEnabled, c.version)
@@ -69,13 +70,23 @@ func TestModelCompatInputs(t *testing.T) {
 	p, _ := protocol.ProfileFor("0.33.0")
 	m := qwen
 	m.CacheDType, m.AttnBackend = layout.FP8E5M2, "CPU_ATTN"
-	in, err := m.CompatInputs(p, "0.33.0")
+	in, err := m.CompatInputs(p)
 	require.NoError(t, err)
 	assert.Equal(t, "fp8_e5m2", in.CacheDtype)
 	assert.Equal(t, "CPU_ATTN", in.AttnBackendName)
 	m.DType = layout.FP8E4M3
-	_, err = m.CompatInputs(p, "0.33.0")
+	_, err = m.CompatInputs(p)
 	require.ErrorIs(t, err, layout.ErrInvalidGeometry, "fp8 is a cache dtype, not a model dtype")
+
+	// A row by name has no version string to hash until one is set.
+	byName, err := protocol.ProfileByName("0.20")
+	require.NoError(t, err)
+	_, err = qwen.CompatInputs(byName)
+	require.ErrorContains(t, err, "has no Version")
+	byName.Version = "0.20.2rc1.dev265+gdd6b3a5ef"
+	in, err = qwen.CompatInputs(byName)
+	require.NoError(t, err)
+	assert.Equal(t, byName.Version, in.VLLMVersion)
 }
 
 func TestModelResolve(t *testing.T) {
@@ -120,11 +131,27 @@ func TestModelResolve(t *testing.T) {
 	prof = protocol.Profile{}
 	_, err = modelSpec{model: qwen}.resolve(&prof, &compat, &cache)
 	require.ErrorContains(t, err, "needs VLLMVersion")
-	prof = p16
+	prof, _ = protocol.ProfileByName("0.16") // no Version: nothing to hash
 	_, err = modelSpec{model: qwen}.resolve(&prof, &compat, &cache)
-	require.ErrorContains(t, err, "needs VLLMVersion")
+	require.ErrorContains(t, err, "needs VLLMVersion or Profile.Version")
 	_, err = modelSpec{version: "9.99.0"}.resolve(&prof, &compat, &cache)
 	require.Error(t, err)
+
+	// A Profile by name takes VLLMVersion as its Version; one from ProfileFor needs no VLLMVersion, and two
+	// different version strings are refused.
+	prof, compat = protocol.Profile{}, Compat{}
+	prof, _ = protocol.ProfileByName("0.16")
+	_, err = modelSpec{version: "0.16.1", model: qwen}.resolve(&prof, &compat, &cache)
+	require.NoError(t, err)
+	assert.Equal(t, "0.16.1", prof.Version)
+	assert.Equal(t, "0.16.1", compat.VLLMVersion)
+	prof, compat = p33, Compat{}
+	_, err = modelSpec{model: qwen}.resolve(&prof, &compat, &cache)
+	require.NoError(t, err)
+	assert.Equal(t, "0.33.0", compat.VLLMVersion)
+	prof, compat = p33, Compat{}
+	_, err = modelSpec{version: "0.33.1", model: qwen}.resolve(&prof, &compat, &cache)
+	require.ErrorContains(t, err, "set one of them")
 }
 
 // A role started from a Model creates its DRAM cache, serves it, and frees it after its agent on Close; the
@@ -136,7 +163,7 @@ func TestModelRoles(t *testing.T) {
 	tiny := Model{Name: "example/tiny", Layers: 2, KVHeads: 2, HeadDim: 64, DType: layout.BF16}
 	g, err := tiny.Geometry(p, 8, 1)
 	require.NoError(t, err)
-	in, err := tiny.CompatInputs(p, "0.33.0")
+	in, err := tiny.CompatInputs(p)
 	require.NoError(t, err)
 	pcache := newCache(t, g)
 	pre, err := NewPrefill(PrefillConfig{Profile: p, Library: lib, Cache: pcache, Compat: Compat{CompatInputs: in}})

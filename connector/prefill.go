@@ -27,9 +27,9 @@ type PrefillConfig struct {
 	VLLMVersion string
 	Model       Model
 	NumBlocks   int
-	// Profile is the vLLM release of the decode peers; VLLMVersion sets it (protocol.ProfileFor). Set it
-	// yourself only for a build no version string maps to (protocol.ProfileByName, e.g. a dev build); Compat
-	// must then be given too, since the version string is hashed.
+	// Profile is the vLLM release of the decode peers; VLLMVersion sets it (protocol.ProfileFor, which keeps the
+	// string as Profile.Version). Set it yourself only for a build no version string maps to (a dev build):
+	// protocol.ProfileByName, with Version set to the build's version string, since it is hashed.
 	Profile protocol.Profile
 	// Library is the loaded NIXL.
 	Library *nixl.Library
@@ -60,7 +60,7 @@ type PrefillConfig struct {
 	// neither binds nor closes it. Host and Port are then ignored.
 	SideChannel *sidechannel.Server
 	// Compat holds the compatibility-hash inputs and, for the decode role, the opt-out (SkipCheck). Left
-	// without inputs (VLLMVersion and Model empty) it gets Model.CompatInputs of VLLMVersion; set them only to
+	// without inputs (VLLMVersion and Model empty) it gets Model.CompatInputs of Profile; set them only to
 	// override what the vLLM side changed from its defaults (start from Model.CompatInputs), as they replace
 	// the derived ones whole.
 	Compat Compat
@@ -202,15 +202,13 @@ func newPrefill(cfg PrefillConfig) (*Prefill, error) {
 		}
 		md.KVCacheLayout = cfg.KVCacheLayout
 	}
-	hash := ""
-	if cfg.Profile.Payload == protocol.PayloadM1 {
-		if hash, err = cfg.Profile.CompatHash(cfg.Compat.CompatInputs); err != nil {
-			reg.close()
-			return nil, fmt.Errorf("connector: compatibility hash: %w", err)
-		}
-		if js, err := cfg.Profile.FactorsJSON(cfg.Compat.CompatInputs); err == nil {
-			log.Info("compatibility hash", zap.String("hash", hash), zap.String("inputs", js))
-		}
+	hash, err := cfg.Profile.CompatHash(cfg.Compat.CompatInputs)
+	if err != nil {
+		reg.close()
+		return nil, fmt.Errorf("connector: compatibility hash: %w", err)
+	}
+	if js, err := cfg.Profile.FactorsJSON(cfg.Compat.CompatInputs); err == nil {
+		log.Info("compatibility hash", zap.String("hash", hash), zap.String("inputs", js))
 	}
 	p.hash = hash
 	if p.payload, err = cfg.Profile.EncodeHandshake(hash, md); err != nil {

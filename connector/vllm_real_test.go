@@ -87,10 +87,11 @@ func writeModel(t *testing.T, name string, layers int) string {
 	return dir
 }
 
-// realCompat is what a user states: the vLLM release and platform of the peer (gonixl fills vLLM's defaults:
-// HMA, attention backend, cache dtype, transfer mode) and the model's values.
-func realCompat(p protocol.Profile, version, model string) connector.Compat {
-	in := p.DefaultCompatInputs(version, protocol.PlatformCPU)
+// realCompat is what a user states: the vLLM release (p, from ProfileFor of the peer's version string) and
+// platform of the peer (gonixl fills vLLM's defaults: HMA, attention backend, cache dtype, transfer mode) and the
+// model's values.
+func realCompat(p protocol.Profile, model string) connector.Compat {
+	in := p.DefaultCompatInputs(protocol.PlatformCPU)
 	in.Model, in.Dtype = model, "torch.bfloat16"
 	in.NumKVHeads, in.HeadSize, in.NumHiddenLayers = realKVHeads, realHeadDim, realLayers
 	return connector.Compat{CompatInputs: in}
@@ -374,7 +375,7 @@ func vllmDecodeGoPrefill(t *testing.T, lib *nixl.Library, r release, model strin
 	t.Logf("vLLM %s decode ready (import and setup %.1f s): backend %s, kv_cache_layout %q, %d regions of %d-byte blocks",
 		d.ready.Version, d.ready.ImportS, d.ready.Backend, d.ready.Layout, d.ready.Regions, d.ready.BlockLen)
 	require.Equal(t, version, d.ready.Version)
-	compat := realCompat(p, version, model)
+	compat := realCompat(p, model)
 	if d.ready.Hash != nil {
 		want, err := p.CompatHash(compat.CompatInputs)
 		require.NoError(t, err)
@@ -448,7 +449,7 @@ func goDecodeVLLMPrefill(t *testing.T, lib *nixl.Library, r release, model strin
 	d := startDriver(t, ctx, r.py, "prefill", model, 4*realBlocks, "--lease", fmt.Sprint(lease))
 	t.Logf("vLLM %s prefill ready (import and setup %.1f s): backend %s, kv_cache_layout %q", d.ready.Version, d.ready.ImportS, d.ready.Backend, d.ready.Layout)
 	require.Equal(t, version, d.ready.Version)
-	compat := realCompat(p, version, model)
+	compat := realCompat(p, model)
 	c := realCache(t, realGeom(t, p))
 	m := &connector.Metrics{}
 	dec := startDecode(t, connector.DecodeConfig{Profile: p, Library: lib, Cache: c, Compat: compat, Metrics: m})
@@ -541,7 +542,7 @@ func TestVLLMRealHeteroTP(t *testing.T) {
 			d := startTP2(t, ctx, rel.py, "decode", model)
 			c := realCache(t, realGeom(t, p))
 			m := &connector.Metrics{}
-			pre := startPrefill(t, connector.PrefillConfig{Profile: p, Library: lib, Cache: c, Compat: realCompat(p, v, model), Metrics: m,
+			pre := startPrefill(t, connector.PrefillConfig{Profile: p, Library: lib, Cache: c, Compat: realCompat(p, model), Metrics: m,
 				EngineID: fmt.Sprintf("gonixl-prefill-tp1-%s-%d", v, time.Now().UnixNano())})
 			const tokens = 300
 			kv, err := pre.Hold(ctx, "tp", tokens, randomFill(c))
@@ -563,7 +564,7 @@ func TestVLLMRealHeteroTP(t *testing.T) {
 			defer cancel()
 			d := startTP2(t, ctx, rel.py, "prefill", model)
 			c := realCache(t, realGeom(t, p))
-			dec := startDecode(t, connector.DecodeConfig{Profile: p, Library: lib, Cache: c, Compat: realCompat(p, v, model), Metrics: &connector.Metrics{}})
+			dec := startDecode(t, connector.DecodeConfig{Profile: p, Library: lib, Cache: c, Compat: realCompat(p, model), Metrics: &connector.Metrics{}})
 			ev := d.prefill(ctx, "tp", 300, 5)
 			kv := decodeParams(t, p, ev)
 			require.Equal(t, 2, kv.TPSize)

@@ -55,7 +55,7 @@ func TestVLLMSideBySide(t *testing.T) {
 		dec := startDriver(t, ctx, r.py, "decode", model, blocks+8)
 		require.Equal(t, version, pre.ready.Version)
 
-		compat := realCompat(p, version, model)
+		compat := realCompat(p, model)
 		compat.NumHiddenLayers = layers
 		g := realGeomN(t, p, layers, blocks+8)
 		c := realCache(t, g)

@@ -387,12 +387,6 @@ func TestC21ReplicatedHeads(t *testing.T) {
 		require.Equal(t, r/4, first)
 		require.Equal(t, 1, n)
 	}
-	d, err := DistinctRanks(8, 32)
-	mustNoErr(t, err)
-	require.Equal(t, []int{0, 4, 8, 12, 16, 20, 24, 28}, d)
-	d, err = DistinctRanks(8, 2)
-	mustNoErr(t, err)
-	require.Equal(t, []int{0, 1}, d)
 	_, err = HeadsPerRank(8, 3)
 	require.ErrorIs(t, err, ErrIncompatible)
 	_, err = HeadsPerRank(8, 12)

@@ -165,22 +165,3 @@ func (g Geometry) CoversScheduler(schedulerNumBlocks int) error {
 	}
 	return nil
 }
-
-// PostedDescs is the number of descriptors NIXL posts for a transfer of prepared lists local and remote
-// with paired indices li and ri (NIXL ≥ 1.5 merges by default): a run of pairs whose indices are consecutive
-// on both sides and whose descriptors are adjacent in memory (same device) on both sides becomes one
-// descriptor. It reproduces NIXL's rule so that tests and benchmarks can state counts without a transfer;
-// nixl's tests check it against NIXL's telemetry. Indices must be in range.
-func PostedDescs(local, remote []Desc, li, ri []int) int {
-	n := 0
-	for i := range li {
-		if i > 0 && li[i] == li[i-1]+1 && ri[i] == ri[i-1]+1 &&
-			adjacent(local[li[i-1]], local[li[i]]) && adjacent(remote[ri[i-1]], remote[ri[i]]) {
-			continue
-		}
-		n++
-	}
-	return n
-}
-
-func adjacent(a, b Desc) bool { return a.DevID == b.DevID && a.Addr+a.Len == b.Addr }

@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/gonixl/gonixl/internal/descmerge"
 )
 
 // idPatterns are the block-id allocations a decode worker sees: a fresh request's blocks (mostly one
@@ -109,7 +111,7 @@ func TestMergedPlanMovesTheSameBytes(t *testing.T) {
 								li, ri, err := q.Indices(ids, remoteIDs, nil, nil)
 								require.NoError(t, err)
 								maps[k] = byteMap(t, ld, rd, li, ri, 16)
-								counts[k] = PostedDescs(ld, rd, li, ri)
+								counts[k] = descmerge.Posted(ld, rd, li, ri)
 								if q.WholeBlocks() || (plan != PlanKVHalves && q.HeadOffset() == 0 && len(q.SourceRanks()) == 1) {
 									// dense lists: one descriptor per descriptor region and run
 									require.Equal(t, q.descRegions()*runsOf(li[:len(li)/q.descRegions()], ri[:len(ri)/q.descRegions()]), counts[k], pat)
@@ -127,23 +129,4 @@ func TestMergedPlanMovesTheSameBytes(t *testing.T) {
 			}
 		}
 	}
-}
-
-func TestPostedDescs(t *testing.T) {
-	d := func(addrs ...uint64) []Desc {
-		out := make([]Desc, len(addrs))
-		for i, a := range addrs {
-			out[i] = Desc{Addr: a, Len: 10}
-		}
-		return out
-	}
-	l := d(0, 10, 20, 40, 50)
-	r := d(100, 110, 120, 130, 140)
-	require.Equal(t, 1, PostedDescs(l, r, []int{0, 1, 2}, []int{0, 1, 2}))
-	require.Equal(t, 2, PostedDescs(l, r, []int{2, 3, 4}, []int{2, 3, 4}), "local gap between 2 and 3")
-	require.Equal(t, 2, PostedDescs(l, r, []int{0, 1}, []int{1, 0}))
-	require.Equal(t, 3, PostedDescs(l, r, []int{0, 2, 1}, []int{0, 2, 1}), "indices not consecutive")
-	require.Equal(t, 0, PostedDescs(l, r, nil, nil))
-	r[1].DevID = 1
-	require.Equal(t, 3, PostedDescs(l, r, []int{0, 1, 2}, []int{0, 1, 2}), "other device")
 }

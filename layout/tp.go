@@ -6,7 +6,7 @@ import (
 )
 
 // MaxTP is the largest tensor-parallel degree accepted (far above any deployment); it keeps every rank
-// and head computation of this file far from overflow and bounds what DistinctRanks allocates.
+// and head computation of this file far from overflow.
 const MaxTP = 1 << 16
 
 // HeadsPerRank is the number of KV heads each of tp ranks holds for a model with totalKVHeads KV heads,
@@ -46,21 +46,6 @@ func RankHeads(totalKVHeads, tp, rank int) (first, n int, err error) {
 		return rank * n, n, nil
 	}
 	return rank / (tp / totalKVHeads), n, nil
-}
-
-// DistinctRanks lists, in rank order, one rank per distinct head set: all ranks when tp ≤ totalKVHeads,
-// otherwise the first rank of each replica group (0, tp/H, 2·tp/H, ...). Shipping from these ranks covers
-// every head exactly once.
-func DistinctRanks(totalKVHeads, tp int) ([]int, error) {
-	if _, err := HeadsPerRank(totalKVHeads, tp); err != nil {
-		return nil, err
-	}
-	step := max(1, tp/totalKVHeads)
-	out := make([]int, 0, tp/step)
-	for r := 0; r < tp; r += step {
-		out = append(out, r)
-	}
-	return out, nil
 }
 
 // ReadPlan is one decode (local, D) rank's view of reading from a prefill (remote, P) engine, following

@@ -5,6 +5,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/gonixl/gonixl/internal/descmerge"
 	"github.com/gonixl/gonixl/internal/nixltest"
 	"github.com/gonixl/gonixl/layout"
 	"github.com/gonixl/gonixl/nixl"
@@ -68,7 +69,7 @@ func TestDescMerge(t *testing.T) {
 // TestLayoutPlansPostedDescs READs vLLM's worked case, 63 consecutive blocks of 28 layers (vLLM 0.33
 // posted 28 descriptors for it), through every layout era's read plan as the decode role prepares it
 // (layout.ReadPlan.Merged), and checks NIXL's own count of posted descriptors (telemetry) against
-// layout.PostedDescs: one per region for the contiguous request (28; 56 in era A, which registers K and V
+// descmerge.Posted: one per region for the contiguous request (28; 56 in era A, which registers K and V
 // as separate regions), and for a scattered one the same as without the merge. The bytes land where the
 // plan says.
 func TestLayoutPlansPostedDescs(t *testing.T) {
@@ -114,7 +115,7 @@ func TestLayoutPlansPostedDescs(t *testing.T) {
 			for _, ids := range [][]int{contiguous, scattered} {
 				li, ri, err := p.Indices(ids, ids, nil, nil)
 				require.NoError(t, err)
-				want := layout.PostedDescs(ld, rd, li, ri)
+				want := descmerge.Posted(ld, rd, li, ri)
 				x, err := a.MakeXfer(nixl.Read, lp, li, rp, ri)
 				require.NoError(t, err)
 				postWait(t, ctxT(t), x)

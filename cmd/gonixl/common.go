@@ -100,6 +100,7 @@ func profileFor(v string) (protocol.Profile, error) {
 		return p, nil
 	}
 	if p2, err2 := protocol.ProfileByName(v); err2 == nil {
+		p2.Version = v // a forced profile hashes the string given, as a version string would be
 		return p2, nil
 	}
 	return protocol.Profile{}, fmt.Errorf("%w: %q (profiles: %s; pass a profile name to force one)", protocol.ErrUnknownVersion, v, profileNames())

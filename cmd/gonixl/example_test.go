@@ -16,7 +16,7 @@ func Example_inspect() {
 	run([]string{"inspect", file}, os.Stdout, os.Stderr)
 	// Output:
 	// kind                   kv_transfer_params (204 bytes)
-	// profile                vLLM 0.16 (H2/M1, connector v2)
+	// profile                vLLM 0.16 (H2, connector v2)
 	// do_remote_prefill      true
 	// do_remote_decode       false
 	// remote_block_ids       [1, 2, 3]

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -217,20 +216,11 @@ func decodeEach[T any](rep *inspectReport, profiles []protocol.Profile, decode f
 }
 
 func inspectPayload(rep *inspectReport, data []byte, profiles []protocol.Profile) error {
-	var m1 []protocol.Profile
-	for _, p := range profiles {
-		if p.Payload == protocol.PayloadM1 {
-			m1 = append(m1, p)
-		}
-	}
-	if len(m1) == 0 {
-		return errors.New("these profiles send no NixlHandshakePayload (the reply is the metadata itself)")
-	}
 	hp, err := protocol.DecodeHandshakePayload(data)
 	if err != nil {
 		return err
 	}
-	if err := inspectMetadata(rep, hp.AgentMetadataBytes, m1); err != nil {
+	if err := inspectMetadata(rep, hp.AgentMetadataBytes, profiles); err != nil {
 		return fmt.Errorf("a NixlHandshakePayload whose agent_metadata_bytes do not decode: %w", err)
 	}
 	rep.CompatibilityHash = hp.CompatibilityHash

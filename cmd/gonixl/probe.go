@@ -104,15 +104,12 @@ func (c *compatFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.transferMode, "transfer-mode", "", "hash input (0.33): transfer_mode (default pull)")
 }
 
-func (c *compatFlags) inputs(version string) (protocol.CompatInputs, error) {
+// inputs are the hash inputs of the flags under p (whose Version profileFor set to --vllm-version).
+func (c *compatFlags) inputs(p protocol.Profile) (protocol.CompatInputs, error) {
 	if c.kvHeads <= 0 || c.headSize <= 0 || c.layers <= 0 {
 		return protocol.CompatInputs{}, usagef("--model needs --kv-heads, --head-size and --layers (positive) to compute the hash")
 	}
-	p, err := profileFor(version)
-	if err != nil {
-		return protocol.CompatInputs{}, err
-	}
-	in := p.DefaultCompatInputs(version, protocol.Platform(c.platform))
+	in := p.DefaultCompatInputs(protocol.Platform(c.platform))
 	in.Model, in.Dtype, in.NumKVHeads, in.HeadSize, in.NumHiddenLayers = c.model, c.dtype, c.kvHeads, c.headSize, c.layers
 	if c.attn != "" {
 		in.AttnBackendName = c.attn
@@ -182,12 +179,9 @@ func runProbe(ctx context.Context, env *cmdEnv, args []string) error {
 	}
 	rep := probeReport{Address: addr, VLLMVersion: *version, Profile: p.String()}
 	if cf.model != "" {
-		in, err := cf.inputs(*version)
+		in, err := cf.inputs(p)
 		if err != nil {
 			return err
-		}
-		if p.Payload != protocol.PayloadM1 {
-			return usagef("vLLM %s sends no compatibility hash; drop --model", p.Name)
 		}
 		if rep.LocalHash, err = p.CompatHash(in); err != nil {
 			return usagef("hash inputs: %v", err)
@@ -214,7 +208,7 @@ func runProbe(ctx context.Context, env *cmdEnv, args []string) error {
 		if err != nil {
 			return probeError(err, addr, rank, p)
 		}
-		hp, err := p.DecodeHandshake(res.Payload)
+		hp, err := protocol.DecodeHandshakePayload(res.Payload)
 		if err != nil {
 			return fmt.Errorf("rank %s at %s: %w (is --vllm-version %s what the peer runs?)", rank, addr, err, *version)
 		}

@@ -4,19 +4,20 @@
 // messages.
 //
 // Everything that differs between vLLM releases is data in a Profile (see Profiles); pick one with ProfileFor
-// from the version string the peer's OpenAI server reports at GET /version, or with ProfileByName:
+// from the version string the peer's OpenAI server reports at GET /version (the profile keeps it as Version,
+// which the compatibility hash includes), or with ProfileByName (then set Version yourself):
 //
 //	p, err := protocol.ProfileFor("0.33.0")
-//	in := p.DefaultCompatInputs("0.33.0", protocol.PlatformCUDA) // vLLM's defaults: HMA, FLASH_ATTN, "auto", pull
+//	in := p.DefaultCompatInputs(protocol.PlatformCUDA) // "0.33.0" and vLLM's defaults: HMA, FLASH_ATTN, "auto", pull
 //	in.Model, in.Dtype, in.NumKVHeads, in.HeadSize, in.NumHiddenLayers = "Qwen/Qwen3-0.6B", "torch.bfloat16", 8, 128, 28
 //	hash, err := p.CompatHash(in)
 //	payload, err := p.EncodeHandshake(hash, meta)          // prefill side: what the side channel serves
 //	meta, err := p.OpenHandshake(payload, protocol.HandshakeCheck{LocalHash: hash, EnforceHash: true})
 //
 // Supported: every vLLM release from 0.16.0 to 0.33.x, in 13 rows (framing H2 up to 0.25, H4 from 0.26;
-// payload M1 throughout; NIXL_CONNECTOR_VERSION 2 to 15). The Profiles doc comment lists what each row adds to
-// the one before. Decoders never panic on network input and return errors wrapping the package's sentinels
-// (ErrMalformed, ErrMissingField, ErrHashMismatch, ...).
+// NIXL_CONNECTOR_VERSION 2 to 15). The Profiles doc comment lists what each row adds to the one before.
+// Decoders never panic on network input and return errors wrapping the package's sentinels (ErrMalformed,
+// ErrMissingField, ErrHashMismatch, ...).
 //
 // What differs on the wire between the oldest and the newest row (read in their wheels):
 //
@@ -54,4 +55,4 @@
 // The package builds with CGO_ENABLED=0.
 package protocol
 
-//go:generate go run golang.org/x/tools/cmd/stringer@v0.52.0 -linecomment -output=string.go -type=Framing,PayloadKind,LayoutEra
+//go:generate go run golang.org/x/tools/cmd/stringer@v0.52.0 -linecomment -output=string.go -type=Framing,LayoutEra

@@ -19,8 +19,8 @@ func ExampleProfileFor() {
 	_, err = protocol.ProfileFor("0.34.0")
 	fmt.Println(err)
 	// Output:
-	// vLLM 0.33 (H4/M1, connector v15)
-	// vLLM 0.23 (H2/M1, connector v4) B
+	// vLLM 0.33 (H4, connector v15)
+	// vLLM 0.23 (H2, connector v4) B
 	// protocol: no profile for this vLLM version: vLLM "0.34.0" (supported: 0.16.x–0.17.x, 0.18.x–0.19.x, 0.20.x, 0.21.x, 0.22.x, 0.23.x–0.25.x, 0.26.x–0.27.x, 0.28.x, 0.29.x, 0.30.x, 0.31.x, 0.32.x, 0.33.x)
 }
 
@@ -77,12 +77,12 @@ func ExampleProfile_EncodeNotification() {
 	// true [reqA reqB]
 }
 
-// Name the vLLM version, the peer's platform and the model; the rest is vLLM's defaults for that release. This
-// is the hash vLLM 0.33.0's own NixlConnector computed on its CPU platform for this model path
-// (testdata/vllm/0.33.0/real.json).
+// Name the vLLM version (once, to ProfileFor), the peer's platform and the model; the rest is vLLM's defaults
+// for that release. This is the hash vLLM 0.33.0's own NixlConnector computed on its CPU platform for this
+// model path (testdata/vllm/0.33.0/real.json).
 func ExampleProfile_DefaultCompatInputs() {
 	p, _ := protocol.ProfileFor("0.33.0")
-	in := p.DefaultCompatInputs("0.33.0", protocol.PlatformCPU)
+	in := p.DefaultCompatInputs(protocol.PlatformCPU)
 	in.Model, in.Dtype, in.NumKVHeads, in.HeadSize, in.NumHiddenLayers = "/tmp/gonixl-vectors/Qwen3-0.6B", "torch.bfloat16", 8, 128, 28
 	h, _ := p.CompatHash(in)
 	js, _ := p.FactorsJSON(in)

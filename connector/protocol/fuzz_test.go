@@ -62,7 +62,7 @@ func FuzzDecodeHandshakePayload(f *testing.F) {
 		if err != nil {
 			return
 		}
-		requireRoundTrip(t, hp, EncodeHandshakePayload, DecodeHandshakePayload)
+		requireRoundTrip(t, hp, encodeHandshakePayload, DecodeHandshakePayload)
 		for _, p := range Profiles {
 			_, _ = p.OpenHandshake(b, HandshakeCheck{LocalHash: hp.CompatibilityHash, EnforceHash: true})
 		}
@@ -90,11 +90,11 @@ func FuzzDecodeRequest(f *testing.F) {
 func FuzzDecodeClock(f *testing.F) {
 	seedHex(f, func(b []byte) { f.Add(b) })
 	f.Fuzz(func(t *testing.T, b []byte) {
-		c, err := DecodeClock(b)
+		c, err := decodeClock(b)
 		if err != nil || math.IsNaN(c) || math.IsInf(c, 0) {
 			return
 		}
-		requireRoundTrip(t, c, EncodeClock, DecodeClock)
+		requireRoundTrip(t, c, encodeClock, decodeClock)
 	})
 }
 
@@ -151,7 +151,7 @@ func FuzzDecodeNotification(f *testing.F) {
 	})
 }
 
-// PyFloatRepr must always round-trip and use Python's notation switch points.
+// pyFloatRepr must always round-trip and use Python's notation switch points.
 func FuzzPyFloatRepr(f *testing.F) {
 	for _, x := range []float64{0, 1, 0.1, 1e16, 1e-5, 1e-4, 5e-324, math.MaxFloat64, -2.5e-7} {
 		f.Add(x)
@@ -160,7 +160,7 @@ func FuzzPyFloatRepr(f *testing.F) {
 		if math.IsNaN(x) || math.IsInf(x, 0) {
 			return
 		}
-		s := PyFloatRepr(x)
+		s := pyFloatRepr(x)
 		y, err := strconv.ParseFloat(s, 64)
 		require.NoError(t, err, s)
 		require.Equal(t, math.Float64bits(x), math.Float64bits(y), s)

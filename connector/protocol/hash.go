@@ -15,11 +15,12 @@ import (
 // CompatInputs are the values vLLM feeds into compute_nixl_compatibility_hash. A Go peer must use the vLLM
 // side's exact strings: its version string (GET /version), its --model string as typed, str(torch dtype), ...
 //
-// Start from Profile.DefaultCompatInputs, which fills in what vLLM uses when its user sets nothing (HMA,
-// attention backend of the platform, cache dtype, transfer mode), and set the model's values; a struct literal
-// leaves HMAEnabled false, which is not vLLM's default from 0.22.
+// Start from Profile.DefaultCompatInputs, which fills in the profile's Version and what vLLM uses when its user
+// sets nothing (HMA, attention backend of the platform, cache dtype, transfer mode), and set the model's values;
+// a struct literal leaves HMAEnabled false, which is not vLLM's default from 0.22.
 type CompatInputs struct {
-	VLLMVersion     string // vllm.__version__ of the side whose hash we reproduce, e.g. "0.16.0"
+	// VLLMVersion is vllm.__version__ of the side whose hash we reproduce, e.g. "0.16.0"; "" = Profile.Version.
+	VLLMVersion     string
 	Model           string // model_config.model, exactly as given on the command line
 	Dtype           string // str(model_config.dtype), e.g. "torch.bfloat16"
 	NumKVHeads      int64  // total KV heads (not per rank)
@@ -79,15 +80,16 @@ var (
 	defaultsV022 = CompatDefaults{HMAEnabled: true, AttnBackend: defaultBackends, CacheDtype: "auto", TransferMode: "pull"}
 )
 
-// DefaultCompatInputs returns the hash inputs of this row's vLLM defaults on platform ("" = CUDA) for the given
-// vLLM version string; set the model's values (Model, Dtype, NumKVHeads, HeadSize, NumHiddenLayers) and change
-// only what the vLLM side changed from its defaults.
-func (p Profile) DefaultCompatInputs(vllmVersion string, platform Platform) CompatInputs {
+// DefaultCompatInputs returns the hash inputs of this row's vLLM defaults on platform ("" = CUDA) for the
+// profile's Version (the string ProfileFor was given; empty from ProfileByName until set); set the model's values
+// (Model, Dtype, NumKVHeads, HeadSize, NumHiddenLayers) and change only what the vLLM side changed from its
+// defaults.
+func (p Profile) DefaultCompatInputs(platform Platform) CompatInputs {
 	if platform == "" {
 		platform = PlatformCUDA
 	}
 	return CompatInputs{
-		VLLMVersion:     vllmVersion,
+		VLLMVersion:     p.Version,
 		Platform:        platform,
 		AttnBackendName: p.Defaults.AttnBackend[platform],
 		CacheDtype:      p.Defaults.CacheDtype,
@@ -96,8 +98,11 @@ func (p Profile) DefaultCompatInputs(vllmVersion string, platform Platform) Comp
 	}
 }
 
-// withDefaults fills the string inputs left empty with the row's defaults.
+// withDefaults fills the string inputs left empty with the profile's Version and the row's defaults.
 func (p Profile) withDefaults(in CompatInputs) CompatInputs {
+	if in.VLLMVersion == "" {
+		in.VLLMVersion = p.Version
+	}
 	if in.AttnBackendName == "" {
 		pl := in.Platform
 		if pl == "" {
@@ -136,12 +141,17 @@ var hashFactor = map[string]func(p Profile, in CompatInputs) any{
 	"transfer_mode": func(_ Profile, in CompatInputs) any { return in.TransferMode },
 }
 
-// Factors returns the factor dict of this profile's compute_nixl_compatibility_hash for the inputs, with empty
-// AttnBackendName, CacheDtype and TransferMode taken from the row's defaults. It fails with ErrInvalid when a
-// string input vLLM always has is still empty (a hash over "" would silently never match).
+// Factors returns the factor dict of this profile's compute_nixl_compatibility_hash for the inputs, with an
+// empty VLLMVersion taken from the profile's Version and empty AttnBackendName, CacheDtype and TransferMode from
+// the row's defaults. It fails with ErrInvalid when a string input vLLM always has is still empty (a hash over
+// "" would silently never match).
 func (p Profile) Factors(in CompatInputs) (map[string]any, error) {
 	in = p.withDefaults(in)
-	for name, v := range map[string]string{"VLLMVersion": in.VLLMVersion, "Model": in.Model, "Dtype": in.Dtype,
+	if in.VLLMVersion == "" {
+		return nil, fmt.Errorf("%w: CompatInputs.VLLMVersion and Profile.Version are empty: get the profile with ProfileFor(the vLLM side's version string), or set Profile.Version to that string (ProfileByName leaves it empty)",
+			ErrInvalid)
+	}
+	for name, v := range map[string]string{"Model": in.Model, "Dtype": in.Dtype,
 		"AttnBackendName": in.AttnBackendName, "CacheDtype": in.CacheDtype} {
 		if v == "" {
 			return nil, fmt.Errorf("%w: CompatInputs.%s is empty and vLLM %s has no default for it (platform %q); use the vLLM side's exact value",
@@ -165,7 +175,7 @@ func (p Profile) CompatHash(in CompatInputs) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return CompatHash(f)
+	return factorDigest(f)
 }
 
 // FactorsJSON returns the factor dict as vLLM hashes it (json.dumps(factors, sort_keys=True)): what to compare
@@ -175,12 +185,13 @@ func (p Profile) FactorsJSON(in CompatInputs) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return PyJSONDumps(f)
+	return pyJSONDumps(f)
 }
 
-// CompatHash returns hashlib.sha256(json.dumps(factors, sort_keys=True).encode()).hexdigest().
-func CompatHash(factors map[string]any) (string, error) {
-	js, err := PyJSONDumps(factors)
+// factorDigest returns hashlib.sha256(json.dumps(factors, sort_keys=True).encode()).hexdigest(): the hash of
+// a factor dict (Profile.Factors).
+func factorDigest(factors map[string]any) (string, error) {
+	js, err := pyJSONDumps(factors)
 	if err != nil {
 		return "", err
 	}
@@ -188,11 +199,11 @@ func CompatHash(factors map[string]any) (string, error) {
 	return hex.EncodeToString(sum[:]), nil
 }
 
-// PyJSONDumps reproduces Python's json.dumps(v, sort_keys=True) with its defaults: separators ", " and ": ",
+// pyJSONDumps reproduces Python's json.dumps(v, sort_keys=True) with its defaults: separators ", " and ": ",
 // ensure_ascii (\uXXXX escapes, lowercase hex, surrogate pairs), float repr ("1e-05", "1e+16", "1.0"),
 // NaN/Infinity, true/false/null. Accepted types: nil, bool, all Go integer types, *big.Int, float32/64,
 // string, []any, []string, []int64, []int, map[string]any.
-func PyJSONDumps(v any) (string, error) {
+func pyJSONDumps(v any) (string, error) {
 	var b strings.Builder
 	if err := pyDump(&b, v, 0); err != nil {
 		return "", err
@@ -222,9 +233,9 @@ func pyDump(b *strings.Builder, v any, depth int) error {
 			b.WriteString(x.String())
 		}
 	case float32:
-		b.WriteString(PyFloatRepr(float64(x)))
+		b.WriteString(pyFloatRepr(float64(x)))
 	case float64:
-		b.WriteString(PyFloatRepr(x))
+		b.WriteString(pyFloatRepr(x))
 	case string:
 		if err := pyString(b, x); err != nil {
 			return err
@@ -315,9 +326,9 @@ func writeU(b *strings.Builder, r rune) {
 	}
 }
 
-// PyFloatRepr returns Python's repr(float): the shortest round-trip digits, in positional notation when the
+// pyFloatRepr returns Python's repr(float): the shortest round-trip digits, in positional notation when the
 // decimal exponent is in [-4, 16), else in scientific notation with a signed, at-least-two-digit exponent.
-func PyFloatRepr(f float64) string {
+func pyFloatRepr(f float64) string {
 	switch {
 	case math.IsNaN(f):
 		return "NaN"

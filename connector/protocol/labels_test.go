@@ -61,17 +61,18 @@ func TestDefaultCompatInputs(t *testing.T) {
 	}
 	p33, err := ProfileFor("0.33.0")
 	require.NoError(t, err)
-	in := p33.DefaultCompatInputs("0.33.0", "")
+	in := p33.DefaultCompatInputs("")
+	assert.Equal(t, "0.33.0", in.VLLMVersion, "the version ProfileFor was given")
 	assert.Equal(t, PlatformCUDA, in.Platform)
 	assert.Equal(t, "FLASH_ATTN", in.AttnBackendName)
 	assert.True(t, in.HMAEnabled, "vLLM 0.33 keeps HMA on with NixlConnector")
 	assert.Equal(t, "auto", in.CacheDtype)
 	assert.Equal(t, "pull", in.TransferMode)
-	assert.Equal(t, "CPU_ATTN", p33.DefaultCompatInputs("0.33.0", PlatformCPU).AttnBackendName)
+	assert.Equal(t, "CPU_ATTN", p33.DefaultCompatInputs(PlatformCPU).AttnBackendName)
 
 	p18, err := ProfileFor("0.18.0")
 	require.NoError(t, err)
-	assert.False(t, p18.DefaultCompatInputs("0.18.0", PlatformCUDA).HMAEnabled, "0.18 turns HMA off with a connector")
+	assert.False(t, p18.DefaultCompatInputs(PlatformCUDA).HMAEnabled, "0.18 turns HMA off with a connector")
 
 	// A literal on the CPU platform with the backend left empty hashes CPU_ATTN.
 	lit := model(CompatInputs{VLLMVersion: "0.33.0", Platform: PlatformCPU, HMAEnabled: true})
@@ -82,6 +83,24 @@ func TestDefaultCompatInputs(t *testing.T) {
 	_, err = p33.Factors(model(CompatInputs{VLLMVersion: "0.33.0", Platform: "tpu"}))
 	require.ErrorIs(t, err, ErrInvalid, "no default backend for an unknown platform")
 	assert.ErrorContains(t, err, "AttnBackendName")
+
+	// The version is stated once: a literal without VLLMVersion hashes the profile's, and a row by name has
+	// none until its Version is set.
+	f, err = p33.Factors(model(CompatInputs{HMAEnabled: true}))
+	require.NoError(t, err)
+	assert.Equal(t, "0.33.0", f["vllm_version"])
+	byName, err := ProfileByName("0.33")
+	require.NoError(t, err)
+	assert.Empty(t, byName.Version)
+	_, err = byName.Factors(model(byName.DefaultCompatInputs("")))
+	require.ErrorIs(t, err, ErrInvalid)
+	assert.ErrorContains(t, err, "Profile.Version")
+	byName.Version = "0.33.0"
+	h, err := byName.CompatHash(model(byName.DefaultCompatInputs("")))
+	require.NoError(t, err)
+	want, err := p33.CompatHash(model(p33.DefaultCompatInputs("")))
+	require.NoError(t, err)
+	assert.Equal(t, want, h)
 }
 
 // A decode side that left HMAEnabled false against a vLLM 0.33 prefill (HMA on) gets an error that shows its
@@ -89,7 +108,7 @@ func TestDefaultCompatInputs(t *testing.T) {
 func TestHashMismatchExplained(t *testing.T) {
 	p, err := ProfileFor("0.33.0")
 	require.NoError(t, err)
-	remote := p.DefaultCompatInputs("0.33.0", PlatformCPU)
+	remote := p.DefaultCompatInputs(PlatformCPU)
 	remote.Model, remote.Dtype, remote.NumKVHeads, remote.HeadSize, remote.NumHiddenLayers = "m", "torch.bfloat16", 2, 64, 2
 	rh, err := p.CompatHash(remote)
 	require.NoError(t, err)

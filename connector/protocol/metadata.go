@@ -51,8 +51,8 @@ func NewAgentMetadata() AgentMetadata {
 	return AgentMetadata{DCPSize: 1, PCPSize: 1, PhysicalBlocksPerLogicalKVBlock: 1}
 }
 
-// HandshakePayload is vLLM's NixlHandshakePayload (payload era M1): the compatibility hash and the msgpack of
-// NixlAgentMetadata. In era M0 the reply is the metadata alone; DecodeHandshake then leaves the hash empty.
+// HandshakePayload is vLLM's NixlHandshakePayload, the side-channel reply payload of every row: the
+// compatibility hash and the msgpack of NixlAgentMetadata (Profile.DecodeMetadata decodes those bytes).
 type HandshakePayload struct {
 	CompatibilityHash  string
 	AgentMetadataBytes []byte
@@ -495,21 +495,17 @@ func decodeMetadata(s Schema, b []byte) (AgentMetadata, error) {
 
 const objPayload = "NixlHandshakePayload"
 
-// EncodeHandshake builds the side-channel reply payload: msgpack(NixlHandshakePayload{hash, msgpack(m)}) in
-// era M1, msgpack(m) in era M0 (where hash is ignored).
+// EncodeHandshake builds the side-channel reply payload: msgpack(NixlHandshakePayload{hash, msgpack(m)}).
 func (p Profile) EncodeHandshake(hash string, m AgentMetadata) ([]byte, error) {
 	inner, err := p.EncodeMetadata(m)
 	if err != nil {
 		return nil, err
 	}
-	if p.Payload == PayloadM0 {
-		return inner, nil
-	}
-	return EncodeHandshakePayload(HandshakePayload{CompatibilityHash: hash, AgentMetadataBytes: inner})
+	return encodeHandshakePayload(HandshakePayload{CompatibilityHash: hash, AgentMetadataBytes: inner})
 }
 
-// EncodeHandshakePayload encodes the two-field NixlHandshakePayload dataclass.
-func EncodeHandshakePayload(hp HandshakePayload) ([]byte, error) {
+// encodeHandshakePayload encodes the two-field NixlHandshakePayload dataclass.
+func encodeHandshakePayload(hp HandshakePayload) ([]byte, error) {
 	if !utf8.ValidString(hp.CompatibilityHash) {
 		return nil, invalid(objPayload, "compatibility_hash", "string is not valid UTF-8")
 	}
@@ -522,7 +518,9 @@ func EncodeHandshakePayload(hp HandshakePayload) ([]byte, error) {
 	return w.bytes()
 }
 
-// DecodeHandshakePayload decodes NixlHandshakePayload with msgspec's rules (both fields required).
+// DecodeHandshakePayload decodes NixlHandshakePayload with msgspec's rules (both fields required). It needs no
+// profile: the payload's shape is the same in every row (Profile.OpenHandshake also checks the hash and decodes
+// the metadata).
 func DecodeHandshakePayload(b []byte) (HandshakePayload, error) {
 	var hp HandshakePayload
 	r := newReader(b, objPayload)
@@ -565,15 +563,6 @@ func DecodeHandshakePayload(b []byte) (HandshakePayload, error) {
 	return hp, nil
 }
 
-// DecodeHandshake decodes a reply payload of this profile's era. In era M0 the result has an empty hash and the
-// whole payload as AgentMetadataBytes.
-func (p Profile) DecodeHandshake(b []byte) (HandshakePayload, error) {
-	if p.Payload == PayloadM0 {
-		return HandshakePayload{AgentMetadataBytes: b}, nil
-	}
-	return DecodeHandshakePayload(b)
-}
-
 // HandshakeCheck is what the handshake initiator (the decode side in pull mode) verifies, in vLLM's order.
 type HandshakeCheck struct {
 	// LocalHash is our own compatibility hash (Profile.CompatHash). Compared only when EnforceHash is set.
@@ -589,14 +578,14 @@ type HandshakeCheck struct {
 }
 
 // OpenHandshake does what vLLM's decode side does with a reply payload: decode the outer payload, compare the
-// compatibility hash before touching the inner bytes (M1 only), decode NixlAgentMetadata, check the engine id.
+// compatibility hash before touching the inner bytes, decode NixlAgentMetadata, check the engine id.
 // Errors wrap ErrMalformed, ErrMissingField, ErrHashMismatch or ErrEngineMismatch.
 func (p Profile) OpenHandshake(b []byte, c HandshakeCheck) (AgentMetadata, error) {
-	hp, err := p.DecodeHandshake(b)
+	hp, err := DecodeHandshakePayload(b)
 	if err != nil {
 		return AgentMetadata{}, fmt.Errorf("decode handshake payload (is the peer really vLLM %s?): %w", p.Name, err)
 	}
-	if p.Payload == PayloadM1 && c.EnforceHash && hp.CompatibilityHash != c.LocalHash {
+	if c.EnforceHash && hp.CompatibilityHash != c.LocalHash {
 		return AgentMetadata{}, fmt.Errorf("%w: local %s, remote %s; prefill and decode differ in vLLM version, "+
 			"model, dtype, attention backend or cache dtype%s (set EnforceHash=false, like vLLM's "+
 			"enforce_handshake_compat=false, to skip this check)", ErrHashMismatch, c.LocalHash, hp.CompatibilityHash,

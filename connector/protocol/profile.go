@@ -7,30 +7,18 @@ import (
 	"time"
 )
 
-// Framing is the side-channel request/reply format, in the order vLLM introduced them (H1–H4); the rows of
-// Profiles use H2 and H4.
+// Framing is the side-channel request/reply format. The names follow the order in which vLLM introduced the
+// formats (H1–H4); only H2 and H4 were in a final release from 0.16 on, so only they are here (H1, one raw
+// "get_meta_msg" listener per TP rank, predates 0.16; H3, H4's request with a one-frame reply, never shipped
+// in a release).
 type Framing int
 
 const (
-	// FramingH1: the request is the 12 raw bytes "get_meta_msg" (no rank); one listener per TP rank.
-	FramingH1 Framing = iota + 1 // H1
 	// FramingH2: the request is msgpack [bin "get_meta_msg", tp_rank]; the reply is one frame.
-	FramingH2 // H2
-	// FramingH3: the request is msgpack [bin "get_meta_msg", pp_rank, tp_rank]; the reply is one frame.
-	FramingH3 // H3
-	// FramingH4: H3's request; the reply has a second frame, msgpack float64 of the server's monotonic clock.
+	FramingH2 Framing = iota + 1 // H2
+	// FramingH4: the request is msgpack [bin "get_meta_msg", pp_rank, tp_rank]; the reply has a second frame,
+	// msgpack float64 of the server's monotonic clock.
 	FramingH4 // H4
-)
-
-// PayloadKind says what the side-channel reply payload is: the metadata alone (M0), or with the
-// compatibility hash (M1, which every row of Profiles uses).
-type PayloadKind int
-
-const (
-	// PayloadM0: the reply is msgpack(NixlAgentMetadata).
-	PayloadM0 PayloadKind = iota + 1 // M0
-	// PayloadM1: the reply is msgpack(NixlHandshakePayload{compatibility_hash, agent_metadata_bytes}).
-	PayloadM1 // M1
 )
 
 // BlockIDsShape is how kv_transfer_params.remote_block_ids is shaped in JSON.
@@ -76,9 +64,17 @@ type Profile struct {
 	Name string
 	// MinVersion (inclusive) and MaxVersion (exclusive) bound the final releases this profile covers.
 	MinVersion, MaxVersion string
+	// Version is the vLLM version string of the side whose compatibility hash we reproduce (vllm.__version__,
+	// hashed as "vllm_version"), exactly as ProfileFor was given it; the hash inputs take it from here
+	// (DefaultCompatInputs, and Factors when CompatInputs.VLLMVersion is empty), so the version is stated once.
+	// The rows of Profiles and ProfileByName leave it empty: a row spans several releases, and no release's
+	// string can stand for a dev build's, so set it to the peer's exact string then.
+	Version string
 
+	// Framing is the side-channel request/reply format. In every row the reply payload is
+	// msgpack(NixlHandshakePayload{compatibility_hash, agent_metadata_bytes}) (vLLM's M1; the bare metadata, M0,
+	// predates 0.16).
 	Framing Framing
-	Payload PayloadKind
 	// Schema lists NixlAgentMetadata's fields in declaration (= wire) order.
 	Schema Schema
 	// ConnectorVersion is vLLM's NIXL_CONNECTOR_VERSION, hashed as "nixl_connector_version".
@@ -139,7 +135,7 @@ var (
 // spans several releases only where their connector sources are identical (patch releases were compared file
 // by file). What changes from one row to the next:
 //
-//	0.16–0.17  H2, M1, version 2, flat remote_block_ids, layout A, abort timeout 480 s
+//	0.16–0.17  H2, version 2, flat remote_block_ids, layout A, abort timeout 480 s
 //	0.18–0.19  + ssm_sizes; hash + is_hma_enabled; remote_block_ids one list per KV-cache group
 //	0.20       + attn_backend_name (last metadata field)
 //	           (all three: hash default is_hma_enabled false, vLLM turns HMA off when a connector is set)
@@ -161,7 +157,6 @@ var Profiles = []Profile{
 	{
 		Name: "0.16", MinVersion: "0.16.0", MaxVersion: "0.18.0",
 		Framing:          FramingH2,
-		Payload:          PayloadM1,
 		Schema:           schemaV016,
 		ConnectorVersion: 2,
 		HashFactors:      hashFactorsV016,
@@ -179,7 +174,6 @@ var Profiles = []Profile{
 	{
 		Name: "0.18", MinVersion: "0.18.0", MaxVersion: "0.20.0",
 		Framing:          FramingH2,
-		Payload:          PayloadM1,
 		Schema:           schemaV018,
 		ConnectorVersion: 2,
 		HashFactors:      hashFactorsV018,
@@ -197,7 +191,6 @@ var Profiles = []Profile{
 	{
 		Name: "0.20", MinVersion: "0.20.0", MaxVersion: "0.21.0",
 		Framing:          FramingH2,
-		Payload:          PayloadM1,
 		Schema:           schemaV020,
 		ConnectorVersion: 2,
 		HashFactors:      hashFactorsV018,
@@ -215,7 +208,6 @@ var Profiles = []Profile{
 	{
 		Name: "0.21", MinVersion: "0.21.0", MaxVersion: "0.22.0",
 		Framing:          FramingH2,
-		Payload:          PayloadM1,
 		Schema:           schemaV021,
 		ConnectorVersion: 3,
 		HashFactors:      hashFactorsV018,
@@ -233,7 +225,6 @@ var Profiles = []Profile{
 	{
 		Name: "0.22", MinVersion: "0.22.0", MaxVersion: "0.23.0",
 		Framing:           FramingH2,
-		Payload:           PayloadM1,
 		Schema:            schemaV021,
 		ConnectorVersion:  4,
 		HashFactors:       hashFactorsV018,
@@ -254,7 +245,6 @@ var Profiles = []Profile{
 	{
 		Name: "0.23", MinVersion: "0.23.0", MaxVersion: "0.26.0",
 		Framing:           FramingH2,
-		Payload:           PayloadM1,
 		Schema:            schemaV021,
 		ConnectorVersion:  4,
 		HashFactors:       hashFactorsV018,
@@ -275,7 +265,6 @@ var Profiles = []Profile{
 	{
 		Name: "0.26", MinVersion: "0.26.0", MaxVersion: "0.28.0",
 		Framing:           FramingH4,
-		Payload:           PayloadM1,
 		Schema:            schemaV021,
 		ConnectorVersion:  5,
 		HashFactors:       hashFactorsV018,
@@ -295,7 +284,6 @@ var Profiles = []Profile{
 	{
 		Name: "0.28", MinVersion: "0.28.0", MaxVersion: "0.29.0",
 		Framing:           FramingH4,
-		Payload:           PayloadM1,
 		Schema:            schemaV021,
 		ConnectorVersion:  7,
 		HashFactors:       hashFactorsV028,
@@ -315,7 +303,6 @@ var Profiles = []Profile{
 	{
 		Name: "0.29", MinVersion: "0.29.0", MaxVersion: "0.30.0",
 		Framing:           FramingH4,
-		Payload:           PayloadM1,
 		Schema:            schemaV029,
 		ConnectorVersion:  9,
 		HashFactors:       hashFactorsV029,
@@ -335,7 +322,6 @@ var Profiles = []Profile{
 	{
 		Name: "0.30", MinVersion: "0.30.0", MaxVersion: "0.31.0",
 		Framing:           FramingH4,
-		Payload:           PayloadM1,
 		Schema:            schemaV030,
 		ConnectorVersion:  11,
 		HashFactors:       hashFactorsV029,
@@ -355,7 +341,6 @@ var Profiles = []Profile{
 	{
 		Name: "0.31", MinVersion: "0.31.0", MaxVersion: "0.32.0",
 		Framing:           FramingH4,
-		Payload:           PayloadM1,
 		Schema:            schemaV031,
 		ConnectorVersion:  13,
 		HashFactors:       hashFactorsV029,
@@ -375,7 +360,6 @@ var Profiles = []Profile{
 	{
 		Name: "0.32", MinVersion: "0.32.0", MaxVersion: "0.33.0",
 		Framing:           FramingH4,
-		Payload:           PayloadM1,
 		Schema:            schemaV032,
 		ConnectorVersion:  14,
 		HashFactors:       hashFactorsV029,
@@ -395,7 +379,6 @@ var Profiles = []Profile{
 	{
 		Name: "0.33", MinVersion: "0.33.0", MaxVersion: "0.34.0",
 		Framing:           FramingH4,
-		Payload:           PayloadM1,
 		Schema:            schemaV032,
 		ConnectorVersion:  15,
 		HashFactors:       hashFactorsV029,
@@ -414,7 +397,8 @@ var Profiles = []Profile{
 	},
 }
 
-// ProfileByName returns the profile whose Name is name ("0.16", "0.33").
+// ProfileByName returns the profile whose Name is name ("0.16", "0.33"), with Version empty: set it to the
+// exact version string of the vLLM side before hashing (e.g. a dev build's, which ProfileFor refuses).
 func ProfileByName(name string) (Profile, error) {
 	for _, p := range Profiles {
 		if p.Name == name {
@@ -424,8 +408,8 @@ func ProfileByName(name string) (Profile, error) {
 	return Profile{}, fmt.Errorf("%w: no profile named %q (known: %s)", ErrUnknownVersion, name, knownNames())
 }
 
-// ProfileFor returns the profile for the vLLM version string a peer reports (GET /version → {"version": …}).
-// Final releases, post releases and local tags ("0.16.0", "0.16.0.post1", "0.33.0+cu129") match by their
+// ProfileFor returns the profile for the vLLM version string a peer reports (GET /version → {"version": …}),
+// with Version set to that string (hashed as the peer's vllm_version). Final releases, post releases and local tags ("0.16.0", "0.16.0.post1", "0.33.0+cu129") match by their
 // release number. Pre-releases and dev builds ("0.17.0rc1", "0.20.2rc1.dev265+gdd6b3a5ef") are rejected with
 // ErrUnknownVersion: their code may sit anywhere between two releases, so choosing a profile would be a guess;
 // use ProfileByName if you know which format such a build speaks.
@@ -442,15 +426,16 @@ func ProfileFor(version string) (Profile, error) {
 		lo, _ := parseVersion(p.MinVersion)
 		hi, _ := parseVersion(p.MaxVersion)
 		if compareRelease(v.release, lo.release) >= 0 && compareRelease(v.release, hi.release) < 0 {
+			p.Version = version
 			return p, nil
 		}
 	}
 	return Profile{}, fmt.Errorf("%w: vLLM %q (supported: %s)", ErrUnknownVersion, version, knownNames())
 }
 
-// String returns "vLLM 0.16 (H2/M1, connector v2)".
+// String returns "vLLM 0.16 (H2, connector v2)".
 func (p Profile) String() string {
-	return fmt.Sprintf("vLLM %s (%s/%s, connector v%d)", p.Name, p.Framing, p.Payload, p.ConnectorVersion)
+	return fmt.Sprintf("vLLM %s (%s, connector v%d)", p.Name, p.Framing, p.ConnectorVersion)
 }
 
 func knownNames() string {

@@ -75,7 +75,7 @@ func TestRealVectors(t *testing.T) {
 			assert.Equal(t, rv.Handshake.Framing, p.Framing.String())
 			assert.Equal(t, p.Framing == FramingH4, rv.Handshake.Frames == 2, "H4 sends the clock frame")
 
-			in := p.DefaultCompatInputs(rv.VLLMVersion, Platform(rv.Platform))
+			in := p.DefaultCompatInputs(Platform(rv.Platform))
 			in.Model, in.Dtype, in.NumKVHeads, in.HeadSize, in.NumHiddenLayers = rv.Model.Model, rv.Model.Dtype,
 				rv.Model.NumKVHeads, rv.Model.HeadSize, rv.Model.NumHiddenLayers
 			assert.Equal(t, rv.AttnBackendName, in.AttnBackendName, "the platform's default backend")
@@ -102,7 +102,7 @@ func TestRealVectors(t *testing.T) {
 				assert.Equal(t, rv.BlockLen, bl)
 			}
 			// Re-encoding the decoded metadata gives vLLM's bytes back.
-			hp, err := p.DecodeHandshake(unhex(t, rv.Handshake.PayloadHex))
+			hp, err := DecodeHandshakePayload(unhex(t, rv.Handshake.PayloadHex))
 			require.NoError(t, err)
 			enc, err := p.EncodeMetadata(md)
 			require.NoError(t, err)

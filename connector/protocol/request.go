@@ -1,7 +1,6 @@
 package protocol
 
 import (
-	"bytes"
 	"fmt"
 	"math"
 )
@@ -35,11 +34,6 @@ func (p Profile) EncodeRequest(r Rank) ([]byte, error) {
 		return nil, invalid(objRequest, "", "rank %v out of range [0, %d]", r, MaxRank)
 	}
 	switch p.Framing {
-	case FramingH1:
-		if r.PP != 0 {
-			return nil, fmt.Errorf("%w: framing H1 has no pp rank (asked for %v)", ErrUnsupported, r)
-		}
-		return []byte(GetMetaMsg), nil // the rank is the port offset in H1
 	case FramingH2:
 		if r.PP != 0 {
 			return nil, fmt.Errorf("%w: framing H2 (vLLM %s) serves pp rank 0 only (asked for %v)", ErrUnsupported, p.Name, r)
@@ -49,7 +43,7 @@ func (p Profile) EncodeRequest(r Rank) ([]byte, error) {
 		w.bin([]byte(GetMetaMsg))
 		w.int(int64(r.TP))
 		return w.bytes()
-	case FramingH3, FramingH4:
+	case FramingH4:
 		w := newWriter()
 		w.arrayLen(3)
 		w.bin([]byte(GetMetaMsg))
@@ -64,9 +58,6 @@ func (p Profile) EncodeRequest(r Rank) ([]byte, error) {
 // ROUTER's identity and empty delimiter). Unlike vLLM's listener it returns an error for anything malformed
 // instead of raising: wrong array length, a non-integer or out-of-range rank, trailing bytes.
 func (p Profile) DecodeRequest(b []byte) (MetaRequest, error) {
-	if p.Framing == FramingH1 {
-		return MetaRequest{UnexpectedTag: !bytes.Equal(b, []byte(GetMetaMsg))}, nil
-	}
 	want := 3
 	if p.Framing == FramingH2 {
 		want = 2
@@ -122,7 +113,7 @@ func (p Profile) ReplyFrames(payload []byte, clock float64) ([][]byte, error) {
 	if p.Framing != FramingH4 {
 		return [][]byte{payload}, nil
 	}
-	ts, err := EncodeClock(clock)
+	ts, err := encodeClock(clock)
 	if err != nil {
 		return nil, err
 	}
@@ -148,7 +139,7 @@ func (p Profile) DecodeReply(frames [][]byte) (Reply, error) {
 	}
 	rep := Reply{Payload: frames[0]}
 	if want == 2 {
-		c, err := DecodeClock(frames[1])
+		c, err := decodeClock(frames[1])
 		if err != nil {
 			return Reply{}, err
 		}
@@ -157,8 +148,8 @@ func (p Profile) DecodeReply(frames [][]byte) (Reply, error) {
 	return rep, nil
 }
 
-// EncodeClock encodes msgspec.msgpack.encode(float): always float64 (0xcb + 8 bytes big-endian).
-func EncodeClock(clock float64) ([]byte, error) {
+// encodeClock encodes msgspec.msgpack.encode(float): always float64 (0xcb + 8 bytes big-endian).
+func encodeClock(clock float64) ([]byte, error) {
 	if math.IsNaN(clock) || math.IsInf(clock, 0) {
 		return nil, invalid("clock frame", "", "clock must be finite, got %v", clock)
 	}
@@ -167,8 +158,8 @@ func EncodeClock(clock float64) ([]byte, error) {
 	return w.bytes()
 }
 
-// DecodeClock decodes the H4 clock frame (msgpack float; an int is accepted, as Python arithmetic would).
-func DecodeClock(b []byte) (float64, error) {
+// decodeClock decodes the H4 clock frame (msgpack float; an int is accepted, as Python arithmetic would).
+func decodeClock(b []byte) (float64, error) {
 	r := newReader(b, "clock frame")
 	f, err := r.number("")
 	if err != nil {

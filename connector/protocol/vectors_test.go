@@ -343,11 +343,11 @@ func TestVectorsPayload(t *testing.T) {
 		}
 		for _, c := range v.Payload {
 			t.Run(v.VLLMVersion+"/"+c.Name, func(t *testing.T) {
-				hp, err := p.DecodeHandshake(unhex(t, c.Hex))
+				hp, err := DecodeHandshakePayload(unhex(t, c.Hex))
 				require.NoError(t, err)
 				assert.Equal(t, c.Hash, hp.CompatibilityHash)
 				assert.Equal(t, meta[c.Metadata], hex.EncodeToString(hp.AgentMetadataBytes))
-				enc, err := EncodeHandshakePayload(hp)
+				enc, err := encodeHandshakePayload(hp)
 				require.NoError(t, err)
 				assert.Equal(t, c.Hex, hex.EncodeToString(enc))
 
@@ -375,10 +375,10 @@ func TestVectorsRequestsAndClock(t *testing.T) {
 		for _, c := range v.Clock {
 			f, err := strconv.ParseFloat(c.Value, 64)
 			require.NoError(t, err)
-			enc, err := EncodeClock(f)
+			enc, err := encodeClock(f)
 			require.NoError(t, err)
 			assert.Equal(t, c.Hex, hex.EncodeToString(enc))
-			got, err := DecodeClock(enc)
+			got, err := decodeClock(enc)
 			require.NoError(t, err)
 			assert.Equal(t, f, got)
 			frames, err := p.ReplyFrames([]byte("x"), f)
@@ -455,7 +455,7 @@ func TestVectorsHash(t *testing.T) {
 				}
 				sort.Strings(keys)
 				assert.Equal(t, c.FactorKeys, keys, "the profile's hash factors must be vLLM's")
-				js, err := PyJSONDumps(f)
+				js, err := pyJSONDumps(f)
 				require.NoError(t, err)
 				assert.Equal(t, c.JSON, js)
 				h, err := p.CompatHash(ci)
@@ -464,11 +464,12 @@ func TestVectorsHash(t *testing.T) {
 				// The defaults cases: naming the v.VLLMVersion, the platform and the model is enough.
 				if pl, ok := map[string]Platform{"defaults_cuda": PlatformCUDA, "defaults_cpu": PlatformCPU}[c.Name]; ok {
 					assert.Equal(t, v.Wire.HMADefault, p.Defaults.HMAEnabled, "the row's HMA default")
-					d := p.DefaultCompatInputs(in.VLLMVersion, pl)
+					d := p.DefaultCompatInputs(pl)
+					require.Equal(t, in.VLLMVersion, d.VLLMVersion, "the version ProfileFor was given")
 					d.Model, d.Dtype, d.NumKVHeads, d.HeadSize, d.NumHiddenLayers = in.Model, in.Dtype, in.NumKVHeads, in.HeadSize, in.NumHiddenLayers
 					h, err := p.CompatHash(d)
 					require.NoError(t, err)
-					assert.Equal(t, c.SHA256, h, "DefaultCompatInputs(%q, %q)", in.VLLMVersion, pl)
+					assert.Equal(t, c.SHA256, h, "DefaultCompatInputs(%q) of vLLM %s", pl, in.VLLMVersion)
 					// A literal that leaves the backend and cache dtype empty gets them from the row too.
 					d.AttnBackendName, d.CacheDtype, d.TransferMode = "", "", ""
 					h, err = p.CompatHash(d)
@@ -621,7 +622,7 @@ func TestVectorsPyJSON(t *testing.T) {
 	require.NoError(t, json.Unmarshal(b, &doc))
 	require.NotEmpty(t, doc.Cases)
 	for _, c := range doc.Cases {
-		got, err := PyJSONDumps(c.Typed.value(t))
+		got, err := pyJSONDumps(c.Typed.value(t))
 		require.NoError(t, err)
 		assert.Equal(t, c.JSON, got)
 	}

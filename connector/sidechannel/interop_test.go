@@ -63,7 +63,7 @@ func TestInteropPythonClientGoServer(t *testing.T) {
 			vec := vectorsFor(t, p.Name)
 			hash := vec.Payload[0].Hash
 			pps := 1
-			if p.Framing >= protocol.FramingH3 {
+			if p.Framing == protocol.FramingH4 {
 				pps = 2
 			}
 			payloads := servePayloads(t, p, hash, pps, 2)
@@ -135,7 +135,7 @@ func goClientAgainst(t *testing.T, mode string) {
 					"covered by testdata/vllm/%s/vectors.json and TestInteropGoClientPythonServer", vec.VLLMVersion, vec.VLLMVersion)
 			}
 			ranks := []protocol.Rank{{TP: 0}, {TP: 1}}
-			if p.Framing >= protocol.FramingH3 {
+			if p.Framing == protocol.FramingH4 {
 				ranks = append(ranks, protocol.Rank{PP: 1, TP: 0})
 			}
 			files := map[string]string{}

@@ -54,7 +54,7 @@ func TestServerAndClientEveryProfile(t *testing.T) {
 			ctx := context.Background()
 			hash := strings.Repeat("ab", 32)
 			pps := 1
-			if p.Framing >= protocol.FramingH3 {
+			if p.Framing == protocol.FramingH4 {
 				pps = 2
 			}
 			srv := startServer(t, p, ServerConfig{Payloads: servePayloads(t, p, hash, pps, 2)})
@@ -103,7 +103,7 @@ func TestServerSurvivesBadRequests(t *testing.T) {
 	_, err = Fetch(ctx, p, srv.Addr(), protocol.Rank{PP: 0, TP: 7}, fastOpts())
 	require.ErrorIs(t, err, ErrRejected)
 
-	// Raw requests that would kill vLLM's listener: H1 bytes, an H2 tuple sent to an H3+ listener, garbage,
+	// Raw requests that would kill vLLM's listener: H1 bytes, an H2 tuple sent to an H4 listener, garbage,
 	// a str tag, an oversized message.
 	raw := func(msg []byte) ([][]byte, error) {
 		c := dialZMTP(t, srv, zmtp.REQ)
