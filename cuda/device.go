@@ -82,7 +82,7 @@ func (d *Driver) Open(ordinal int) (*Device, error) {
 		return nil, err
 	}
 	if ordinal < 0 || ordinal >= n {
-		return nil, newError(Result(101), "open device", fmt.Sprintf("ordinal %d, %d device(s) visible", ordinal, n), false)
+		return nil, results.Refusef("open device", ErrInvalidDevice, "ordinal %d, %d device(s) visible", ordinal, n)
 	}
 	h, r := cDeviceGet(ordinal)
 	if err := check(r, "cuDeviceGet", fmt.Sprintf("ordinal %d", ordinal)); err != nil {

@@ -103,14 +103,6 @@ func check(r Result, op, detail string) error {
 	return results.Failed(op, r, detail)
 }
 
-// newError is a call that failed with the status r (fromDriver) or was refused before the driver with it.
-func newError(r Result, op, detail string, fromDriver bool) *Error {
-	if fromDriver {
-		return results.Failed(op, r, detail)
-	}
-	return results.Refused(op, r, detail)
-}
-
 // invalid is an argument refused before the driver is called, its detail formatted as by fmt.Errorf: it
 // matches ErrInvalidValue and any error given with %w (a layout error; see native.Table.Refusef).
 func invalid(op, format string, args ...any) error {

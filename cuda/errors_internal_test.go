@@ -38,7 +38,7 @@ func TestDriverError(t *testing.T) {
 }
 
 func TestRefusedBeforeTheDriver(t *testing.T) {
-	err := newError(Result(101), "open device", "ordinal 7, 1 device(s) visible", false)
+	err := results.Refused("open device", ErrInvalidDevice, "ordinal 7, 1 device(s) visible")
 	require.ErrorIs(t, err, ErrInvalidDevice)
 	assert.False(t, err.Native)
 	assert.Contains(t, err.Error(), "cuda: open device: ordinal 7, 1 device(s) visible: CUDA_ERROR_INVALID_DEVICE")
