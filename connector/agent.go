@@ -151,8 +151,6 @@ func (r *registered) close() error {
 	return err
 }
 
-func toNixl(ds []layout.Desc) []nixl.Desc { return nixl.DescsOf(ds) }
-
 // Compat carries what both sides hash into the compatibility hash (vLLM ≥ 0.13), plus the opt-out.
 type Compat struct {
 	protocol.CompatInputs

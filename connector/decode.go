@@ -659,7 +659,7 @@ func (d *Decode) handshake(ctx context.Context, engineID string, re *remoteEngin
 		if err != nil {
 			return err
 		}
-		if src.remote, err = d.prepRemote(src.agent, md, toNixl(rdescs)); err != nil {
+		if src.remote, err = d.prepRemote(src.agent, md, nixl.DescsOf(rdescs)); err != nil {
 			return fmt.Errorf("connector: preparing prefill engine %s rank %d's %d descriptors: %w", engineID, rank, len(rdescs), err)
 		}
 		ldescs, err := re.plan.LocalDescs(d.cfg.Cache.RegionBases(), d.cfg.Cache.DeviceID(), rank)
@@ -670,7 +670,7 @@ func (d *Decode) handshake(ctx context.Context, engineID string, re *remoteEngin
 			src.pairLen = int64(ldescs[0].Len)
 		}
 		if err = d.do(func() (err error) {
-			src.local, err = d.reg.agent.Prep("", d.cfg.Cache.MemType(), toNixl(ldescs))
+			src.local, err = d.reg.agent.Prep("", d.cfg.Cache.MemType(), nixl.DescsOf(ldescs))
 			return err
 		}); err != nil {
 			return fmt.Errorf("connector: preparing the local descriptors for prefill rank %d: %w", rank, err)
