@@ -31,7 +31,7 @@ func (c *Common) Register(fs *flag.FlagSet) {
 	fs.StringVar(&c.Backends, "backends", "UCX", "comma-separated NIXL backends, e.g. UCX or LIBFABRIC")
 	fs.StringVar(&c.LogLevel, "log-level", "warn", "log level: debug, info, warn, error")
 	fs.StringVar(&c.DataDevice, "data-device", "", "UCX network device of NIXL's data plane (default: loopback when the worker listens on loopback; \"all\": every device; or e.g. eth1, mlx5_0:1)")
-	fs.StringVar(&c.NIXLLibDir, "nixl-lib-dir", "", "folder of libnixl_capi.so (default: $NIXL_LIB_DIR, the loader path, standard prefixes)")
+	fs.StringVar(&c.NIXLLibDir, "nixl-lib-dir", "", "folder of libnixl_capi.so (default: $NIXL_LIB_DIR, the loader path, then "+strings.Join(nixl.StandardPaths, ", ")+")")
 }
 
 // Logger returns a console logger at the flag's level (to stderr).
