@@ -347,6 +347,8 @@ func printEnv(w io.Writer, r envReport) {
 				fmt.Fprintf(w, "    %-12s   %s=%s\n", "", k, p.Params[k])
 			}
 		}
+	} else if len(r.NIXL.Tried) == 0 {
+		fmt.Fprintf(w, "  %s\n", r.NIXL.Error) // skipped (--no-nixl), or an error that lists no candidates
 	} else {
 		r.NIXL.writeNotLoaded(w)
 	}

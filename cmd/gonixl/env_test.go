@@ -146,6 +146,7 @@ func TestEnvNeuron(t *testing.T) {
 	r = runCLI(t, "env", "--no-nixl", "--no-neuron-init")
 	require.Equal(t, 0, r.code, r.stderr)
 	require.Contains(t, r.stdout, "libnrt loads (runtime not initialised")
+	require.Contains(t, r.stdout, "NIXL\n  skipped (--no-nixl)\n", "skipped, not \"not loaded\"")
 }
 
 // TestEnvPluginMissing runs env where the LIBFABRIC plugin's libfabric.so.1 is too old: a stand-in built here
