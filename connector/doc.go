@@ -20,8 +20,8 @@
 // version string, e.g. "0.16.0"; protocol.ProfileFor). The model is described once, as a Model (layers, KV
 // heads of the whole model, head size, dtype, ...): with the profile it yields the cache geometry of a rank in
 // the region plan of that version's layout era, and the compatibility-hash inputs with that release's vLLM
-// defaults and the version string ProfileFor kept (Profile.Version). Compat is only for overrides, and a role creates its own DRAM cache from the Model (NumBlocks)
-// unless given one.
+// defaults and the version string ProfileFor kept (Profile.Version). Compat is only for overrides, and a role
+// creates its own DRAM cache from the Model (NumBlocks) unless given one.
 //
 // # Caches
 //

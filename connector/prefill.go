@@ -289,12 +289,13 @@ type FillFunc func(ctx context.Context, blockIDs []int) error
 // for a decode peer (HTTP servers answer 409).
 var ErrDuplicateRequest = errors.New("connector: duplicate request id")
 
-// Hold runs one prefill request: it takes blocks for numTokens tokens, calls fill to put the KV there
-// (Neuron staging, a CPU computation, …), holds the blocks for the decode peer and returns the
-// kv_transfer_params of vLLM's prefill response. The blocks stay held (Held counts such requests) until the
-// decode peers' notifications arrive, the hold lapses (PrefillConfig.HoldTimeout) or Abort. On any error the blocks are freed and nothing is published.
-// A request id already in use fails with ErrDuplicateRequest; when the role's block pool has too few free
-// blocks the error wraps ErrNoBlocks. The role owns allocation and the hold clock: fill only writes blocks.
+// Hold runs one prefill request: it takes blocks for numTokens tokens, calls fill to put the KV there (Neuron
+// staging, a CPU computation, …), holds the blocks for the decode peer and returns the kv_transfer_params of
+// vLLM's prefill response. The blocks stay held (Held counts such requests) until the decode peers'
+// notifications arrive, the hold lapses (PrefillConfig.HoldTimeout) or Abort. On any error the blocks are freed
+// and nothing is published. A request id already in use fails with ErrDuplicateRequest; when the role's block
+// pool has too few free blocks the error wraps ErrNoBlocks. The role owns allocation and the hold clock: fill
+// only writes blocks.
 func (p *Prefill) Hold(ctx context.Context, requestID string, numTokens int, fill FillFunc) (protocol.KVTransferParams, error) {
 	log := p.log.With(zap.String("request_id", requestID))
 	if requestID == "" || numTokens <= 0 {

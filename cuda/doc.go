@@ -40,14 +40,14 @@
 // # Errors
 //
 // Driver failures are *Error values: the entry point, what was asked (Detail), the status (Code) with the
-// driver's own name and description of it (cuGetErrorName, cuGetErrorString), and a hint. Result is the
-// status type and the sentinels (ErrOutOfMemory, ErrInvalidValue, ...) are Results, so errors.Is works on
-// any error of the package, and a status without a sentinel matches itself (errors.Is(err, Result(719))).
-// Arguments refused before the driver is called, and closed handles (ErrClosed), are *Error too, with
-// Native false; one that wraps another package's error (layout's refusal of a geometry, the context that
-// ended a wait) keeps it as its Cause, which errors.Is matches. Every error of the package is an *Error or
-// joins some, except Load's *LoadError, Register's *nixl.Error and the layout error of Descs. *Error is the one error shape
-// of nixl, cuda and neuron (each over its own codes).
+// driver's own name and description of it (cuGetErrorName, cuGetErrorString), and a hint. Result is the status
+// type and the sentinels (ErrOutOfMemory, ErrInvalidValue, ...) are Results, so errors.Is works on any error of
+// the package, and a status without a sentinel matches itself (errors.Is(err, Result(719))). Arguments refused
+// before the driver is called, and closed handles (ErrClosed), are *Error too, with Native false; one that
+// wraps another package's error (layout's refusal of a geometry, the context that ended a wait) keeps it as its
+// Cause, which errors.Is matches. Every error of the package is an *Error or joins some, except Load's
+// *LoadError, Register's *nixl.Error and the layout error of Descs. *Error is the one error shape of nixl, cuda
+// and neuron (each over its own codes).
 //
 // # Handles and concurrency
 //

@@ -330,8 +330,9 @@ func (c *KVCache) run(dir Direction, ops []Copy, s *Stream, host Regions) error 
 // HostBufferedKVCache is a decode rank's cache in vLLM's host-buffered mode (kv_buffer_device="cpu"): NIXL
 // reads into a pinned host cache (this is what registers and what the handshake publishes: MemType DRAM,
 // DeviceID 0, the host RegionBases), and CopyToDevice moves a request's blocks into the VRAM cache once its
-// READs are done. It satisfies the connector's Cache, HostBuffered and HostBufferedPipeline interfaces. Safe for concurrent use;
-// the copies of concurrent calls share one stream, so each call also waits for the others' copies.
+// READs are done. It satisfies the connector's Cache, HostBuffered and HostBufferedPipeline interfaces. Safe
+// for concurrent use; the copies of concurrent calls share one stream, so each call also waits for the others'
+// copies.
 //
 // It has no Do (it is no connector DeviceContext), on purpose: NIXL only ever reads into its host cache,
 // registered as DRAM, so no transfer needs a CUDA context current, and its own copies to the VRAM cache

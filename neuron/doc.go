@@ -6,16 +6,16 @@
 // # libnrt
 //
 // Load loads libnrt.so.1 — from LoadOptions.Path, else $GONIXL_NRT_LIB, else the loader path, else
-// StandardPaths (/opt/aws/neuron/lib/libnrt.so.1) — resolves the C functions (declared in this package; no Neuron SDK is needed to
-// build) and calls nrt_init. Optional functions (nrt_tensor_read_batch, nrt_get_status_as_str) are used when
-// present. NRT_STATUS codes become *Error values — the C function, the status (Code) with its C name, the
-// runtime's description (nrt_get_status_as_str, when present) and a hint — matching sentinels such as
-// ErrTimeout or ErrResource with errors.Is. Calls refused before libnrt (ErrBadArgument, ErrTooLarge,
-// ErrClosed, ...) are *Error too, with Native false, and keep layout's error as their Cause when layout
-// refused a geometry or block ids. Every error of the package is an *Error or wraps one, except Load's
-// *LoadError, the layout error of Stager.Descs, NewStager's wrap of the arena's *nixl.Error and Stage's
-// wraps of what a Source or layout's conversion returned. *Error is the one error shape of nixl, cuda and
-// neuron (each over its own codes).
+// StandardPaths (/opt/aws/neuron/lib/libnrt.so.1) — resolves the C functions (declared in this package; no
+// Neuron SDK is needed to build) and calls nrt_init. Optional functions (nrt_tensor_read_batch,
+// nrt_get_status_as_str) are used when present. NRT_STATUS codes become *Error values — the C function, the
+// status (Code) with its C name, the runtime's description (nrt_get_status_as_str, when present) and a hint —
+// matching sentinels such as ErrTimeout or ErrResource with errors.Is. Calls refused before libnrt
+// (ErrBadArgument, ErrTooLarge, ErrClosed, ...) are *Error too, with Native false, and keep layout's error as
+// their Cause when layout refused a geometry or block ids. Every error of the package is an *Error or wraps
+// one, except Load's *LoadError, the layout error of Stager.Descs, NewStager's wrap of the arena's *nixl.Error
+// and Stage's wraps of what a Source or layout's conversion returned. *Error is the one error shape of nixl,
+// cuda and neuron (each over its own codes).
 //
 // The Neuron runtime gives one process exclusive use of its NeuronCores: a core claimed by nrt_init in one
 // process cannot be used by another, so a separate Go process can never read the KV tensors of a

@@ -409,10 +409,11 @@ func ProfileByName(name string) (Profile, error) {
 }
 
 // ProfileFor returns the profile for the vLLM version string a peer reports (GET /version → {"version": …}),
-// with Version set to that string (hashed as the peer's vllm_version). Final releases, post releases and local tags ("0.16.0", "0.16.0.post1", "0.33.0+cu129") match by their
-// release number. Pre-releases and dev builds ("0.17.0rc1", "0.20.2rc1.dev265+gdd6b3a5ef") are rejected with
-// ErrUnknownVersion: their code may sit anywhere between two releases, so choosing a profile would be a guess;
-// use ProfileByName if you know which format such a build speaks.
+// with Version set to that string (hashed as the peer's vllm_version). Final releases, post releases and local
+// tags ("0.16.0", "0.16.0.post1", "0.33.0+cu129") match by their release number. Pre-releases and dev builds
+// ("0.17.0rc1", "0.20.2rc1.dev265+gdd6b3a5ef") are rejected with ErrUnknownVersion: their code may sit anywhere
+// between two releases, so choosing a profile would be a guess; use ProfileByName if you know which format such
+// a build speaks.
 func ProfileFor(version string) (Profile, error) {
 	v, err := parseVersion(version)
 	if err != nil {
