@@ -135,10 +135,10 @@ func Load(opts LoadOptions) (*Library, error) {
 	raceWorkaround(log)
 	le := newLoadError()
 	for _, cand := range candidates(opts.LibDir) {
-		path := cand.path
-		if cand.dir != "" {
+		path, dir := cand.Path, candidateDir(cand)
+		if dir != "" {
 			if _, err := os.Stat(path); err != nil {
-				le.Add(fmt.Sprintf("%s (%s)", path, cand.source), "no such file")
+				le.Add(fmt.Sprintf("%s (%s)", path, cand.Source), "no such file")
 				continue
 			}
 		}
@@ -146,9 +146,9 @@ func Load(opts LoadOptions) (*Library, error) {
 		if pluginDir == "" {
 			pluginDir = os.Getenv("NIXL_PLUGIN_DIR")
 		}
-		if pluginDir == "" && cand.dir != "" {
-			if st, err := os.Stat(filepath.Join(cand.dir, "plugins")); err == nil && st.IsDir() {
-				pluginDir = filepath.Join(cand.dir, "plugins")
+		if pluginDir == "" && dir != "" {
+			if st, err := os.Stat(filepath.Join(dir, "plugins")); err == nil && st.IsDir() {
+				pluginDir = filepath.Join(dir, "plugins")
 			}
 		}
 		if pluginDir != "" {
@@ -163,11 +163,11 @@ func Load(opts LoadOptions) (*Library, error) {
 		rc := C.gx_open(cpath, &errBuf[0], C.size_t(len(errBuf)))
 		C.free(unsafe.Pointer(cpath))
 		if rc != 0 {
-			le.Add(fmt.Sprintf("%s (%s)", path, cand.source), C.GoString(&errBuf[0]))
+			le.Add(fmt.Sprintf("%s (%s)", path, cand.Source), C.GoString(&errBuf[0]))
 			continue
 		}
 		abs := path
-		if cand.dir != "" {
+		if dir != "" {
 			if a, err := filepath.Abs(path); err == nil {
 				abs = a
 			}
@@ -176,7 +176,7 @@ func Load(opts LoadOptions) (*Library, error) {
 		}
 		loaded = &Library{path: abs, pluginDir: os.Getenv("NIXL_PLUGIN_DIR"), custom: C.gx_has_custom_param() != 0,
 			skipMerge: C.gx_has_skip_desc_merge() != 0, log: log}
-		log.Info("NIXL loaded", zap.String("path", abs), zap.String("source", cand.source), zap.String("plugin_dir", loaded.pluginDir))
+		log.Info("NIXL loaded", zap.String("path", abs), zap.String("source", cand.Source), zap.String("plugin_dir", loaded.pluginDir))
 		loadErr = nil
 		return loaded, nil
 	}
@@ -184,30 +184,27 @@ func Load(opts LoadOptions) (*Library, error) {
 	return nil, loadErr
 }
 
-type candidate struct {
-	dir    string // the folder of path (where its plugins are); empty means "let the dynamic loader search for path"
-	path   string
-	source string
+// candidates lists what Load tries, in order (internal/dl's one search order, as cuda and neuron): the
+// explicit folder's library, $NIXL_LIB_DIR's, the dynamic loader's search path, then StandardPaths; a path
+// named twice is tried once.
+func candidates(explicit string) []dl.Candidate {
+	inDir := func(dir string) string {
+		if dir == "" {
+			return ""
+		}
+		return filepath.Join(dir, LibraryName)
+	}
+	getenv := func(k string) string { return inDir(os.Getenv(k)) }
+	return dl.Search("LoadOptions.LibDir", inDir(explicit), EnvLibDir, getenv, LibraryName, StandardPaths)
 }
 
-// candidates lists what Load tries, in order: the explicit folder, $NIXL_LIB_DIR's, the dynamic loader's
-// search path, then StandardPaths.
-func candidates(explicit string) []candidate {
-	var out []candidate
-	inDir := func(dir, source string) {
-		out = append(out, candidate{dir: dir, path: filepath.Join(dir, LibraryName), source: source})
+// candidateDir is the folder of a candidate named by path (where its plugins are), or "" for the bare
+// library name the dynamic loader searches for.
+func candidateDir(c dl.Candidate) string {
+	if !strings.ContainsRune(c.Path, '/') {
+		return ""
 	}
-	if explicit != "" {
-		inDir(explicit, "LoadOptions.LibDir")
-	}
-	if env := os.Getenv(EnvLibDir); env != "" {
-		inDir(env, EnvLibDir)
-	}
-	out = append(out, candidate{path: LibraryName, source: dl.SourceLoader})
-	for _, p := range StandardPaths {
-		out = append(out, candidate{dir: filepath.Dir(p), path: p, source: dl.SourceStandard})
-	}
-	return out
+	return filepath.Dir(c.Path)
 }
 
 func sameDir(a, b string) bool {

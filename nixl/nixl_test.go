@@ -569,7 +569,7 @@ func TestLoadFailureListsWhatWasTried(t *testing.T) {
 	s := string(out)
 	require.Contains(t, s, "ErrNotLoaded=true")
 	require.Contains(t, s, "/explicit/dir/libnixl_capi.so (LoadOptions.LibDir): no such file")
-	require.Contains(t, s, "/nonexistent/nixl/lib/libnixl_capi.so (NIXL_LIB_DIR)")
+	require.Contains(t, s, "/nonexistent/nixl/lib/libnixl_capi.so ($NIXL_LIB_DIR)")
 	require.Contains(t, s, "dynamic loader search path")
 	require.Contains(t, s, "/opt/nvidia/nvda_nixl/lib/x86_64-linux-gnu")
 	require.Contains(t, s, "make nixl")
