@@ -70,6 +70,9 @@ func StartProc(name, logPath string, env []string, argv ...string) (*Proc, error
 				fmt.Fprintln(log, line)
 			}
 		}
+		// A line longer than the scanner's buffer stops Scan: keep draining, so the child never blocks
+		// writing to a pipe nobody reads.
+		_, _ = io.Copy(io.Discard, out)
 		p.err = cmd.Wait() // after every read from the pipe
 		closeLog()
 		close(p.done)
