@@ -218,7 +218,7 @@ func (d *Decode) Pull(ctx context.Context, requestID string, kv protocol.KVTrans
 func (d *Decode) pull(ctx context.Context, requestID string, kv protocol.KVTransferParams, localBlocks []int) (Result, error) {
 	res := Result{RequestID: requestID}
 	log := d.log.With(zap.String("request_id", requestID), zap.String("remote_engine_id", kv.RemoteEngineID),
-		zap.String("remote_request_id", kv.RemoteRequestID))
+		zap.String("remote_request_id", LocalRequestID(kv.RemoteRequestID))) // never the suffix: it is what lets a peer free the blocks
 	fail := func(err error) (Result, error) {
 		d.metrics.requestErrors.Add(1)
 		log.Warn("pull failed", zap.Error(err))

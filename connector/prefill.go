@@ -74,8 +74,10 @@ type PrefillConfig struct {
 	DataDevice string
 	// NotifyFrom, when set, lists the remote NIXL agents whose notifications (transfer completions,
 	// heartbeats) are honoured: exact agent names, or prefixes ending in "*" (gonixl decode agents are named
-	// "<engine id>-tp<rank>"). Others are dropped, counted (Metrics.RejectedNotifications) and logged, so a
-	// peer outside the list cannot free or extend held blocks. Empty: every agent, as vLLM does.
+	// "<engine id>-tp<rank>"). Others are dropped, counted (Metrics.RejectedNotifications) and logged. The
+	// name is the one the sending agent chose, so this is a second fence only: what stops a peer without a
+	// request's params from freeing or extending its blocks is the unguessable suffix of the
+	// remote_request_id Hold hands out, which every notification must carry. Empty: every agent, as vLLM does.
 	NotifyFrom []string
 	// HoldTimeout overrides how long unread blocks are held: the profile's lease (renewed by heartbeats) or
 	// abort timeout when 0. A negative value is refused (it would free the blocks before any peer reads them).
@@ -136,6 +138,7 @@ type heldReq struct {
 	got      int
 	expiry   time.Time
 	bytes    int64
+	token    string // the unguessable suffix of the remote_request_id handed out (notifauth.go)
 }
 
 func randomID(prefix string) string {
@@ -338,7 +341,8 @@ func (p *Prefill) Hold(ctx context.Context, requestID string, numTokens int, fil
 	bytes := int64(len(blocks)) * p.reg.geom.BlockLen() * int64(p.reg.geom.NumRegions())
 	p.mu.Lock()
 	delete(p.pending, requestID)
-	p.held[requestID] = &heldReq{id: requestID, blocks: blocks, expiry: p.now().Add(p.hold), bytes: bytes}
+	token := newNotifToken()
+	p.held[requestID] = &heldReq{id: requestID, blocks: blocks, expiry: p.now().Add(p.hold), bytes: bytes, token: token}
 	p.mu.Unlock()
 	p.metrics.requests.Add(1)
 	p.metrics.bytes.Add(bytes)
@@ -351,7 +355,8 @@ func (p *Prefill) Hold(ctx context.Context, requestID string, numTokens int, fil
 		DoRemotePrefill: true,
 		RemoteBlockIDs:  protocol.BlockIDs{ids},
 		RemoteEngineID:  p.cfg.EngineID,
-		RemoteRequestID: requestID,
+		// A notification must carry the suffix to free or extend the blocks (notifauth.go).
+		RemoteRequestID: requestID + remoteIDSep + token,
 		RemoteHost:      p.cfg.Host,
 		RemotePort:      p.port,
 		TPSize:          p.cfg.TPSize,
@@ -478,27 +483,42 @@ func (p *Prefill) handleNotification(raw nixl.Notification) {
 	if n.IsHeartbeat() {
 		p.metrics.heartbeats.Add(1)
 		ext := p.leaseExtension()
+		var forged []string
 		p.mu.Lock()
 		for _, id := range n.Heartbeat {
-			if h := p.held[id]; h != nil {
+			h, bad := p.heldFor(id)
+			if bad {
+				forged = append(forged, id)
+			}
+			if h != nil {
 				if e := p.now().Add(ext); e.After(h.expiry) {
 					h.expiry = e
 				}
 			}
 		}
 		p.mu.Unlock()
+		for _, id := range forged {
+			p.forged(raw.Agent, id, true)
+		}
 		return
 	}
 	p.metrics.notifications.Add(1)
-	log := p.log.With(zap.String("request_id", n.RequestID), zap.String("from", raw.Agent))
 	p.mu.Lock()
-	h := p.held[n.RequestID]
+	h, forged := p.heldFor(n.RequestID)
 	if h == nil {
 		p.mu.Unlock()
-		p.metrics.badMessages.Add(1)
-		log.Warn("notification for a request that is not held (already freed, expired, or unknown)")
+		if forged {
+			p.forged(raw.Agent, n.RequestID, false)
+			return
+		}
+		// Rate-limited like the forgeries: anyone with the agent metadata can send these.
+		if b := p.metrics.badMessages.Add(1); b <= 10 || b%1000 == 0 {
+			p.log.Warn("notification for a request that is not held (already freed, expired, or unknown)",
+				zap.String("request_id", LocalRequestID(n.RequestID)), zap.String("from", raw.Agent), zap.Int64("bad_so_far", b))
+		}
 		return
 	}
+	log := p.log.With(zap.String("request_id", h.id), zap.String("from", raw.Agent))
 	if h.expected == 0 {
 		exp, err := p.cfg.Profile.ExpectedNotifications(n, p.cfg.TPSize)
 		if err != nil || exp < 1 {
@@ -509,7 +529,7 @@ func (p *Prefill) handleNotification(raw nixl.Notification) {
 	h.got++
 	done := h.got >= h.expected
 	if done {
-		delete(p.held, n.RequestID)
+		delete(p.held, h.id)
 		p.release(h)
 		p.metrics.blocksFreed.Add(int64(len(h.blocks)))
 	}

@@ -39,6 +39,7 @@ type PrefillConfig struct {
 	Backends    []nixl.BackendSpec
 	HoldTimeout time.Duration // 0: the profile's
 	DataDevice  string        // connector.PrefillConfig.DataDevice ("" = loopback, as the side channel)
+	NotifyFrom  []string      // connector.PrefillConfig.NotifyFrom (nil = every agent)
 	Library     *nixl.Library
 	Logger      *zap.Logger
 	// CUDAContext: "auto" ("" too: hold GPU 0's primary context when a CUDA driver and device are present),
@@ -179,7 +180,7 @@ func NewPrefillServer(ctx context.Context, cfg PrefillConfig) (s *PrefillServer,
 	if s.role, err = connector.NewPrefill(connector.PrefillConfig{
 		VLLMVersion: cfg.VLLMVersion, Model: cfg.Model, Library: cfg.Library, Cache: s.stager, Backends: cfg.Backends,
 		Port: cfg.SideChannel, HoldTimeout: cfg.HoldTimeout, Logger: log, KVCacheLayout: cfg.Label, DataDevice: cfg.DataDevice,
-		DeviceContext: devCtx,
+		DeviceContext: devCtx, NotifyFrom: cfg.NotifyFrom,
 	}); err != nil {
 		return nil, err
 	}
