@@ -1,10 +1,13 @@
 package connector
 
 import (
+	"crypto/hmac"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/hex"
 	"strings"
+	"sync"
 
 	"go.uber.org/zap"
 )
@@ -15,11 +18,32 @@ import (
 // suffix holds neither ':' nor ','.
 const remoteIDSep = "~"
 
-// newNotifToken returns a fresh 128-bit suffix.
-func newNotifToken() string {
-	var b [16]byte
-	_, _ = rand.Read(b[:])
-	return hex.EncodeToString(b[:])
+// serverKeys holds the notification key of the prefill ranks sharing one side-channel server (one engine's
+// ranks in one process), so that they hand out the same remote_request_id for a request, as one vLLM
+// scheduler does.
+var serverKeys sync.Map // *sidechannel.Server → []byte (PrefillConfig.SideChannel)
+
+// notifyKey is the role's key of the suffix: PrefillConfig.NotifyKey, else the key of its shared side channel,
+// else a random one.
+func notifyKey(cfg PrefillConfig) []byte {
+	if len(cfg.NotifyKey) > 0 {
+		return append([]byte(nil), cfg.NotifyKey...)
+	}
+	k := make([]byte, 32)
+	_, _ = rand.Read(k)
+	if cfg.SideChannel != nil {
+		v, _ := serverKeys.LoadOrStore(cfg.SideChannel, k)
+		return v.([]byte)
+	}
+	return k
+}
+
+// notifToken is a request id's 128-bit suffix: HMAC-SHA256 of the id under the role's key, the same on every
+// rank of an engine that shares the key.
+func (p *Prefill) notifToken(requestID string) string {
+	m := hmac.New(sha256.New, p.notifyKey)
+	m.Write([]byte(requestID))
+	return hex.EncodeToString(m.Sum(nil)[:16])
 }
 
 // LocalRequestID returns the request id a Go prefill worker's remote_request_id was made from (the id

@@ -79,6 +79,11 @@ type PrefillConfig struct {
 	// request's params from freeing or extending its blocks is the unguessable suffix of the
 	// remote_request_id Hold hands out, which every notification must carry. Empty: every agent, as vLLM does.
 	NotifyFrom []string
+	// NotifyKey keys the unguessable suffix of the remote_request_id Hold hands out (HMAC-SHA256 of the
+	// request id). The ranks of one engine must hand out the same id for a request, as vLLM's one scheduler
+	// does: ranks sharing a SideChannel server share a key automatically; ranks in separate processes must
+	// be given the same secret key here (at least 16 random bytes). Default: a random key.
+	NotifyKey []byte
 	// HoldTimeout overrides how long unread blocks are held: the profile's lease (renewed by heartbeats) or
 	// abort timeout when 0. A negative value is refused (it would free the blocks before any peer reads them).
 	HoldTimeout time.Duration
@@ -111,10 +116,12 @@ type Prefill struct {
 	server  *sidechannel.Server // owned side channel
 	shared  *sidechannel.Server // or one shared by the engine's workers
 	payload []byte
-	hold    time.Duration
-	port    int
-	now     func() time.Time // the clock of holds and leases
-	passes  atomic.Int64     // expiry passes of the loop (tests wait for one)
+	// notifyKey keys the suffix of the remote_request_ids handed out (notifauth.go).
+	notifyKey []byte
+	hold      time.Duration
+	port      int
+	now       func() time.Time // the clock of holds and leases
+	passes    atomic.Int64     // expiry passes of the loop (tests wait for one)
 	// generation is remote_registration_generation (vLLM 0.33+): 1 for the first registration of the cache,
 	// bumped by Reregister. hash is the compatibility hash the payload carries.
 	generation atomic.Int64
@@ -177,7 +184,8 @@ func newPrefill(cfg PrefillConfig) (*Prefill, error) {
 	}
 	// vLLM's scheduler counts registrations from 0 and bumps the count when it publishes a changed handshake
 	// payload, so its first kv_transfer_params carry remote_registration_generation 1.
-	p := &Prefill{cfg: cfg, log: log, metrics: metrics, reg: reg, held: map[string]*heldReq{}, pending: map[string]bool{}}
+	p := &Prefill{cfg: cfg, log: log, metrics: metrics, reg: reg, held: map[string]*heldReq{}, pending: map[string]bool{},
+		notifyKey: notifyKey(cfg)}
 	p.generation.Store(1)
 	p.pool = NewBlockPool(reg.geom.NumBlocks)
 	p.now = cfg.clock
@@ -341,7 +349,7 @@ func (p *Prefill) Hold(ctx context.Context, requestID string, numTokens int, fil
 	bytes := int64(len(blocks)) * p.reg.geom.BlockLen() * int64(p.reg.geom.NumRegions())
 	p.mu.Lock()
 	delete(p.pending, requestID)
-	token := newNotifToken()
+	token := p.notifToken(requestID)
 	p.held[requestID] = &heldReq{id: requestID, blocks: blocks, expiry: p.now().Add(p.hold), bytes: bytes, token: token}
 	p.mu.Unlock()
 	p.metrics.requests.Add(1)
