@@ -321,8 +321,8 @@ func newPullRequest(kv protocol.KVTransferParams) (pullRequest, error) {
 	if len(kv.RemoteBlockIDs) != 1 {
 		return pullRequest{}, fmt.Errorf("%w: %d KV-cache groups; gonixl serves models with one group", ErrBadParams, len(kv.RemoteBlockIDs))
 	}
-	if kv.RemoteHost == "" || kv.RemotePort <= 0 || kv.RemotePort > 65535 {
-		return pullRequest{}, fmt.Errorf("%w: remote_host %q / remote_port %d do not name a side channel", ErrBadParams, kv.RemoteHost, kv.RemotePort)
+	if !validHost(kv.RemoteHost) || kv.RemotePort <= 0 || kv.RemotePort > 65535 {
+		return pullRequest{}, fmt.Errorf("%w: remote_host %q / remote_port %d do not name a side channel (want an IP address or a host name, and a port 1-65535)", ErrBadParams, kv.RemoteHost, kv.RemotePort)
 	}
 	if kv.RemoteRequestID == "" {
 		return pullRequest{}, fmt.Errorf("%w: remote_request_id is empty (the prefill side could never match the notification)", ErrBadParams)

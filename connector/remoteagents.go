@@ -4,6 +4,9 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"net"
+	"strings"
+
 
 	"github.com/gonixl/gonixl/connector/protocol"
 	"github.com/gonixl/gonixl/layout"
@@ -153,4 +156,33 @@ func orDefaultBackends(backends []nixl.BackendSpec) []nixl.BackendSpec {
 		return DefaultBackends
 	}
 	return backends
+}
+
+// validHost reports whether h can name a side channel: an IP address (IPv6 with or without brackets) or a
+// host name of RFC 1123 labels (letters, digits, '-' inside, '_' tolerated), at most 253 bytes.
+func validHost(h string) bool {
+	if h == "" {
+		return false
+	}
+	ip := h
+	if strings.HasPrefix(h, "[") && strings.HasSuffix(h, "]") {
+		ip = h[1 : len(h)-1]
+	}
+	if net.ParseIP(ip) != nil {
+		return true
+	}
+	if len(h) > 253 {
+		return false
+	}
+	for _, label := range strings.Split(strings.TrimSuffix(h, "."), ".") {
+		if label == "" || len(label) > 63 || label[0] == '-' || label[len(label)-1] == '-' {
+			return false
+		}
+		for _, c := range label {
+			if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+				return false
+			}
+		}
+	}
+	return true
 }
