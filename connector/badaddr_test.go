@@ -1,6 +1,7 @@
 package connector
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -40,4 +41,29 @@ func TestUnusableSideChannelAddress(t *testing.T) {
 	}
 	_, err = pr.dec.Pull(ctx, "good", good, localBlocks(1, 0))
 	require.NoError(t, err)
+}
+
+// Per-pull failure lines are sampled: 200 failed pulls in a burst write at most some 20 lines, and every
+// failure is still counted.
+func TestPullFailureLogsRateLimited(t *testing.T) {
+	p, err := protocol.ProfileByName("0.33")
+	require.NoError(t, err)
+	dlog, logs := observed()
+	pr := newPair(t, p, pairOpts{decodeLog: dlog})
+	ctx := ctxT(t, 60*time.Second)
+	good := pr.prefill(t, ctx, "r", tinyBlock, 2)
+	const n = 200
+	for i := 0; i < n; i++ {
+		kv := good
+		kv.RemoteBlockIDs = protocol.BlockIDs{{1 << 40}} // refused before any handshake... or after the first
+		_, err := pr.dec.Pull(ctx, fmt.Sprintf("bad-%d", i), kv, localBlocks(1, 0))
+		require.ErrorIs(t, err, ErrBadParams)
+	}
+	require.EqualValues(t, n, pr.decM.RequestErrors())
+	lines := logs.FilterMessage("pull failed").Len()
+	require.Positive(t, lines)
+	require.LessOrEqual(t, lines, 2*failLogFirst+n/failLogThereafter+2, "one line per failed pull")
+	for _, e := range logs.FilterMessage("pull failed").All() {
+		require.Equal(t, "r", fieldsOf(e)["remote_request_id"], "the suffix is never logged")
+	}
 }

@@ -83,6 +83,7 @@ type Decode struct {
 	probe       *nixl.Agent              // checks unknown metadata before the agent loads it (remoteagents.go)
 	probeSeq    int
 	backends    []nixl.BackendSpec // the agent's backends, for the probe
+	failLog     *zap.Logger        // log, sampled (failLogFirst a second, then every failLogThereafter-th)
 	closed      bool
 	closeOnce   sync.Once
 	closeErr    error
@@ -148,7 +149,7 @@ func newDecode(cfg DecodeConfig) (*Decode, error) {
 	if err != nil {
 		return nil, err
 	}
-	d := &Decode{cfg: cfg, log: log, metrics: metrics, reg: reg, remotes: map[string]*remoteEngine{},
+	d := &Decode{cfg: cfg, log: log, metrics: metrics, reg: reg, failLog: sampled(log), remotes: map[string]*remoteEngine{},
 		draining: map[string]*remoteEngine{}, agents: map[string]*loadedAgent{},
 		backends: withDataDevice(orDefaultBackends(cfg.Backends), dev)}
 	d.closing, d.stop = context.WithCancel(context.Background())
@@ -221,7 +222,10 @@ func (d *Decode) pull(ctx context.Context, requestID string, kv protocol.KVTrans
 		zap.String("remote_request_id", LocalRequestID(kv.RemoteRequestID))) // never the suffix: it is what lets a peer free the blocks
 	fail := func(err error) (Result, error) {
 		d.metrics.requestErrors.Add(1)
-		log.Warn("pull failed", zap.Error(err))
+		if ce := d.failLog.Check(zap.WarnLevel, "pull failed"); ce != nil { // sampled: a flood of bad requests cannot flood the log
+			ce.Write(zap.String("request_id", requestID), zap.String("remote_engine_id", kv.RemoteEngineID),
+				zap.String("remote_request_id", LocalRequestID(kv.RemoteRequestID)), zap.Error(err))
+		}
 		return res, err
 	}
 	req, err := d.validate(kv, localBlocks)

@@ -6,7 +6,10 @@ import (
 	"fmt"
 	"net"
 	"strings"
+	"time"
 
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/gonixl/gonixl/connector/protocol"
 	"github.com/gonixl/gonixl/layout"
@@ -185,4 +188,17 @@ func validHost(h string) bool {
 		}
 	}
 	return true
+}
+
+// Per-pull failure lines are sampled: the first failLogFirst of each second, then every
+// failLogThereafter-th (zap's sampler, keyed by message): 300 forged requests are some 20 lines, not 300.
+const (
+	failLogFirst      = 10
+	failLogThereafter = 100
+)
+
+func sampled(log *zap.Logger) *zap.Logger {
+	return log.WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
+		return zapcore.NewSamplerWithOptions(c, time.Second, failLogFirst, failLogThereafter)
+	}))
 }
