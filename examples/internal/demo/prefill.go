@@ -395,6 +395,11 @@ type HTTPTimeouts struct {
 	Write time.Duration
 	// Idle bounds a keep-alive connection between requests.
 	Idle time.Duration
+	// MaxConns caps the open connections (0: DefaultMaxHTTPConns, or less where RLIMIT_NOFILE leaves less
+	// room); at the cap a new connection evicts the one idle the longest (connLimiter).
+	MaxConns int
+	// MaxHeaderBytes bounds a request's headers (0: DefaultMaxHeader).
+	MaxHeaderBytes int
 }
 
 // DefaultHTTPTimeouts are the workers' timeouts: requests are small JSON bodies (16 MiB at most), a pull takes
@@ -412,10 +417,17 @@ func ServeTimeouts(ctx context.Context, addr string, h http.Handler, ready func(
 	if err := ctx.Err(); err != nil {
 		return nil // asked to stop before serving
 	}
-	ln, err := net.Listen("tcp", addr)
+	raw, err := net.Listen("tcp", addr)
 	if err != nil {
 		return err
 	}
+	if t.MaxConns <= 0 {
+		t.MaxConns = maxHTTPConns()
+	}
+	if t.MaxHeaderBytes <= 0 {
+		t.MaxHeaderBytes = DefaultMaxHeader
+	}
+	ln := newConnLimiter(raw, t.MaxConns)
 	if t.Handler > 0 {
 		inner := h
 		h = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -425,7 +437,7 @@ func ServeTimeouts(ctx context.Context, addr string, h http.Handler, ready func(
 		})
 	}
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: t.ReadHeader, ReadTimeout: t.Read, WriteTimeout: t.Write,
-		IdleTimeout: t.Idle}
+		IdleTimeout: t.Idle, MaxHeaderBytes: t.MaxHeaderBytes, ConnState: ln.connState}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	if ready != nil {
