@@ -69,3 +69,9 @@ func TestMaxHTTPConnsDefault(t *testing.T) {
 	require.GreaterOrEqual(t, m, minHTTPConns)
 	require.LessOrEqual(t, m, DefaultMaxHTTPConns)
 }
+
+// -notify-from's value: comma-separated, blanks dropped.
+func TestSplitList(t *testing.T) {
+	require.Nil(t, splitList(""))
+	require.Equal(t, []string{"gonixl-d-1-tp0", "dec-*"}, splitList(" gonixl-d-1-tp0, ,dec-* "))
+}
