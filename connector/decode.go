@@ -78,6 +78,12 @@ type Decode struct {
 	remotes     map[string]*remoteEngine // handshaken (or handshaking) engines, by engine id
 	draining    map[string]*remoteEngine // dropped from remotes, still used by in-flight pulls, by engine id
 	generations map[string]int64         // remote_registration_generation seen per engine id (generation.go)
+	agentsMu    sync.Mutex               // guards agents and the NIXL loads and invalidations (remoteagents.go)
+	agents      map[string]*loadedAgent  // remote NIXL agents loaded, by name
+	probe       *nixl.Agent              // checks unknown metadata before the agent loads it (remoteagents.go)
+	probeSeq    int
+	backends    []nixl.BackendSpec // the agent's backends, for the probe
+	failLog     *zap.Logger        // log, sampled (failLogFirst a second, then every failLogThereafter-th)
 	closed      bool
 	closeOnce   sync.Once
 	closeErr    error
@@ -138,13 +144,14 @@ func newDecode(cfg DecodeConfig) (*Decode, error) {
 	if cfg.HandshakeRetries == 0 {
 		cfg.HandshakeRetries = 2
 	}
-	reg, err := register(cfg.Library, fmt.Sprintf("%s-tp%d", cfg.EngineID, cfg.Rank.TP), cfg.Backends,
-		resolveDataDevice(cfg.DataDevice, ""), cfg.Cache, false, log)
+	dev := resolveDataDevice(cfg.DataDevice, "")
+	reg, err := register(cfg.Library, fmt.Sprintf("%s-tp%d", cfg.EngineID, cfg.Rank.TP), cfg.Backends, dev, cfg.Cache, false, log)
 	if err != nil {
 		return nil, err
 	}
-	d := &Decode{cfg: cfg, log: log, metrics: metrics, reg: reg, remotes: map[string]*remoteEngine{},
-		draining: map[string]*remoteEngine{}}
+	d := &Decode{cfg: cfg, log: log, metrics: metrics, reg: reg, failLog: sampled(log), remotes: map[string]*remoteEngine{},
+		draining: map[string]*remoteEngine{}, agents: map[string]*loadedAgent{},
+		backends: withDataDevice(orDefaultBackends(cfg.Backends), dev)}
 	d.closing, d.stop = context.WithCancel(context.Background())
 	if !cfg.Compat.SkipCheck {
 		if d.hash, err = cfg.Profile.CompatHash(cfg.Compat.CompatInputs); err != nil {
@@ -212,10 +219,13 @@ func (d *Decode) Pull(ctx context.Context, requestID string, kv protocol.KVTrans
 func (d *Decode) pull(ctx context.Context, requestID string, kv protocol.KVTransferParams, localBlocks []int) (Result, error) {
 	res := Result{RequestID: requestID}
 	log := d.log.With(zap.String("request_id", requestID), zap.String("remote_engine_id", kv.RemoteEngineID),
-		zap.String("remote_request_id", kv.RemoteRequestID))
+		zap.String("remote_request_id", LocalRequestID(kv.RemoteRequestID))) // never the suffix: it is what lets a peer free the blocks
 	fail := func(err error) (Result, error) {
 		d.metrics.requestErrors.Add(1)
-		log.Warn("pull failed", zap.Error(err))
+		if ce := d.failLog.Check(zap.WarnLevel, "pull failed"); ce != nil { // sampled: a flood of bad requests cannot flood the log
+			ce.Write(zap.String("request_id", requestID), zap.String("remote_engine_id", kv.RemoteEngineID),
+				zap.String("remote_request_id", LocalRequestID(kv.RemoteRequestID)), zap.Error(err))
+		}
 		return res, err
 	}
 	req, err := d.validate(kv, localBlocks)
@@ -315,8 +325,8 @@ func newPullRequest(kv protocol.KVTransferParams) (pullRequest, error) {
 	if len(kv.RemoteBlockIDs) != 1 {
 		return pullRequest{}, fmt.Errorf("%w: %d KV-cache groups; gonixl serves models with one group", ErrBadParams, len(kv.RemoteBlockIDs))
 	}
-	if kv.RemoteHost == "" || kv.RemotePort <= 0 || kv.RemotePort > 65535 {
-		return pullRequest{}, fmt.Errorf("%w: remote_host %q / remote_port %d do not name a side channel", ErrBadParams, kv.RemoteHost, kv.RemotePort)
+	if !validHost(kv.RemoteHost) || kv.RemotePort <= 0 || kv.RemotePort > 65535 {
+		return pullRequest{}, fmt.Errorf("%w: remote_host %q / remote_port %d do not name a side channel (want an IP address or a host name, and a port 1-65535)", ErrBadParams, kv.RemoteHost, kv.RemotePort)
 	}
 	if kv.RemoteRequestID == "" {
 		return pullRequest{}, fmt.Errorf("%w: remote_request_id is empty (the prefill side could never match the notification)", ErrBadParams)
@@ -652,8 +662,11 @@ func (d *Decode) handshake(ctx context.Context, engineID string, re *remoteEngin
 		}
 		src := &source{rank: rank, meta: md}
 		re.sources = append(re.sources, src)
-		if src.agent, err = d.reg.agent.LoadRemoteMetadata(md.AgentMetadata); err != nil {
+		if src.agent, err = d.loadAgent(engineID, md.AgentMetadata); err != nil {
 			return fmt.Errorf("connector: loading prefill engine %s rank %d's NIXL metadata: %w", engineID, rank, err)
+		}
+		if err = d.checkRegions(engineID, src.agent, md, geom); err != nil {
+			return err
 		}
 		rdescs, err := re.plan.RemoteDescs(md.KVCachesBaseAddr, uint64(md.DeviceID))
 		if err != nil {
@@ -684,13 +697,7 @@ func (d *Decode) handshake(ctx context.Context, engineID string, re *remoteEngin
 // prepRemote prepares a prefill rank's descriptors in the memory type its metadata names (DRAM when it names
 // none; VRAM is tried too, for a GPU prefill worker of a vLLM version that does not say).
 func (d *Decode) prepRemote(agent string, md protocol.AgentMetadata, descs []nixl.Desc) (*nixl.Prepped, error) {
-	mem := nixl.DRAM
-	if len(md.RegionMemTypes) > 0 {
-		if m, err := nixl.ParseMemType(md.RegionMemTypes[0]); err == nil {
-			mem = m
-		}
-	}
-	pl, err := d.reg.agent.Prep(agent, mem, descs)
+	pl, err := d.reg.agent.Prep(agent, regionMem(md), descs)
 	if err != nil && len(md.RegionMemTypes) == 0 {
 		if pl2, err2 := d.reg.agent.Prep(agent, nixl.VRAM, descs); err2 == nil {
 			return pl2, nil
@@ -710,7 +717,7 @@ func (d *Decode) release(re *remoteEngine) {
 			_ = src.local.Close()
 		}
 		if src.agent != "" {
-			_ = d.reg.agent.InvalidateRemoteMetadata(src.agent)
+			d.unloadAgent(src.agent) // only the references this engine took: never an agent another still uses
 		}
 	}
 	re.sources = nil
@@ -740,6 +747,7 @@ func (d *Decode) Close() error {
 		for _, re := range remotes {
 			d.put(re) // the cache's reference; no pull holds one any more
 		}
+		d.closeProbe()
 		d.closeErr = d.reg.close()
 	})
 	return d.closeErr

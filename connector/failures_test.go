@@ -79,9 +79,9 @@ func TestPrefillLeaseHeartbeats(t *testing.T) {
 			remote := pr.dec.remotes[pr.pre.EngineID()].sources[0].agent
 			pr.dec.mu.Unlock()
 
-			_, err = pr.pre.Hold(ctx, "leased", 2*tinyBlock, nil)
+			kv, err := pr.pre.Hold(ctx, "leased", 2*tinyBlock, nil)
 			require.NoError(t, err)
-			msg := []byte(protocol.HeartbeatPrefix + "leased,unknown-id")
+			msg := []byte(protocol.HeartbeatPrefix + kv.RemoteRequestID + ",unknown-id")
 			seen := func() int64 { return pr.preM.Heartbeats() + pr.preM.BadMessages() }
 			for range 2 * hold / step {
 				n := seen()

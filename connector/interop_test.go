@@ -75,7 +75,7 @@ func TestInteropPythonDecodeGoPrefill(t *testing.T) {
 			require.True(t, res.OK, "python decode peer: %s", out)
 			assert.Zero(t, res.BadBlocks)
 			assert.Equal(t, 3, res.Blocks)
-			assert.Equal(t, "py-dec-1:1", res.Notif)
+			assert.Equal(t, kv.RemoteRequestID+":1", res.Notif, "the remote_request_id echoed verbatim, suffix included")
 			assert.Equal(t, res.LocalHash, res.RemoteHash)
 			if res.HashSource == "vllm" {
 				t.Logf("compatibility hash checked with vLLM %s's own compute_nixl_compatibility_hash", p.MinVersion)

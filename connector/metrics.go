@@ -23,7 +23,8 @@ import (
 //	gonixl_requests_total, gonixl_request_errors_total, gonixl_bytes_total, gonixl_blocks_held (gauge),
 //	gonixl_blocks_freed_total, gonixl_blocks_expired_total, gonixl_heartbeats_total,
 //	gonixl_notifications_total, gonixl_bad_messages_total, gonixl_rejected_notifications_total,
-//	gonixl_handshakes_total: the counters.
+//	gonixl_handshakes_total, gonixl_remote_agent_conflicts_total, gonixl_forged_notifications_total: the
+//	counters.
 //
 // The roles alone count. A program reads a counter in Go through its method (Requests, Bytes,
 // RequestsExpired, …; each one's doc names its series) and cannot change it.
@@ -40,6 +41,8 @@ type Metrics struct {
 	badMessages           atomic.Int64
 	rejectedNotifications atomic.Int64
 	handshakes            atomic.Int64
+	agentConflicts        atomic.Int64
+	forgedNotifications   atomic.Int64
 
 	labels prometheus.Labels
 	once   sync.Once
@@ -92,6 +95,15 @@ func (m *Metrics) RejectedNotifications() int64 { return m.rejectedNotifications
 // Handshakes is the number of side-channel handshakes done, cache misses (decode): gonixl_handshakes_total.
 func (m *Metrics) Handshakes() int64 { return m.handshakes.Load() }
 
+// AgentConflicts is the number of prefill handshakes refused because their NIXL metadata names an agent
+// already loaded with other metadata, or regions that agent did not register (decode; ErrAgentConflict):
+// gonixl_remote_agent_conflicts_total.
+func (m *Metrics) AgentConflicts() int64 { return m.agentConflicts.Load() }
+
+// ForgedNotifications is the number of notifications and heartbeat entries whose request id lacks the
+// unguessable suffix the prefill worker handed out with the request (prefill): gonixl_forged_notifications_total.
+func (m *Metrics) ForgedNotifications() int64 { return m.forgedNotifications.Load() }
+
 // timing names what observe times.
 type timing string
 
@@ -137,13 +149,15 @@ var counterInfos = []counterInfo{
 	{"gonixl_bad_messages_total", "Malformed notifications, or notifications for requests not held (prefill).", false},
 	{"gonixl_rejected_notifications_total", "Notifications from agents outside the prefill worker's allow-list.", false},
 	{"gonixl_handshakes_total", "Side-channel handshakes done (decode).", false},
+	{"gonixl_remote_agent_conflicts_total", "Prefill handshakes refused: their NIXL agent name is loaded with other metadata, or their regions are not that agent's (decode).", false},
+	{"gonixl_forged_notifications_total", "Notifications or heartbeat ids without the request's unguessable suffix (prefill).", false},
 }
 
 // counters returns the fields in the order of counterInfos.
 func (m *Metrics) counters() []*atomic.Int64 {
 	return []*atomic.Int64{&m.requests, &m.requestErrors, &m.bytes, &m.blocksHeld, &m.blocksFreed, &m.blocksExpired,
 		&m.requestsExpired, &m.heartbeats, &m.notifications, &m.badMessages,
-		&m.rejectedNotifications, &m.handshakes}
+		&m.rejectedNotifications, &m.handshakes, &m.agentConflicts, &m.forgedNotifications}
 }
 
 func (m *Metrics) init() {

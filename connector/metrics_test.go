@@ -187,6 +187,8 @@ func TestMetricsCounterNames(t *testing.T) {
 		"gonixl_notifications_total": {&m.notifications, m.Notifications}, "gonixl_bad_messages_total": {&m.badMessages, m.BadMessages},
 		"gonixl_rejected_notifications_total": {&m.rejectedNotifications, m.RejectedNotifications},
 		"gonixl_handshakes_total":             {&m.handshakes, m.Handshakes},
+		"gonixl_remote_agent_conflicts_total": {&m.agentConflicts, m.AgentConflicts},
+		"gonixl_forged_notifications_total":   {&m.forgedNotifications, m.ForgedNotifications},
 	}
 	require.Len(t, counters, len(counterInfos))
 	i := int64(1)

@@ -74,9 +74,16 @@ type PrefillConfig struct {
 	DataDevice string
 	// NotifyFrom, when set, lists the remote NIXL agents whose notifications (transfer completions,
 	// heartbeats) are honoured: exact agent names, or prefixes ending in "*" (gonixl decode agents are named
-	// "<engine id>-tp<rank>"). Others are dropped, counted (Metrics.RejectedNotifications) and logged, so a
-	// peer outside the list cannot free or extend held blocks. Empty: every agent, as vLLM does.
+	// "<engine id>-tp<rank>"). Others are dropped, counted (Metrics.RejectedNotifications) and logged. The
+	// name is the one the sending agent chose, so this is a second fence only: what stops a peer without a
+	// request's params from freeing or extending its blocks is the unguessable suffix of the
+	// remote_request_id Hold hands out, which every notification must carry. Empty: every agent, as vLLM does.
 	NotifyFrom []string
+	// NotifyKey keys the unguessable suffix of the remote_request_id Hold hands out (HMAC-SHA256 of the
+	// request id). The ranks of one engine must hand out the same id for a request, as vLLM's one scheduler
+	// does: ranks sharing a SideChannel server share a key automatically; ranks in separate processes must
+	// be given the same secret key here (at least 16 random bytes). Default: a random key.
+	NotifyKey []byte
 	// HoldTimeout overrides how long unread blocks are held: the profile's lease (renewed by heartbeats) or
 	// abort timeout when 0. A negative value is refused (it would free the blocks before any peer reads them).
 	HoldTimeout time.Duration
@@ -109,10 +116,12 @@ type Prefill struct {
 	server  *sidechannel.Server // owned side channel
 	shared  *sidechannel.Server // or one shared by the engine's workers
 	payload []byte
-	hold    time.Duration
-	port    int
-	now     func() time.Time // the clock of holds and leases
-	passes  atomic.Int64     // expiry passes of the loop (tests wait for one)
+	// notifyKey keys the suffix of the remote_request_ids handed out (notifauth.go).
+	notifyKey []byte
+	hold      time.Duration
+	port      int
+	now       func() time.Time // the clock of holds and leases
+	passes    atomic.Int64     // expiry passes of the loop (tests wait for one)
 	// generation is remote_registration_generation (vLLM 0.33+): 1 for the first registration of the cache,
 	// bumped by Reregister. hash is the compatibility hash the payload carries.
 	generation atomic.Int64
@@ -136,6 +145,7 @@ type heldReq struct {
 	got      int
 	expiry   time.Time
 	bytes    int64
+	token    string // the unguessable suffix of the remote_request_id handed out (notifauth.go)
 }
 
 func randomID(prefix string) string {
@@ -174,7 +184,8 @@ func newPrefill(cfg PrefillConfig) (*Prefill, error) {
 	}
 	// vLLM's scheduler counts registrations from 0 and bumps the count when it publishes a changed handshake
 	// payload, so its first kv_transfer_params carry remote_registration_generation 1.
-	p := &Prefill{cfg: cfg, log: log, metrics: metrics, reg: reg, held: map[string]*heldReq{}, pending: map[string]bool{}}
+	p := &Prefill{cfg: cfg, log: log, metrics: metrics, reg: reg, held: map[string]*heldReq{}, pending: map[string]bool{},
+		notifyKey: notifyKey(cfg)}
 	p.generation.Store(1)
 	p.pool = NewBlockPool(reg.geom.NumBlocks)
 	p.now = cfg.clock
@@ -338,7 +349,8 @@ func (p *Prefill) Hold(ctx context.Context, requestID string, numTokens int, fil
 	bytes := int64(len(blocks)) * p.reg.geom.BlockLen() * int64(p.reg.geom.NumRegions())
 	p.mu.Lock()
 	delete(p.pending, requestID)
-	p.held[requestID] = &heldReq{id: requestID, blocks: blocks, expiry: p.now().Add(p.hold), bytes: bytes}
+	token := p.notifToken(requestID)
+	p.held[requestID] = &heldReq{id: requestID, blocks: blocks, expiry: p.now().Add(p.hold), bytes: bytes, token: token}
 	p.mu.Unlock()
 	p.metrics.requests.Add(1)
 	p.metrics.bytes.Add(bytes)
@@ -351,7 +363,8 @@ func (p *Prefill) Hold(ctx context.Context, requestID string, numTokens int, fil
 		DoRemotePrefill: true,
 		RemoteBlockIDs:  protocol.BlockIDs{ids},
 		RemoteEngineID:  p.cfg.EngineID,
-		RemoteRequestID: requestID,
+		// A notification must carry the suffix to free or extend the blocks (notifauth.go).
+		RemoteRequestID: requestID + remoteIDSep + token,
 		RemoteHost:      p.cfg.Host,
 		RemotePort:      p.port,
 		TPSize:          p.cfg.TPSize,
@@ -478,27 +491,42 @@ func (p *Prefill) handleNotification(raw nixl.Notification) {
 	if n.IsHeartbeat() {
 		p.metrics.heartbeats.Add(1)
 		ext := p.leaseExtension()
+		var forged []string
 		p.mu.Lock()
 		for _, id := range n.Heartbeat {
-			if h := p.held[id]; h != nil {
+			h, bad := p.heldFor(id)
+			if bad {
+				forged = append(forged, id)
+			}
+			if h != nil {
 				if e := p.now().Add(ext); e.After(h.expiry) {
 					h.expiry = e
 				}
 			}
 		}
 		p.mu.Unlock()
+		for _, id := range forged {
+			p.forged(raw.Agent, id, true)
+		}
 		return
 	}
 	p.metrics.notifications.Add(1)
-	log := p.log.With(zap.String("request_id", n.RequestID), zap.String("from", raw.Agent))
 	p.mu.Lock()
-	h := p.held[n.RequestID]
+	h, forged := p.heldFor(n.RequestID)
 	if h == nil {
 		p.mu.Unlock()
-		p.metrics.badMessages.Add(1)
-		log.Warn("notification for a request that is not held (already freed, expired, or unknown)")
+		if forged {
+			p.forged(raw.Agent, n.RequestID, false)
+			return
+		}
+		// Rate-limited like the forgeries: anyone with the agent metadata can send these.
+		if b := p.metrics.badMessages.Add(1); b <= 10 || b%1000 == 0 {
+			p.log.Warn("notification for a request that is not held (already freed, expired, or unknown)",
+				zap.String("request_id", LocalRequestID(n.RequestID)), zap.String("from", raw.Agent), zap.Int64("bad_so_far", b))
+		}
 		return
 	}
+	log := p.log.With(zap.String("request_id", h.id), zap.String("from", raw.Agent))
 	if h.expected == 0 {
 		exp, err := p.cfg.Profile.ExpectedNotifications(n, p.cfg.TPSize)
 		if err != nil || exp < 1 {
@@ -509,7 +537,7 @@ func (p *Prefill) handleNotification(raw nixl.Notification) {
 	h.got++
 	done := h.got >= h.expected
 	if done {
-		delete(p.held, n.RequestID)
+		delete(p.held, h.id)
 		p.release(h)
 		p.metrics.blocksFreed.Add(int64(len(h.blocks)))
 	}

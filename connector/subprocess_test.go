@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"strconv"
@@ -134,15 +133,6 @@ func (pp *peerProc) kill() {
 	})
 }
 
-// freePort returns a TCP port that was free a moment ago.
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
 // The prefill process dies (SIGKILL) while the decode role is reading from it: every pull returns an error
 // within its deadline (no hang), the handshake is dropped, and a prefill engine restarted under the same id and
 // port is handshaken again and read from.
@@ -152,9 +142,9 @@ func TestPrefillKilledMidRead(t *testing.T) {
 			l := testLib(t)
 			const blocks, tokens = 8192, 8000 * tinyBlock // 8000 blocks of 16 KiB: 125 MiB per READ
 			engine := fmt.Sprintf("killed-%s-%d", p.Name, time.Now().UnixNano())
-			port := freePort(t)
-			peer := startPeer(t, p, engine, port, blocks, tokens, 1, 7)
+			peer := startPeer(t, p, engine, 0, blocks, tokens, 1, 7) // the child binds a free port and reports it
 			kv := peer.params[0]
+			port := kv.RemotePort // the restarted engine binds it again (a busy machine could take it meanwhile; nothing else can be done for "the same port")
 
 			dlog, dlogs := observed()
 			m := &Metrics{}
@@ -241,7 +231,7 @@ func TestPullNoPrefillEngine(t *testing.T) {
 	require.NoError(t, err)
 	defer d.Close()
 	kv := protocol.KVTransferParams{DoRemotePrefill: true, RemoteBlockIDs: protocol.BlockIDs{{1, 2}}, RemoteEngineID: "gone",
-		RemoteRequestID: "r", RemoteHost: "127.0.0.1", RemotePort: freePort(t), TPSize: 1}
+		RemoteRequestID: "r", RemoteHost: "127.0.0.1", RemotePort: testenv.RefusedPort(t), TPSize: 1}
 	// The context is far longer than HandshakeTimeout × attempts (0.6 s): the handshake timeout ends the
 	// pull, not the context.
 	_, err = d.Pull(ctxT(t, 5*time.Minute), "r", kv, []int{1, 2})

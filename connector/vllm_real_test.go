@@ -30,6 +30,7 @@ import (
 
 	"github.com/gonixl/gonixl/connector"
 	"github.com/gonixl/gonixl/connector/protocol"
+	"github.com/gonixl/gonixl/connector/sidechannel"
 	"github.com/gonixl/gonixl/internal/nixltest"
 	"github.com/gonixl/gonixl/internal/testenv"
 	"github.com/gonixl/gonixl/layout"
@@ -145,6 +146,7 @@ type event struct {
 	ReqID      string          `json:"req_id"`
 	Version    string          `json:"version"`
 	EngineID   string          `json:"engine_id"`
+	Port       int             `json:"port"` // ready: the side channel's port (rank 0)
 	Hash       *string         `json:"compat_hash"`
 	Layout     string          `json:"kv_cache_layout"`
 	Backend    string          `json:"backend"`
@@ -182,9 +184,74 @@ type driver struct {
 
 func startDriver(t *testing.T, ctx context.Context, python, role, model string, numBlocks int, args ...string) *driver {
 	t.Helper()
-	d := launchDriver(t, ctx, python, role, model, numBlocks, args...)
-	d.ready = d.next(ctx, "ready", "")
-	return d
+	return startDrivers(t, ctx, func(ctx context.Context, distPort int) []*driver {
+		return []*driver{launchDriver(t, ctx, python, role, model, numBlocks, append([]string{"--dist-port", fmt.Sprint(distPort)}, args...)...)}
+	}, loopbackPort)[0]
+}
+
+// startDrivers launches drivers (the ranks of one vLLM instance, which join each other's process group at
+// distPort) and waits until each is ready. The port of torch's process-group store must be known to every
+// rank before the first binds it, so it is picked free and may be taken by another program meanwhile (a busy
+// machine): when a driver reports EADDRINUSE before it is ready, the attempt is killed and redone with a fresh
+// port (3 attempts). pick gives each attempt's port (tests give a taken one first). The side channel's port is
+// the driver's own business (python/vllm_real_driver.py rebinds on EADDRINUSE).
+func startDrivers(t *testing.T, ctx context.Context, launch func(ctx context.Context, distPort int) []*driver, pick func(t *testing.T, attempt int) int) []*driver {
+	t.Helper()
+	for attempt := 1; ; attempt++ {
+		actx, cancel := context.WithCancel(ctx)
+		t.Cleanup(cancel) // after the drivers' own cleanups (LIFO): they quit first
+		ds := launch(actx, pick(t, attempt))
+		var err error
+		for _, d := range ds {
+			if d.ready, err = d.awaitReady(ctx); err != nil {
+				break
+			}
+		}
+		if err == nil {
+			return ds
+		}
+		cancel() // kills this attempt's drivers
+		if !addrInUse(err) || attempt == 3 {
+			require.FailNow(t, "vLLM driver failed to start", "attempt %d: %v", attempt, err)
+		}
+		t.Logf("attempt %d: a port was taken between picking and binding it (%v); again with a fresh one", attempt, err)
+	}
+}
+
+// loopbackPort picks a free loopback port for a child to bind (startDrivers retries if it is taken meanwhile).
+func loopbackPort(t *testing.T, _ int) int {
+	l, err := net.Listen("tcp4", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// addrInUse reports whether an error names a port already bound (torch's DistNetworkError, zmq's ZMQError).
+func addrInUse(err error) bool {
+	m := strings.ToLower(err.Error())
+	return strings.Contains(m, "eaddrinuse") || strings.Contains(m, "address already in use")
+}
+
+// awaitReady waits for the driver's "ready" event; an "error" event or the driver's exit is returned as an
+// error, for the caller to decide.
+func (d *driver) awaitReady(ctx context.Context) (event, error) {
+	for {
+		select {
+		case e, ok := <-d.events:
+			if !ok {
+				return event{}, fmt.Errorf("vLLM driver exited before it was ready: %s", d.stderr.Tail(3000))
+			}
+			switch e.Event {
+			case "error":
+				return event{}, fmt.Errorf("vLLM driver error: %s\n%s", e.Error, d.stderr.Tail(3000))
+			case "ready":
+				return e, nil
+			}
+			d.pending = append(d.pending, e)
+		case <-ctx.Done():
+			return event{}, fmt.Errorf("timed out waiting for the driver to be ready: %s", d.stderr.Tail(3000))
+		}
+	}
 }
 
 func launchDriver(t *testing.T, ctx context.Context, python, role, model string, numBlocks int, args ...string) *driver {
@@ -586,20 +653,15 @@ func TestVLLMRealHeteroTP(t *testing.T) {
 // startTP2 starts the two ranks of a vLLM instance with TP 2 (they join each other's process group before
 // saying ready) and returns rank 0, which runs the scheduler side and takes the commands.
 func startTP2(t *testing.T, ctx context.Context, py, role, model string) *driver {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	distPort := l.Addr().(*net.TCPAddr).Port
-	require.NoError(t, l.Close())
 	engineID := fmt.Sprintf("vllm-%s-tp2-%d", role, time.Now().UnixNano()) // one engine id for all its ranks
-	ranks := make([]*driver, 2)
-	for r := range ranks {
-		ranks[r] = launchDriver(t, ctx, py, role, model, realBlocks, "--engine-id", engineID,
-			"--tp-size", "2", "--tp-rank", fmt.Sprint(r), "--dist-port", fmt.Sprint(distPort), "--lease", "30")
-	}
-	for _, rd := range ranks {
-		rd.ready = rd.next(ctx, "ready", "")
-	}
-	return ranks[0]
+	return startDrivers(t, ctx, func(ctx context.Context, distPort int) []*driver {
+		ranks := make([]*driver, 2)
+		for r := range ranks {
+			ranks[r] = launchDriver(t, ctx, py, role, model, realBlocks, "--engine-id", engineID,
+				"--tp-size", "2", "--tp-rank", fmt.Sprint(r), "--dist-port", fmt.Sprint(distPort), "--lease", "30")
+		}
+		return ranks
+	}, loopbackPort)[0]
 }
 
 // headHalfHashes: per block, sha256 over every region of the half of the block's bytes that holds TP rank r's
@@ -617,4 +679,47 @@ func headHalfHashes(c *connector.DRAMCache, blocks []int, r int) []string {
 		out[i] = hex.EncodeToString(h.Sum(nil))
 	}
 	return out
+}
+
+// TestVLLMRealPortTaken: the ports a vLLM driver binds are taken by another program when it binds them (what
+// a busy machine does between picking a port free and the child binding it; issue 22 saw EADDRINUSE from
+// torch's process-group store and zmq's side channel). The first attempt's process-group port is held here:
+// the driver reports EADDRINUSE and startDrivers starts it again on a fresh port; the side-channel port is held
+// for every attempt: the driver binds another and reports it. Before the fix the first failure failed the
+// test (and a taken side-channel port hung vLLM's start-up). Run on the first release only (one start-up).
+func TestVLLMRealPortTaken(t *testing.T) {
+	v := vllmVersions()[0]
+	py := vllmPython(t, v)
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	hold := func() (int, func()) {
+		l, err := net.Listen("tcp4", "127.0.0.1:0")
+		require.NoError(t, err)
+		return l.Addr().(*net.TCPAddr).Port, func() { _ = l.Close() }
+	}
+	distTaken, freeDist := hold()
+	defer freeDist()
+	sideTaken, freeSide := hold()
+	defer freeSide()
+	model := realModel(t)
+	attempts := 0
+	d := startDrivers(t, ctx, func(ctx context.Context, distPort int) []*driver {
+		return []*driver{launchDriver(t, ctx, py, "prefill", model, realBlocks, "--dist-port", fmt.Sprint(distPort),
+			"--side-port", fmt.Sprint(sideTaken))}
+	}, func(t *testing.T, attempt int) int {
+		attempts = attempt
+		if attempt == 1 {
+			return distTaken
+		}
+		return loopbackPort(t, attempt)
+	})[0]
+	assert.Equal(t, 2, attempts, "the first attempt's process-group port was taken")
+	require.NotZero(t, d.ready.Port)
+	assert.NotEqual(t, sideTaken, d.ready.Port, "the driver moved its side channel off the taken port")
+	// The side channel it reports serves vLLM's handshake.
+	p, err := protocol.ProfileFor(v)
+	require.NoError(t, err)
+	res, err := sidechannel.Fetch(ctx, p, net.JoinHostPort("127.0.0.1", fmt.Sprint(d.ready.Port)), protocol.Rank{}, sidechannel.FetchOptions{Timeout: 30 * time.Second})
+	require.NoError(t, err)
+	require.NotEmpty(t, res.Payload)
 }

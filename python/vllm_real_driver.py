@@ -162,6 +162,7 @@ def main():
         # The engine collects every rank's handshake metadata and hands it to the scheduler side.
         mds = group.gather(worker.get_handshake_metadata())
         if sched is not None:
+            _rebind_on_eaddrinuse(sched.connector_scheduler)
             try:
                 sched.set_xfer_handshake_metadata_pp_aware({(0, r): md for r, md in enumerate(mds)})
             except AttributeError:
@@ -571,6 +572,33 @@ def _read_stdin(q):
             except ValueError:
                 emit(event="error", error=f"bad command line {line!r}")
     q.put({"cmd": "quit"})
+
+
+def _rebind_on_eaddrinuse(cs):
+    """vLLM's side-channel listener thread binds VLLM_NIXL_SIDE_CHANNEL_PORT, picked free before the imports;
+    on a busy machine another program may have taken it since, and the thread then dies while vLLM waits for it
+    forever (ready_event.wait() has no timeout). Wrap the thread's function (a static method, looked up on the
+    instance; its last argument is the port in every supported release): on EADDRINUSE before the socket is
+    ready, pick a fresh port, record it where vLLM reads it for kv_transfer_params and the ready event
+    (side_channel_port), and bind again."""
+    import errno
+    import zmq
+    listen = cs._nixl_handshake_listener
+
+    def listener(*args):
+        args = list(args)
+        ready = args[1]
+        for _ in range(20):
+            try:
+                return listen(*args)
+            except zmq.ZMQError as e:
+                if e.errno != errno.EADDRINUSE or ready.is_set():
+                    raise
+                logging.getLogger("gonixl").warning("side-channel port %s taken meanwhile; binding a fresh one", args[-1])
+                args[-1] = cs.side_channel_port = _free_port()
+        return listen(*args)
+
+    cs._nixl_handshake_listener = listener
 
 
 def _free_port():

@@ -140,10 +140,7 @@ func TestBenchRemote(t *testing.T) {
 func TestBenchPeerErrors(t *testing.T) {
 	dir := nixlDir(t)
 	// Nobody listening.
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := l.Addr().String()
-	require.NoError(t, l.Close())
+	addr := testenv.RefusedAddr(t)
 	requireOneLine(t, runCLI(t, "bench", "--peer", addr, "--nixl-lib-dir", dir, "--timeout", "1s"), exitError, "connecting to the bench server")
 
 	// Something that is not a bench server: garbage, then silence.

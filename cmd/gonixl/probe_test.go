@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -110,10 +109,7 @@ func TestProbeWrongVersion(t *testing.T) {
 
 func TestProbeUnreachable(t *testing.T) {
 	// A port nobody listens on.
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := l.Addr().String()
-	require.NoError(t, l.Close())
+	addr := testenv.RefusedAddr(t)
 	r := runCLI(t, "probe", "tcp://"+addr, "--vllm-version", "0.16.0", "--no-nixl", "--timeout", "200ms", "--attempts", "1")
 	requireOneLine(t, r, exitError, "no reply", "is the prefill worker up")
 

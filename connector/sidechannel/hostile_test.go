@@ -195,7 +195,7 @@ func TestSlowloris(t *testing.T) {
 // left, and serves again. (The handshake deadline that frees slots held by silent peers is TestSlowloris's.)
 func TestConnectionCap(t *testing.T) {
 	const limit, total = 50, 1000
-	srv, p := testServer(t, ServerConfig{MaxConnections: limit, MaxConnectionsPerHost: limit, HandshakeTimeout: patience})
+	srv, p := testServer(t, ServerConfig{MaxConnections: limit, MaxConnectionsPerHost: limit, HandshakeTimeout: patience, EvictIdle: -1})
 	var conns []net.Conn
 	defer func() {
 		for _, c := range conns {
@@ -436,7 +436,7 @@ func TestClientHostileServers(t *testing.T) {
 
 // One host cannot take every slot: MaxConnectionsPerHost refuses its connections beyond the cap.
 func TestConnectionCapPerHost(t *testing.T) {
-	srv, p := testServer(t, ServerConfig{MaxConnections: 100, MaxConnectionsPerHost: 5, HandshakeTimeout: patience})
+	srv, p := testServer(t, ServerConfig{MaxConnections: 100, MaxConnectionsPerHost: 5, HandshakeTimeout: patience, EvictIdle: -1})
 	var conns []net.Conn
 	defer func() {
 		for _, c := range conns {
@@ -482,7 +482,7 @@ func vmRSS() uint64 {
 // A client refused at the connection cap dials again within its attempt (libzmq's REQ reconnects too) and is
 // served once a slot frees.
 func TestClientRetriesAtConnectionCap(t *testing.T) {
-	srv, p := testServer(t, ServerConfig{MaxConnections: 2, HandshakeTimeout: patience})
+	srv, p := testServer(t, ServerConfig{MaxConnections: 2, HandshakeTimeout: patience, EvictIdle: -1})
 	var hogs []net.Conn
 	for i := 0; i < 2; i++ {
 		nc, err := net.DialTimeout("tcp", srv.Addr(), 10*time.Second)

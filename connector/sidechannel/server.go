@@ -36,6 +36,7 @@ const (
 	DefaultRequestBurst          = 100
 	DefaultHandshakeTimeout      = 5 * time.Second
 	DefaultIdleTimeout           = 2 * time.Minute
+	DefaultEvictIdle             = time.Second
 	DefaultWriteTimeout          = 10 * time.Second
 	DefaultSendBufferSize        = 256 << 10
 	receiveBufferSize            = 64 << 10 // requests are tiny; a pipelining peer's excess waits in its own buffers
@@ -86,6 +87,14 @@ type ServerConfig struct {
 	// IdleTimeout disconnects a peer that sends no complete message for this long; DefaultIdleTimeout when 0,
 	// none when negative. vLLM's decode side opens a connection per handshake and closes it after.
 	IdleTimeout time.Duration
+	// EvictIdle makes the caps fair: a new connection over MaxConnectionsPerHost evicts its host's least
+	// recently active connection, and one over MaxConnections the least recently active connection of the
+	// host holding the most, provided that connection has been idle (no complete message, no reply pending)
+	// for at least EvictIdle. Silent or idle peers thus cannot hold slots against a decode worker that
+	// handshakes; a peer would need to send on every connection more often than the per-host RequestRate
+	// allows to keep more than about RequestRate×EvictIdle of them. DefaultEvictIdle when 0; negative: no
+	// eviction (a connection over a cap is refused).
+	EvictIdle time.Duration
 	// WriteTimeout bounds writing one reply; DefaultWriteTimeout when 0.
 	WriteTimeout time.Duration
 	// SendBufferSize is each connection's kernel send buffer (SO_SNDBUF): what a peer that does not read can
@@ -105,7 +114,8 @@ type Stats struct {
 	Dropped  uint64 // messages not answered (no REQ envelope, oversized)
 
 	Accepted    uint64 // connections accepted
-	Refused     uint64 // connections closed at once because MaxConnections (or MaxConnectionsPerHost) were open
+	Refused     uint64 // connections closed at once because MaxConnections (or MaxConnectionsPerHost) were open and none could be evicted
+	Evicted     uint64 // idle connections closed to admit a new one at a cap (EvictIdle)
 	Disconnects uint64 // connections the server closed because of the peer: a failed handshake, a protocol error, an oversized message, an idle or write timeout
 	Throttled   uint64 // requests that waited for the per-host rate limit
 
@@ -149,6 +159,7 @@ type Server struct {
 
 	served, rejected, dropped                 atomic.Uint64
 	accepted, refused, disconnects, throttled atomic.Uint64
+	evicted                                   atomic.Uint64
 	open, queued, highWater                   atomic.Int64
 
 	stop      chan struct{}
@@ -159,7 +170,8 @@ type Server struct {
 
 type hostState struct {
 	refs   int
-	bucket *bucket // nil: no rate limit
+	peers  map[*peer]struct{} // its connections (refs of them)
+	bucket *bucket            // nil: no rate limit
 }
 
 // peer is one connection.
@@ -171,6 +183,9 @@ type peer struct {
 	slots chan struct{} // one token per queued reply
 	dead  chan struct{} // closed by kill
 	once  sync.Once
+	last  atomic.Int64 // when the peer was accepted or last sent a complete message (UnixNano)
+	// detached: the peer no longer counts against the caps (evicted, or released); guarded by peersMu.
+	detached bool
 }
 
 // kill closes the connection (idempotent); the peer's goroutines notice and leave.
@@ -233,8 +248,8 @@ func NewServer(ctx context.Context, p protocol.Profile, cfg ServerConfig) (*Serv
 }
 
 // withDefaults returns cfg with the defaults in the fields left 0 (nil, ""). A negative value also means the
-// default, except where the field gives it a meaning: RequestRate (no limit), IdleTimeout (none) and
-// SendBufferSize (the kernel's autotuning).
+// default, except where the field gives it a meaning: RequestRate (no limit), IdleTimeout (none), EvictIdle
+// (no eviction) and SendBufferSize (the kernel's autotuning).
 func (cfg ServerConfig) withDefaults() ServerConfig {
 	cfg.Host = cmp.Or(cfg.Host, DefaultHost)
 	if cfg.Clock == nil {
@@ -248,6 +263,7 @@ func (cfg ServerConfig) withDefaults() ServerConfig {
 	cfg.RequestBurst = positiveOr(cfg.RequestBurst, DefaultRequestBurst)
 	cfg.HandshakeTimeout = positiveOr(cfg.HandshakeTimeout, DefaultHandshakeTimeout)
 	cfg.IdleTimeout = cmp.Or(cfg.IdleTimeout, DefaultIdleTimeout)
+	cfg.EvictIdle = cmp.Or(cfg.EvictIdle, DefaultEvictIdle)
 	cfg.WriteTimeout = positiveOr(cfg.WriteTimeout, DefaultWriteTimeout)
 	cfg.SendBufferSize = cmp.Or(cfg.SendBufferSize, DefaultSendBufferSize)
 	cfg.LogLimit = positiveOr(cfg.LogLimit, DefaultLogLimit)
@@ -323,8 +339,8 @@ func (s *Server) Stats() Stats {
 	return Stats{
 		Served: s.served.Load(), Rejected: s.rejected.Load(), Dropped: s.dropped.Load(),
 		Accepted: s.accepted.Load(), Refused: s.refused.Load(), Disconnects: s.disconnects.Load(),
-		Throttled: s.throttled.Load(),
-		Open:      int(s.open.Load()), Hosts: hosts, Queued: int(s.queued.Load()), QueueHighWater: int(s.highWater.Load()),
+		Throttled: s.throttled.Load(), Evicted: s.evicted.Load(),
+		Open: int(s.open.Load()), Hosts: hosts, Queued: int(s.queued.Load()), QueueHighWater: int(s.highWater.Load()),
 	}
 }
 
@@ -398,30 +414,41 @@ func (s *Server) acceptLoop() {
 	}
 }
 
-// admit registers a new connection and starts its goroutine, or closes it when over the cap.
+// admit registers a new connection and starts its goroutine. At a cap it evicts an idle connection
+// (ServerConfig.EvictIdle), or closes the new one when none is idle.
 func (s *Server) admit(nc net.Conn) {
 	addr := nc.RemoteAddr().String()
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
 		host = addr
 	}
+	now := time.Now()
 	s.peersMu.Lock()
 	st := s.hosts[host]
-	if s.closing || int(s.open.Load()) >= s.cfg.MaxConnections || st != nil && st.refs >= s.cfg.MaxConnectionsPerHost {
+	full := int(s.open.Load()) >= s.cfg.MaxConnections || st != nil && st.refs >= s.cfg.MaxConnectionsPerHost
+	var victim *peer
+	if full && !s.closing {
+		if victim = s.victim(st, now); victim != nil {
+			s.detach(victim)
+			full = false
+		}
+	}
+	if s.closing || full {
 		closing := s.closing
 		s.peersMu.Unlock()
 		_ = nc.Close()
 		if !closing {
 			s.refused.Add(1)
-			s.badInput("connection refused: MaxConnections (or MaxConnectionsPerHost) are open", zap.String("peer", addr),
+			s.badInput("connection refused: MaxConnections (or MaxConnectionsPerHost) are open, none idle for EvictIdle", zap.String("peer", addr),
 				zap.Int("max_connections", s.cfg.MaxConnections), zap.Int("max_connections_per_host", s.cfg.MaxConnectionsPerHost))
 		}
 		return
 	}
+	st = s.hosts[host] // detach may have removed it
 	if st == nil {
-		st = &hostState{}
+		st = &hostState{peers: map[*peer]struct{}{}}
 		if s.cfg.RequestRate > 0 {
-			st.bucket = newBucket(s.cfg.RequestRate, s.cfg.RequestBurst, time.Now())
+			st.bucket = newBucket(s.cfg.RequestRate, s.cfg.RequestBurst, now)
 		}
 		s.hosts[host] = st
 	}
@@ -434,12 +461,63 @@ func (s *Server) admit(nc net.Conn) {
 	}
 	p := &peer{nc: nc, addr: addr, host: host, state: st,
 		slots: make(chan struct{}, s.cfg.MaxQueuedReplies), dead: make(chan struct{})}
+	p.last.Store(now.UnixNano())
+	st.peers[p] = struct{}{}
 	s.peers[p] = struct{}{}
 	s.open.Add(1)
 	s.accepted.Add(1)
 	s.wg.Add(1)
 	s.peersMu.Unlock()
+	if victim != nil {
+		victim.kill()
+		s.evicted.Add(1)
+		s.log.Debug("idle connection evicted for a new one at the connection cap", zap.String("evicted", victim.addr), zap.String("peer", addr))
+	}
 	go s.serve(p)
+}
+
+// victim picks the connection to evict for a new one from host st (nil: a new host): at the per-host cap
+// the least recently active of st's, else the least recently active of the host holding the most
+// connections; nil when eviction is off or that connection is not idle (ServerConfig.EvictIdle). Called
+// with peersMu held.
+func (s *Server) victim(st *hostState, now time.Time) *peer {
+	if s.cfg.EvictIdle < 0 {
+		return nil
+	}
+	if st == nil || st.refs < s.cfg.MaxConnectionsPerHost {
+		st = nil
+		for _, h := range s.hosts {
+			if st == nil || h.refs > st.refs {
+				st = h
+			}
+		}
+		if st == nil {
+			return nil
+		}
+	}
+	var lru *peer
+	for p := range st.peers {
+		if len(p.slots) == 0 && (lru == nil || p.last.Load() < lru.last.Load()) {
+			lru = p
+		}
+	}
+	if lru == nil || now.Sub(time.Unix(0, lru.last.Load())) < s.cfg.EvictIdle {
+		return nil
+	}
+	return lru
+}
+
+// detach stops counting p against the caps (once). Called with peersMu held.
+func (s *Server) detach(p *peer) {
+	if p.detached {
+		return
+	}
+	p.detached = true
+	delete(p.state.peers, p)
+	if p.state.refs--; p.state.refs == 0 && s.hosts[p.host] == p.state {
+		delete(s.hosts, p.host)
+	}
+	s.open.Add(-1)
 }
 
 // release forgets a peer once its goroutines are done: nothing of it stays behind.
@@ -447,10 +525,7 @@ func (s *Server) release(p *peer) {
 	p.kill()
 	s.peersMu.Lock()
 	delete(s.peers, p)
-	if p.state.refs--; p.state.refs == 0 {
-		delete(s.hosts, p.host)
-	}
-	s.open.Add(-1)
+	s.detach(p)
 	s.peersMu.Unlock()
 	s.wg.Done()
 }
@@ -488,6 +563,7 @@ func (s *Server) serve(p *peer) {
 			s.readFailed(p, err)
 			return
 		}
+		p.last.Store(time.Now().UnixNano())
 		if !s.throttle(p) {
 			return
 		}

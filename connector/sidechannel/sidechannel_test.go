@@ -229,7 +229,7 @@ func TestIPv6Loopback(t *testing.T) {
 	assert.NotEmpty(t, res.Payload)
 }
 
-// ServerConfig's zero values take the defaults; a negative RequestRate, IdleTimeout or SendBufferSize keeps its
+// ServerConfig's zero values take the defaults; a negative RequestRate, IdleTimeout, EvictIdle or SendBufferSize keeps its
 // meaning (no limit, none, the kernel's autotuning), other negative values take the default too.
 func TestServerConfigDefaults(t *testing.T) {
 	d := ServerConfig{}.withDefaults()
@@ -238,12 +238,12 @@ func TestServerConfigDefaults(t *testing.T) {
 	assert.Equal(t, ServerConfig{Host: DefaultHost, MaxRequestSize: DefaultMaxRequestSize, MaxConnections: DefaultMaxConnections,
 		MaxConnectionsPerHost: DefaultMaxConnectionsPerHost, MaxQueuedReplies: DefaultMaxQueuedReplies, RequestRate: DefaultRequestRate,
 		RequestBurst: DefaultRequestBurst, HandshakeTimeout: DefaultHandshakeTimeout, IdleTimeout: DefaultIdleTimeout,
-		WriteTimeout: DefaultWriteTimeout, SendBufferSize: DefaultSendBufferSize, LogLimit: DefaultLogLimit,
+		EvictIdle: DefaultEvictIdle, WriteTimeout: DefaultWriteTimeout, SendBufferSize: DefaultSendBufferSize, LogLimit: DefaultLogLimit,
 		LogInterval: DefaultLogInterval}, d)
 
-	n := ServerConfig{RequestRate: -1, IdleTimeout: -1, SendBufferSize: -1, MaxQueuedReplies: -1, WriteTimeout: -1}.withDefaults()
-	assert.Equal(t, []any{-1.0, time.Duration(-1), -1, DefaultMaxQueuedReplies, DefaultWriteTimeout},
-		[]any{n.RequestRate, n.IdleTimeout, n.SendBufferSize, n.MaxQueuedReplies, n.WriteTimeout})
+	n := ServerConfig{RequestRate: -1, IdleTimeout: -1, SendBufferSize: -1, MaxQueuedReplies: -1, WriteTimeout: -1, EvictIdle: -1}.withDefaults()
+	assert.Equal(t, []any{-1.0, time.Duration(-1), -1, DefaultMaxQueuedReplies, DefaultWriteTimeout, time.Duration(-1)},
+		[]any{n.RequestRate, n.IdleTimeout, n.SendBufferSize, n.MaxQueuedReplies, n.WriteTimeout, n.EvictIdle})
 
 	assert.Equal(t, 3, ServerConfig{MaxConnections: 3}.withDefaults().MaxConnectionsPerHost, "at most MaxConnections")
 }

@@ -20,6 +20,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/gonixl/gonixl/connector"
 	"github.com/gonixl/gonixl/examples/internal/demo"
 )
 
@@ -393,7 +394,7 @@ type checked struct {
 }
 
 // Check proves one completed request: both workers saw Dynamo's request id, the decode received exactly the
-// params the prefill emitted, remote_request_id is Dynamo's request id, and the Go decode verified every byte
+// params the prefill emitted, remote_request_id is Dynamo's request id (with the prefill's suffix), and the Go decode verified every byte
 // it READ.
 func Check(res completion, tokens int, prefill, decode map[string]record) (checked, error) {
 	id := res.RequestID()
@@ -416,8 +417,9 @@ func Check(res completion, tokens int, prefill, decode map[string]record) (check
 	if !reflect.DeepEqual(emitted, received) {
 		return checked{}, fmt.Errorf("request %s: the decode received %s, the prefill emitted %s", id, d.Received, p.Emitted)
 	}
-	if got := emitted["kv_transfer_params"]["remote_request_id"]; got != id {
-		return checked{}, fmt.Errorf("request %s: remote_request_id is %v, not Dynamo's request id", id, got)
+	// The Go prefill worker appends an unguessable suffix that notifications must carry.
+	if got, _ := emitted["kv_transfer_params"]["remote_request_id"].(string); connector.LocalRequestID(got) != id {
+		return checked{}, fmt.Errorf("request %s: remote_request_id is %q, not Dynamo's request id", id, got)
 	}
 	if p.PromptTokens != tokens || d.PromptTokens != tokens {
 		return checked{}, fmt.Errorf("request %s: prompt of %d tokens arrived as %d (prefill) and %d (decode)", id, tokens, p.PromptTokens, d.PromptTokens)

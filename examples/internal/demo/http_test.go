@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gonixl/gonixl/internal/nixltest"
+	"github.com/gonixl/gonixl/internal/testenv"
 	"github.com/gonixl/gonixl/layout"
 )
 
@@ -145,10 +146,7 @@ func TestProxyPassThrough(t *testing.T) {
 		worker.Close()
 	}
 	// A worker that is not there.
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	gone := "http://" + ln.Addr().String()
-	require.NoError(t, ln.Close())
+	gone := "http://" + testenv.RefusedAddr(t)
 	proxy := httptest.NewServer((&Proxy{Prefill: gone, Decode: gone}).Handler())
 	defer proxy.Close()
 	code, _, body := post(t, proxy.URL, "x", CompletionRequest{Model: "m", Prompt: "a b"})

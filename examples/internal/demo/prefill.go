@@ -39,6 +39,7 @@ type PrefillConfig struct {
 	Backends    []nixl.BackendSpec
 	HoldTimeout time.Duration // 0: the profile's
 	DataDevice  string        // connector.PrefillConfig.DataDevice ("" = loopback, as the side channel)
+	NotifyFrom  []string      // connector.PrefillConfig.NotifyFrom (nil = every agent)
 	Library     *nixl.Library
 	Logger      *zap.Logger
 	// CUDAContext: "auto" ("" too: hold GPU 0's primary context when a CUDA driver and device are present),
@@ -179,7 +180,7 @@ func NewPrefillServer(ctx context.Context, cfg PrefillConfig) (s *PrefillServer,
 	if s.role, err = connector.NewPrefill(connector.PrefillConfig{
 		VLLMVersion: cfg.VLLMVersion, Model: cfg.Model, Library: cfg.Library, Cache: s.stager, Backends: cfg.Backends,
 		Port: cfg.SideChannel, HoldTimeout: cfg.HoldTimeout, Logger: log, KVCacheLayout: cfg.Label, DataDevice: cfg.DataDevice,
-		DeviceContext: devCtx,
+		DeviceContext: devCtx, NotifyFrom: cfg.NotifyFrom,
 	}); err != nil {
 		return nil, err
 	}
@@ -394,6 +395,11 @@ type HTTPTimeouts struct {
 	Write time.Duration
 	// Idle bounds a keep-alive connection between requests.
 	Idle time.Duration
+	// MaxConns caps the open connections (0: DefaultMaxHTTPConns, or less where RLIMIT_NOFILE leaves less
+	// room); at the cap a new connection evicts the one idle the longest (connLimiter).
+	MaxConns int
+	// MaxHeaderBytes bounds a request's headers (0: DefaultMaxHeader).
+	MaxHeaderBytes int
 }
 
 // DefaultHTTPTimeouts are the workers' timeouts: requests are small JSON bodies (16 MiB at most), a pull takes
@@ -411,10 +417,17 @@ func ServeTimeouts(ctx context.Context, addr string, h http.Handler, ready func(
 	if err := ctx.Err(); err != nil {
 		return nil // asked to stop before serving
 	}
-	ln, err := net.Listen("tcp", addr)
+	raw, err := net.Listen("tcp", addr)
 	if err != nil {
 		return err
 	}
+	if t.MaxConns <= 0 {
+		t.MaxConns = maxHTTPConns()
+	}
+	if t.MaxHeaderBytes <= 0 {
+		t.MaxHeaderBytes = DefaultMaxHeader
+	}
+	ln := newConnLimiter(raw, t.MaxConns)
 	if t.Handler > 0 {
 		inner := h
 		h = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -424,7 +437,7 @@ func ServeTimeouts(ctx context.Context, addr string, h http.Handler, ready func(
 		})
 	}
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: t.ReadHeader, ReadTimeout: t.Read, WriteTimeout: t.Write,
-		IdleTimeout: t.Idle}
+		IdleTimeout: t.Idle, MaxHeaderBytes: t.MaxHeaderBytes, ConnState: ln.connState}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	if ready != nil {

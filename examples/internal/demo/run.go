@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"strings"
 
 	"go.uber.org/zap"
 
@@ -28,6 +29,7 @@ func RunPrefill(ctx context.Context, args []string) error {
 	nrt := fs.String("nrt-lib", "", "libnrt path (default: libnrt.so.1 if installed, else gonixl's fake libnrt)")
 	label := fs.String("kv-layout-label", "", "kv_cache_layout label to publish when it differs from -kv-layout (a vLLM 0.16 decode worker with kv_buffer_device=cpu: -kv-layout NHD -kv-layout-label HND)")
 	cudaCtx := fs.String("cuda-context", CUDAContextAuto, "hold GPU 0's primary CUDA context: auto (when a CUDA driver and device are present), on, off. A decode worker on this host reading into GPU memory needs it: UCX then moves the bytes by cuda_copy / cuda_ipc instead of a software emulation over TCP")
+	notifyFrom := fs.String("notify-from", "", "comma-separated NIXL agent names (or prefixes ending in *) whose notifications may free or extend held blocks (default: any agent; the unguessable suffix of remote_request_id is checked either way)")
 	pin := fs.Bool("cuda-pin-staging", true, "with a CUDA context, page-lock the staging arena for CUDA (cuMemHostRegister)")
 	log, lib, order, err := c.parse(fs, args)
 	if err != nil {
@@ -36,7 +38,7 @@ func RunPrefill(ctx context.Context, args []string) error {
 	defer log.Sync()
 	s, err := NewPrefillServer(ctx, PrefillConfig{VLLMVersion: c.VLLMVersion, Model: Qwen3_0_6B, NumBlocks: c.NumBlocks, BatchRows: *rows,
 		MaxSeq: *maxSeq, Order: order, NRTPath: *nrt, Label: *label, Backends: c.BackendSpecs(), Library: lib, Logger: log, SideChannel: *side,
-		DataDevice: c.DataDevice, CUDAContext: *cudaCtx, NoPinStaging: !*pin})
+		DataDevice: c.DataDevice, CUDAContext: *cudaCtx, NoPinStaging: !*pin, NotifyFrom: splitList(*notifyFrom)})
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil // stopped during start-up: a clean stop
@@ -130,4 +132,15 @@ func (c *Common) parse(fs *flag.FlagSet, args []string) (*zap.Logger, *nixl.Libr
 		return nil, nil, 0, err
 	}
 	return log, lib, order, nil
+}
+
+// splitList splits a comma-separated flag value, dropping empty items.
+func splitList(v string) []string {
+	var out []string
+	for _, s := range strings.Split(v, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			out = append(out, s)
+		}
+	}
+	return out
 }

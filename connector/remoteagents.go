@@ -1,0 +1,204 @@
+package connector
+
+import (
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/gonixl/gonixl/connector/protocol"
+	"github.com/gonixl/gonixl/layout"
+	"github.com/gonixl/gonixl/nixl"
+)
+
+// ErrAgentConflict is wrapped by a handshake refused because the prefill engine's NIXL metadata would poison
+// another engine's: it names an agent already loaded with different metadata (NIXL keys remote agents by the
+// name a blob claims, so loading it would merge into, or break, the other engine's agent), this decode
+// worker's own agent, or KV regions that the agent did not register. Nothing is loaded; the engine already
+// loaded keeps working. Counted in Metrics.AgentConflicts.
+var ErrAgentConflict = errors.New("connector: prefill NIXL metadata conflicts with a loaded agent")
+
+// loadedAgent is a remote NIXL agent whose metadata the decode agent holds, shared by every engine entry
+// whose handshake loaded the same blob (reference-counted), so that releasing one never invalidates the
+// agent under another.
+type loadedAgent struct {
+	engineID string   // the engine whose handshake loaded it first (for the error messages)
+	sum      [32]byte // SHA-256 of the blob
+	refs     int
+}
+
+// loadAgent loads a prefill rank's NIXL metadata for engine engineID and returns the agent's name, with a
+// reference the caller gives back with unloadAgent. A blob whose agent is already loaded is shared when it
+// is byte for byte the same, and refused (ErrAgentConflict) when it differs. A blob NIXL fails to load
+// leaves nothing behind.
+func (d *Decode) loadAgent(engineID string, md []byte) (string, error) {
+	name, err := nixl.MetadataAgentName(md)
+	if err != nil {
+		return "", fmt.Errorf("%w: prefill engine %s's agent metadata: %v", ErrBadParams, engineID, err)
+	}
+	if name == d.reg.agent.Name() {
+		d.metrics.agentConflicts.Add(1)
+		return "", fmt.Errorf("%w: prefill engine %s's metadata names this decode worker's own agent %q", ErrAgentConflict, engineID, name)
+	}
+	sum := sha256.Sum256(md)
+	d.agentsMu.Lock()
+	defer d.agentsMu.Unlock()
+	if la := d.agents[name]; la != nil {
+		if la.sum != sum {
+			d.metrics.agentConflicts.Add(1)
+			return "", fmt.Errorf("%w: prefill engine %s's metadata names agent %q, already loaded with other metadata for engine %s; refused so that engine keeps working (a hostile or misconfigured side channel?)",
+				ErrAgentConflict, engineID, name, la.engineID)
+		}
+		la.refs++
+		return name, nil
+	}
+	if err := d.probeLoad(md); err != nil {
+		return "", err
+	}
+	got, err := d.reg.agent.LoadRemoteMetadata(md)
+	if err != nil {
+		_ = d.reg.agent.InvalidateRemoteMetadata(name)
+		return "", err
+	}
+	if got != name {
+		_ = d.reg.agent.InvalidateRemoteMetadata(got)
+		return "", fmt.Errorf("%w: prefill engine %s's metadata was read as agent %q but NIXL loaded %q", ErrBadParams, engineID, name, got)
+	}
+	d.agents[name] = &loadedAgent{engineID: engineID, sum: sum, refs: 1}
+	return name, nil
+}
+
+// probeLoad loads a blob into a throwaway agent first (created on demand, with the decode agent's backends)
+// and forgets it there. NIXL keeps part of a blob it fails to load (e.g. the connection info of one cut in
+// its memory sections) under the name the blob claims, and a later load of that agent's real metadata then
+// fails with NIXL_CAPI_ERROR_INVALID_PARAM until the process restarts; only the probe, which is replaced
+// after such a failure, is left in that state. Called with agentsMu held.
+func (d *Decode) probeLoad(md []byte) error {
+	if d.probe == nil {
+		d.probeSeq++
+		a, err := d.cfg.Library.NewAgent(fmt.Sprintf("%s-probe%d", d.reg.agent.Name(), d.probeSeq),
+			nixl.AgentConfig{Backends: d.backends, NoProgressThread: true})
+		if err != nil {
+			return fmt.Errorf("connector: creating the agent that checks prefill metadata: %w", err)
+		}
+		d.probe = a
+	}
+	name, err := d.probe.LoadRemoteMetadata(md)
+	if err != nil {
+		_ = d.probe.Close() // whatever NIXL kept of the blob goes with it
+		d.probe = nil
+		return err
+	}
+	return d.probe.InvalidateRemoteMetadata(name)
+}
+
+// closeProbe closes the probe agent (Decode.Close).
+func (d *Decode) closeProbe() {
+	d.agentsMu.Lock()
+	defer d.agentsMu.Unlock()
+	if d.probe != nil {
+		_ = d.probe.Close()
+		d.probe = nil
+	}
+}
+
+// unloadAgent gives back a reference from loadAgent; the last one invalidates the agent's metadata.
+func (d *Decode) unloadAgent(name string) {
+	d.agentsMu.Lock()
+	defer d.agentsMu.Unlock()
+	la := d.agents[name]
+	if la == nil {
+		return
+	}
+	if la.refs--; la.refs > 0 {
+		return
+	}
+	delete(d.agents, name)
+	_ = d.reg.agent.InvalidateRemoteMetadata(name)
+}
+
+// checkRegions refuses (ErrAgentConflict) a prefill rank whose published KV regions are not memory its NIXL
+// agent registered: another engine id could otherwise claim a real agent with regions of its choosing.
+func (d *Decode) checkRegions(engineID, agent string, md protocol.AgentMetadata, geom layout.Geometry) error {
+	descs := make([]nixl.Desc, len(md.KVCachesBaseAddr))
+	for i, b := range md.KVCachesBaseAddr {
+		descs[i] = nixl.Desc{Addr: b, Len: uint64(geom.RegionLen()), DevID: uint64(md.DeviceID)}
+	}
+	mem := regionMem(md)
+	err := d.reg.agent.CheckRemoteMetadata(agent, mem, descs)
+	if err != nil && len(md.RegionMemTypes) == 0 && mem != nixl.VRAM {
+		if d.reg.agent.CheckRemoteMetadata(agent, nixl.VRAM, descs) == nil {
+			return nil
+		}
+	}
+	if err != nil {
+		d.metrics.agentConflicts.Add(1)
+		return fmt.Errorf("%w: prefill engine %s publishes %d KV regions that its agent %q did not register: %v", ErrAgentConflict, engineID, len(descs), agent, err)
+	}
+	return nil
+}
+
+// regionMem is the memory type a prefill rank's metadata names for its regions (DRAM when it names none).
+func regionMem(md protocol.AgentMetadata) nixl.MemType {
+	if len(md.RegionMemTypes) > 0 {
+		if m, err := nixl.ParseMemType(md.RegionMemTypes[0]); err == nil {
+			return m
+		}
+	}
+	return nixl.DRAM
+}
+
+// orDefaultBackends is backends, or DefaultBackends when there are none (as register does).
+func orDefaultBackends(backends []nixl.BackendSpec) []nixl.BackendSpec {
+	if len(backends) == 0 {
+		return DefaultBackends
+	}
+	return backends
+}
+
+// validHost reports whether h can name a side channel: an IP address (IPv6 with or without brackets) or a
+// host name of RFC 1123 labels (letters, digits, '-' inside, '_' tolerated), at most 253 bytes.
+func validHost(h string) bool {
+	if h == "" {
+		return false
+	}
+	ip := h
+	if strings.HasPrefix(h, "[") && strings.HasSuffix(h, "]") {
+		ip = h[1 : len(h)-1]
+	}
+	if net.ParseIP(ip) != nil {
+		return true
+	}
+	if len(h) > 253 {
+		return false
+	}
+	for _, label := range strings.Split(strings.TrimSuffix(h, "."), ".") {
+		if label == "" || len(label) > 63 || label[0] == '-' || label[len(label)-1] == '-' {
+			return false
+		}
+		for _, c := range label {
+			if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// Per-pull failure lines are sampled: the first failLogFirst of each second, then every
+// failLogThereafter-th (zap's sampler, keyed by message): 300 forged requests are some 20 lines, not 300.
+const (
+	failLogFirst      = 10
+	failLogThereafter = 100
+)
+
+func sampled(log *zap.Logger) *zap.Logger {
+	return log.WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
+		return zapcore.NewSamplerWithOptions(c, time.Second, failLogFirst, failLogThereafter)
+	}))
+}
