@@ -72,6 +72,7 @@ def run_library(lib: str, digest: bool) -> list[dict]:
     except Exception as e:  # a library for an ISA this CPU lacks
         return [{"library": name, "error": f"load: {e}"}]
     op = torch.ops._C.cpu_attn_reshape_and_cache
+    nargs = len(op.default._schema.arguments)
     records = []
     for cname, dtype, heads, hd, bs, nb, tokens, ids, isas, views in CASES:
         key, value = kv(tokens, heads, hd, dtype)
@@ -83,7 +84,8 @@ def run_library(lib: str, digest: bool) -> list[dict]:
                        "dtype": str(dtype).removeprefix("torch."), "heads": heads, "head_dim": hd,
                        "block_size": bs, "num_blocks": nb, "tokens": tokens, "block_ids": ids}
                 try:
-                    op(key, value, kc, vc, slots, isa, 1.0, 1.0, "auto")
+                    extra = (1.0, 1.0, "auto") if nargs > 6 else ()  # k_scale, v_scale, kv_cache_dtype (fp8, ~0.27+)
+                    op(key, value, kc, vc, slots, isa, *extra)
                 except Exception as e:
                     rec["error"] = str(e).splitlines()[0]
                     records.append(rec)
