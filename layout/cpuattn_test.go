@@ -3,7 +3,6 @@ package layout
 import (
 	"bytes"
 	"errors"
-	"math/rand/v2"
 	"testing"
 )
 
@@ -129,38 +128,6 @@ func TestCPUAttnReadPlan(t *testing.T) {
 	h.Order = HND
 	if _, err := NewReadPlan(d, 2, 1, h, 1, 4); !errors.Is(err, ErrIncompatible) {
 		t.Errorf("CPU_ATTN local vs HND remote = %v, want ErrIncompatible", err)
-	}
-}
-
-// TestCPUAttnBlocksToPaged: NxDI block caches (NHD or HND) repacked into CPU_ATTN equal ToPaged from BHSD.
-func TestCPUAttnBlocksToPaged(t *testing.T) {
-	r := rand.New(rand.NewPCG(9, 10))
-	for range 200 {
-		g, s, q := randCase(r)
-		g.Order = CPUAttn
-		g.Plan = []RegionPlan{PlanSplitKV, PlanPackedKV}[r.IntN(2)]
-		g.DType = FP16
-		s.Transposed = false
-		if len(q.BlockIDs) == 0 {
-			continue
-		}
-		q.Tokens = len(q.BlockIDs) * g.BlockSize
-		s.SeqLen = max(s.SeqLen, q.Tokens)
-		kv := KV(r.IntN(2))
-		n, _ := s.Bytes(2)
-		src := randBytes(r, int(n))
-		want := make([]byte, g.RegionLen())
-		mustNoErr(t, g.ToPaged(want, kv, src, s, q))
-		srcOrder := BlockOrder(1 + r.IntN(2))
-		bg := g
-		bg.Plan, bg.Order = PlanSplitKV, srcOrder
-		blocks := make([]byte, bg.RegionLen())
-		mustNoErr(t, bg.ToPaged(blocks, K, src, s, q))
-		got := make([]byte, g.RegionLen())
-		mustNoErr(t, g.BlocksToPaged(got, kv, blocks, BlockSource{NumBlocks: g.NumBlocks, Order: srcOrder}, q.BlockIDs))
-		if !bytes.Equal(got, want) {
-			t.Fatalf("%v from %v blocks: BlocksToPaged differs from ToPaged", g, srcOrder)
-		}
 	}
 }
 
