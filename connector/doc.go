@@ -23,6 +23,16 @@
 // defaults and the version string ProfileFor kept (Profile.Version). Compat is only for overrides, and a role
 // creates its own DRAM cache from the Model (NumBlocks) unless given one.
 //
+// The block format follows the attention backend, not only the era: Model.AttnBackend "CPU_ATTN" (a vLLM CPU
+// engine's backend) gives the cache CPU_ATTN's own format (layout.CPUAttn; a bf16 model states it, since vLLM
+// packs bf16 differently on CPUs with AMX), which the prefill role publishes as attn_backend_name "CPU_ATTN"
+// under HND's label, with the compatibility hash a vLLM CPU engine computes: a vLLM CPU decode engine reads it
+// as its own blocks. The decode role takes a peer's format from its attn_backend_name (protocol.Profile.
+// BackendOrder; before 0.20, which does not send it, from the hashed name) and refuses a peer whose format is
+// not its cache's. The alternative, staging the standard layout under another backend name for vLLM's
+// heterogeneous-attention repack (CpuPlatform.pack_kv_cache), works only when the vLLM decode opts out of
+// the hash (enforce_handshake_compat=false), so it is never the default.
+//
 // # Caches
 //
 // Cache is what the roles register and publish: DRAMCache here, a neuron.Stager (Neuron KV staged through

@@ -33,11 +33,19 @@ type Model struct {
 	// "fp8" hashes that string, so set Compat.CacheDtype = "fp8" then.
 	CacheDType layout.DType
 	// AttnBackend is the vLLM side's attention backend name; "" = the release's default on CUDA
-	// (Profile.Defaults.AttnBackend). A vLLM side on the CPU platform hashes "CPU_ATTN".
+	// (Profile.Defaults.AttnBackend). A vLLM side on the CPU platform hashes "CPU_ATTN"
+	// (protocol.AttnBackendCPU), and its cache holds CPU_ATTN's own block format: with AttnBackend "CPU_ATTN"
+	// the cache is layout.CPUAttn (see Order), the handshake publishes "CPU_ATTN" and HND's label, and the
+	// compatibility hash matches a vLLM CPU engine's.
 	AttnBackend string
-	// BlockSize is vLLM's --block-size; 0 = 16, vLLM's default.
+	// BlockSize is vLLM's --block-size; 0 = 16, vLLM's default (vLLM's CPU platform wants a multiple of 32).
 	BlockSize int
-	// Order is the physical block order; 0 = HND, what vLLM's NixlConnector asks the attention backend for.
+	// Order is the physical block order; 0 = HND, what vLLM's NixlConnector asks the attention backend for, or
+	// layout.CPUAttn when AttnBackend is "CPU_ATTN" and the cache is fp32 or fp16. A bf16 CPU_ATTN cache must
+	// state its packing, because vLLM picks it by the CPU: layout.CPUAttn when the vLLM CPU engine runs
+	// without AMX tiles (its kernel ISA "vec"/"vec16"/"neon"), layout.CPUAttnAMX on Intel CPUs with AMX (which
+	// gonixl refuses: not modelled). With AttnBackend "CPU_ATTN" any other order is refused: a vLLM CPU engine
+	// reads CPU_ATTN blocks from a peer that publishes that name.
 	Order layout.BlockOrder
 }
 
@@ -66,10 +74,35 @@ func (m Model) Geometry(p protocol.Profile, numBlocks, tpSize int) (layout.Geome
 	if m.CacheDType != 0 {
 		g.DType = m.CacheDType
 	}
-	if g.Order == 0 {
-		g.Order = layout.HND
+	if err := m.defaultOrder(&g); err != nil {
+		return layout.Geometry{}, err
 	}
 	return g, g.Validate()
+}
+
+// defaultOrder sets g.Order when the model leaves it to the attention backend, and refuses a CPU_ATTN model
+// whose order is not a CPU_ATTN format.
+func (m Model) defaultOrder(g *layout.Geometry) error {
+	cpu := m.AttnBackend == protocol.AttnBackendCPU
+	switch {
+	case g.Order == 0 && !cpu:
+		g.Order = layout.HND
+	case g.Order == 0 && g.DType == layout.BF16:
+		return fmt.Errorf("%w: Model %q: a bf16 CPU_ATTN cache is packed by the vLLM CPU engine's kernel ISA: set Model.Order "+
+			"to layout.CPUAttn for a vLLM CPU engine without AMX tiles (AVX2/AVX512 without AMX, ARM), layout.CPUAttnAMX "+
+			"(refused: not modelled) on CPUs with AMX", layout.ErrInvalidGeometry, m.Name)
+	case g.Order == 0:
+		g.Order = layout.CPUAttn
+	case cpu && !g.Order.IsCPUAttn():
+		return fmt.Errorf("%w: Model %q: AttnBackend %q with Order %v: a vLLM CPU decode engine reads CPU_ATTN blocks from a "+
+			"peer that publishes %q; leave Order unset (layout.CPUAttn), or stage %v for a backend whose layout it is "+
+			"(AttnBackend \"FLASH_ATTN\") and have the vLLM decode set enforce_handshake_compat=false, so that it repacks",
+			layout.ErrInvalidGeometry, m.Name, m.AttnBackend, g.Order, protocol.AttnBackendCPU, g.Order)
+	case !cpu && g.Order.IsCPUAttn():
+		return fmt.Errorf("%w: Model %q: Order %v needs AttnBackend %q (the hash and the handshake name the backend whose "+
+			"layout the cache holds)", layout.ErrInvalidGeometry, m.Name, g.Order, protocol.AttnBackendCPU)
+	}
+	return nil
 }
 
 // torchNames are str(torch dtype) of the model dtypes, as vLLM hashes them.

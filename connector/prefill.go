@@ -16,6 +16,7 @@ import (
 
 	"github.com/gonixl/gonixl/connector/protocol"
 	"github.com/gonixl/gonixl/connector/sidechannel"
+	"github.com/gonixl/gonixl/layout"
 	"github.com/gonixl/gonixl/nixl"
 )
 
@@ -206,6 +207,10 @@ func newPrefill(cfg PrefillConfig) (*Prefill, error) {
 		return nil, err
 	}
 	md.AttnBackendName = backendName(cfg.Profile, cfg.Compat.CompatInputs)
+	if err := checkBackendOrder(cfg.Profile, md.AttnBackendName, reg.geom.Order); err != nil {
+		reg.close()
+		return nil, err
+	}
 	if cfg.KVCacheLayout != "" {
 		if _, err := cfg.Profile.ParseLayoutName(cfg.KVCacheLayout); err != nil {
 			reg.close()
@@ -266,6 +271,22 @@ func newPrefill(cfg PrefillConfig) (*Prefill, error) {
 
 // checkPlan refuses a cache whose region plan is not the profile's layout era (the decode peer would compute
 // other descriptor indices and read the wrong bytes).
+// checkBackendOrder refuses a prefill cache whose block format is not the one a vLLM decode engine expects from
+// the backend name the handshake publishes: CPU_ATTN's format under "CPU_ATTN", the label's order otherwise (a
+// vLLM CPU decode repacks a non-CPU_ATTN peer's standard blocks; it would repack CPU_ATTN blocks into garbage).
+func checkBackendOrder(p protocol.Profile, backend string, order layout.BlockOrder) error {
+	want, err := p.BackendOrder(order.LabelOrder(), backend, order)
+	if err != nil {
+		return fmt.Errorf("connector: %w", err)
+	}
+	if want != order {
+		return fmt.Errorf("%w: the cache's blocks are %v but the handshake publishes attn_backend_name %q, whose vLLM peers read %v "+
+			"(state the model's AttnBackend and leave Model.Order to it: \"CPU_ATTN\" stages layout.CPUAttn)",
+			layout.ErrInvalidGeometry, order, backend, want)
+	}
+	return nil
+}
+
 func checkPlan(p protocol.Profile, c Cache) error {
 	if c == nil {
 		return errors.New("connector: nil cache")

@@ -103,7 +103,10 @@ func realGeom(t *testing.T, p protocol.Profile) layout.Geometry {
 }
 
 func realGeomN(t *testing.T, p protocol.Profile, layers, numBlocks int) layout.Geometry {
-	m := connector.Model{Layers: layers, KVHeads: realKVHeads, HeadDim: realHeadDim, DType: layout.BF16, BlockSize: realBlockSize}
+	// vLLM's CPU platform holds CPU_ATTN blocks (bf16: the vec packing on CPUs without AMX tiles; this tier
+	// compares bytes, which CPU_ATTN's packing does not change).
+	m := connector.Model{Layers: layers, KVHeads: realKVHeads, HeadDim: realHeadDim, DType: layout.BF16, BlockSize: realBlockSize,
+		AttnBackend: protocol.AttnBackendCPU, Order: layout.CPUAttn}
 	g, err := m.Geometry(p, numBlocks, 1)
 	require.NoError(t, err)
 	return g

@@ -210,6 +210,10 @@ func (g Geometry) ToPaged(dst []byte, kv KV, src []byte, s Source, q Seq) error 
 	if err := g.checkSeq(len(dst), kv, len(src), s, q); err != nil {
 		return err
 	}
+	if g.Order == CPUAttn {
+		g.toPagedCPU(dst, kv, src, s, q)
+		return nil
+	}
 	pt := g.part(kv)
 	e := int64(g.ElemSize())
 	bs, nh := g.BlockSize, g.NumKVHeads
@@ -275,6 +279,10 @@ func (g Geometry) FromPaged(dst []byte, s Source, kv KV, src []byte, q Seq) erro
 	if err := g.checkSeq(len(src), kv, len(dst), s, q); err != nil {
 		return err
 	}
+	if g.Order == CPUAttn {
+		g.fromPagedCPU(dst, s, kv, src, q)
+		return nil
+	}
 	pt := g.part(kv)
 	e := int64(g.ElemSize())
 	bs, nh := g.BlockSize, g.NumKVHeads
@@ -324,10 +332,14 @@ func scatterTransposed(dst []byte, s Source, sh int64, p int, row []byte, e int6
 // geometry's Order into the other order: NHD → HND or HND → NHD, writing dst. Both buffers must be exactly
 // RegionLen bytes and must not overlap; blocks not listed are left untouched in dst. In PlanKVHalves each
 // half is transposed on its own; in PlanPackedKV a row carries K and V together (2·HeadDim elements).
-// Block ids here are physical positions, so 0 is allowed. Reorder does not allocate.
+// Block ids here are physical positions, so 0 is allowed. Reorder does not allocate. A CPUAttn geometry is
+// refused (ErrUnsupportedLayout).
 func (g Geometry) Reorder(dst, src []byte, blockIDs []int) error {
 	if err := g.Validate(); err != nil {
 		return err
+	}
+	if g.Order == CPUAttn {
+		return errReorderCPU(g)
 	}
 	if int64(len(dst)) != g.RegionLen() || int64(len(src)) != g.RegionLen() {
 		return fmt.Errorf("%w: Reorder needs two buffers of RegionLen = %d bytes, got %d and %d", ErrSizeMismatch,
@@ -379,7 +391,7 @@ func (g Geometry) reorderBlock(dst, src []byte, b int) {
 	}
 }
 
-// Swapped returns g with the other block order (NHD ↔ HND).
+// Swapped returns g with the other block order (NHD ↔ HND); any other order is returned unchanged.
 func (g Geometry) Swapped() Geometry {
 	if g.Order == NHD {
 		g.Order = HND
@@ -401,7 +413,8 @@ type BlockSource struct {
 // BlocksToPaged copies the listed blocks of an NxDI block-layout tensor src into the same block ids of
 // the region dst (this layer's kv), converting the intra-block order if it differs from the geometry's.
 // The source's heads, head_dim, block size and dtype must equal the geometry's. Block id checks are those
-// of CheckBlockIDs (ids must also be < src.NumBlocks); nothing is written on error. No allocation.
+// of CheckBlockIDs (ids must also be < src.NumBlocks); nothing is written on error. No allocation. Into a
+// CPUAttn geometry the rows are repacked (K transposed per head).
 func (g Geometry) BlocksToPaged(dst []byte, kv KV, src []byte, s BlockSource, blockIDs []int) error {
 	if err := g.Validate(); err != nil {
 		return err
@@ -409,7 +422,7 @@ func (g Geometry) BlocksToPaged(dst []byte, kv KV, src []byte, s BlockSource, bl
 	if kv != K && kv != V {
 		return fmt.Errorf("%w: %v is neither K nor V", ErrOutOfBounds, kv)
 	}
-	if !s.Order.Valid() || s.NumBlocks <= 0 || s.NumBlocks > MaxNumBlocks {
+	if (s.Order != NHD && s.Order != HND) || s.NumBlocks <= 0 || s.NumBlocks > MaxNumBlocks {
 		return fmt.Errorf("%w: block source needs an order and 1..%d blocks, got %v and %d", ErrInvalidGeometry,
 			MaxNumBlocks, s.Order, s.NumBlocks)
 	}
@@ -428,6 +441,10 @@ func (g Geometry) BlocksToPaged(dst []byte, kv KV, src []byte, s BlockSource, bl
 		if b >= s.NumBlocks {
 			return fmt.Errorf("%w: block_ids[%d] = %d, source has %d blocks", ErrBlockOutOfRange, j, b, s.NumBlocks)
 		}
+	}
+	if g.Order == CPUAttn {
+		g.blocksToPagedCPU(dst, kv, src, s, blockIDs)
+		return nil
 	}
 	pt := g.part(kv)
 	blen := g.BlockLen()

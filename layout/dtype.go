@@ -72,27 +72,75 @@ func ParseDType(s string) (DType, error) {
 type BlockOrder uint8
 
 // Physical block orders. String gives "NHD" or "HND", vLLM's kv_cache_layout names up to 0.28; from 0.29 vLLM
-// names them "LBNHC" and "LBHNC" (see protocol.Profile.LayoutName).
+// names them "LBNHC" and "LBHNC" (see protocol.Profile.LayoutName). CPUAttn and CPUAttnAMX are the block
+// formats of vLLM's CPU attention backend, which vLLM publishes under its HND label (LabelOrder).
 const (
 	// NHD stores a block as [block_size][heads][head_dim] (token-major).
 	NHD BlockOrder = iota + 1
 	// HND stores a block as [heads][block_size][head_dim] (head-major); vLLM's NixlConnector asks for it.
 	HND
+	// CPUAttn is vLLM's CPU_ATTN block format with its vec packing (kernel ISAs "vec", "vec16" and "neon": every
+	// dtype on x86 without AMX tiles and on ARM, and fp32/fp16 everywhere): heads outermost, and per head the
+	// layer's K transposed, [head_dim][block_size], then its V, [block_size][head_dim]. In PlanSplitKV (vLLM
+	// ≤ 0.22, cache (2, num_blocks, heads, block_size, head_dim)) the K region's block is [heads][head_dim]
+	// [block_size] and the V region's [heads][block_size][head_dim]; in PlanPackedKV (vLLM ≥ 0.26, cache
+	// (num_blocks, heads, block_size, 2·head_dim) viewed as (num_blocks, heads, 2·block_size, head_dim)) a
+	// block is [heads][K: head_dim×block_size | V: block_size×head_dim]. Only ToPaged, FromPaged and
+	// BlocksToPaged write or read it; Reorder refuses it. See doc.go for the per-release sources.
+	CPUAttn // CPU_ATTN
+	// CPUAttnAMX is CPU_ATTN's AMX packing (kernel ISA "amx": vLLM picks it for bf16 on CPUs with AMX tiles):
+	// K in 4-byte pairs of head elements per group of 16 tokens, V in token pairs per group of 16 head
+	// elements. It is named so that a caller can state it, and refused by Validate (ErrUnsupportedLayout):
+	// gonixl does not model it.
+	CPUAttnAMX // CPU_ATTN_AMX
 )
 
-// Valid reports whether o is NHD or HND.
-func (o BlockOrder) Valid() bool { return o == NHD || o == HND }
+// Valid reports whether o is a modelled order: NHD, HND or CPUAttn (CPUAttnAMX is named but not modelled).
+func (o BlockOrder) Valid() bool { return o == NHD || o == HND || o == CPUAttn }
 
-// ParseBlockOrder accepts "NHD" or "HND" (case-insensitive), as found in vLLM ≤ 0.28's kv_cache_layout; use
-// protocol.Profile.ParseLayoutName for a peer's label, which knows each release's names.
+// IsCPUAttn reports whether o is one of the CPU_ATTN block formats (CPUAttn, CPUAttnAMX).
+func (o BlockOrder) IsCPUAttn() bool { return o == CPUAttn || o == CPUAttnAMX }
+
+// LabelOrder is the order whose kv_cache_layout label vLLM publishes for bytes in order o: HND for the
+// CPU_ATTN formats (vLLM's NixlConnector requires "HND", from 0.29 "LBHNC", and CPU_ATTN accepts only
+// that), o itself otherwise.
+func (o BlockOrder) LabelOrder() BlockOrder {
+	if o.IsCPUAttn() {
+		return HND
+	}
+	return o
+}
+
+// ParseBlockOrder accepts "NHD" or "HND" (case-insensitive), as found in vLLM ≤ 0.28's kv_cache_layout, and
+// gonixl's names of the CPU_ATTN formats, "CPU_ATTN" and "CPU_ATTN_AMX" (never a vLLM label: vLLM publishes
+// "HND" for them); use protocol.Profile.ParseLayoutName for a peer's label, which knows each release's names.
 func ParseBlockOrder(s string) (BlockOrder, error) {
 	switch strings.ToUpper(strings.TrimSpace(s)) {
 	case "NHD":
 		return NHD, nil
 	case "HND":
 		return HND, nil
+	case "CPU_ATTN":
+		return CPUAttn, nil
+	case "CPU_ATTN_AMX":
+		return CPUAttnAMX, nil
 	}
-	return 0, fmt.Errorf("%w: unknown block order %q (want \"NHD\" or \"HND\")", ErrInvalidGeometry, s)
+	return 0, fmt.Errorf("%w: unknown block order %q (want \"NHD\", \"HND\" or \"CPU_ATTN\")", ErrInvalidGeometry, s)
+}
+
+// CPUAttnOrder returns the block format vLLM's CPU_ATTN backend writes for the kernel ISA it selected
+// (vllm/v1/attention/backends/cpu_attn.py's _get_attn_isa, the layer's isa): CPUAttn for "vec", "vec16"
+// and "neon", CPUAttnAMX for "amx" (which Validate then refuses). Any other ISA ("amx_fp8", "vxe", "vsx",
+// "rvv") is refused with ErrUnsupportedLayout: its packing was not read.
+func CPUAttnOrder(isa string) (BlockOrder, error) {
+	switch strings.ToLower(strings.TrimSpace(isa)) {
+	case "vec", "vec16", "neon":
+		return CPUAttn, nil
+	case "amx":
+		return CPUAttnAMX, nil
+	}
+	return 0, fmt.Errorf("%w: CPU_ATTN kernel ISA %q: gonixl models the packing of \"vec\", \"vec16\" and \"neon\" "+
+		"(and names \"amx\"); run the vLLM CPU peer where one of those is selected", ErrUnsupportedLayout, isa)
 }
 
 // RegionPlan is how vLLM's NixlConnector carves a model's KV cache into registered regions and
@@ -162,7 +210,7 @@ func (t DType) MarshalText() ([]byte, error) { return marshalEnum(t) }
 // UnmarshalText implements encoding.TextUnmarshaler via ParseDType.
 func (t *DType) UnmarshalText(b []byte) error { return unmarshalEnum(t, b, ParseDType) }
 
-// MarshalText implements encoding.TextMarshaler ("NHD" or "HND").
+// MarshalText implements encoding.TextMarshaler ("NHD", "HND" or "CPU_ATTN").
 func (o BlockOrder) MarshalText() ([]byte, error) { return marshalEnum(o) }
 
 // UnmarshalText implements encoding.TextUnmarshaler via ParseBlockOrder.

@@ -24,4 +24,8 @@ var (
 	ErrBlockLenMismatch = errors.New("layout: block length mismatch with peer")
 	// ErrIncompatible: two geometries cannot be paired (heterogeneous TP or block-size ratio not supported).
 	ErrIncompatible = errors.New("layout: incompatible geometries")
+	// ErrUnsupportedLayout: a block format gonixl names but does not model (CPU_ATTN's AMX packing, an fp8
+	// CPU_ATTN cache, CPU_ATTN in PlanKVHalves), or an operation a format does not support; refused rather
+	// than moving bytes that mean something else.
+	ErrUnsupportedLayout = errors.New("layout: block layout not modelled")
 )

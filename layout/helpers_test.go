@@ -74,8 +74,10 @@ func refToPaged(g Geometry, dst []byte, kv KV, src []byte, s Source, q Seq) {
 			for h := range H {
 				for d := range D {
 					var inner int // element index inside the block
-					switch g.Plan {
-					case PlanSplitKV, PlanKVHalves:
+					switch {
+					case g.Order == CPUAttn:
+						inner = cpuInner(g, kv, t, h, d)
+					case g.Plan == PlanSplitKV, g.Plan == PlanKVHalves:
 						if g.Order == NHD {
 							inner = (t*H+h)*D + d
 						} else {
@@ -84,7 +86,7 @@ func refToPaged(g Geometry, dst []byte, kv KV, src []byte, s Source, q Seq) {
 						if g.Plan == PlanKVHalves {
 							inner += int(kv) * bs * H * D
 						}
-					case PlanPackedKV:
+					case g.Plan == PlanPackedKV:
 						if g.Order == NHD {
 							inner = (t*H+h)*2*D + int(kv)*D + d
 						} else {
@@ -104,6 +106,22 @@ func refToPaged(g Geometry, dst []byte, kv KV, src []byte, s Source, q Seq) {
 			}
 		}
 	}
+}
+
+// cpuInner is the element index of (t, h, d) of layer kv inside a CPU_ATTN block, written the way vLLM's
+// cpu_attn reshape op addresses it (csrc/cpu/cpu_attn_vec.hpp: key_cache + head·head_stride + offset +
+// i·block_size; value_cache + head·head_stride + offset·head_dim), with the cache views of cpu_attn.py:
+// (2, nb, H, bs, D) unbound into K and V (PlanSplitKV), or (nb, H, 2·bs, D) chunked at dim 2 (PlanPackedKV).
+func cpuInner(g Geometry, kv KV, t, h, d int) int {
+	D, bs := g.HeadDim, g.BlockSize
+	headStride, vOff := bs*D, 0
+	if g.Plan == PlanPackedKV {
+		headStride, vOff = 2*bs*D, bs*D
+	}
+	if kv == K {
+		return h*headStride + d*bs + t
+	}
+	return h*headStride + vOff + t*D + d
 }
 
 func mustNoErr(t *testing.T, err error) {

@@ -32,11 +32,13 @@ func _() {
 	var x [1]struct{}
 	_ = x[NHD-1]
 	_ = x[HND-2]
+	_ = x[CPUAttn-3]
+	_ = x[CPUAttnAMX-4]
 }
 
-const _BlockOrder_name = "NHDHND"
+const _BlockOrder_name = "NHDHNDCPU_ATTNCPU_ATTN_AMX"
 
-var _BlockOrder_index = [...]uint8{0, 3, 6}
+var _BlockOrder_index = [...]uint8{0, 3, 6, 14, 26}
 
 func (i BlockOrder) String() string {
 	idx := int(i) - 1

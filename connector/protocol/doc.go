@@ -49,7 +49,8 @@
 //     the number of expected consumers from 0.29. From 0.22, "HB:<id>,<id>" heartbeats renew 30 s leases
 //     (sent every 5 s, extending to now+20 s); up to 0.21 P frees unread blocks after 480 s instead.
 //   - KV layout era: A (K and V separate regions) up to 0.22, B (K/V halves per block) in 0.23–0.25, C (K/V
-//     packed in the last dim) from 0.26.
+//     packed in the last dim) from 0.26. These are FLASH_ATTN's; the CPU backend (CPU_ATTN) keeps its own block
+//     format inside the same regions (Profile.BackendOrder, layout.CPUAttn), and cannot transfer in era B.
 //
 // Concurrency: Profiles and all values here are plain data; every function is safe for concurrent use.
 // The package builds with CGO_ENABLED=0.

@@ -54,9 +54,10 @@ var (
 	// the logical token-major shape (.., block_size, heads, head_dim) while NixlConnector publishes "HND".
 	quirkTritonNoStrideOrder = LabelQuirk{"HND", layout.NHD, "TRITON_ATTN (no get_kv_cache_stride_order before 0.20)"}
 	quirkFlexNoStrideOrder   = LabelQuirk{"HND", layout.NHD, "FLEX_ATTENTION (no get_kv_cache_stride_order before 0.23)"}
-	// Up to 0.21 CPU_ATTN's cache shape is head-major whatever the label; with VLLM_KV_CACHE_LAYOUT=NHD it is
-	// published as "NHD" (from 0.22 CPU_ATTN requires "HND" via get_required_kv_cache_layout).
-	quirkCPUForcedNHD = LabelQuirk{"NHD", layout.HND, "CPU_ATTN with VLLM_KV_CACHE_LAYOUT=NHD (cpu_attn.get_kv_cache_shape is (2, num_blocks, heads, block_size, head_dim))"}
+	// Up to 0.21 CPU_ATTN's cache is its own format whatever the label; with VLLM_KV_CACHE_LAYOUT=NHD it is
+	// published as "NHD" (from 0.22 CPU_ATTN requires "HND" via get_required_kv_cache_layout). Profile.BackendOrder
+	// derives the bytes' order from the peer's attn_backend_name instead of its label.
+	quirkCPUForcedNHD = LabelQuirk{"NHD", layout.CPUAttn, "CPU_ATTN with VLLM_KV_CACHE_LAYOUT=NHD (cpu_attn.get_kv_cache_shape is (2, num_blocks, heads, block_size, head_dim), K transposed per head)"}
 
 	quirksV016 = []LabelQuirk{quirkHostMirror, quirkTritonNoStrideOrder, quirkFlexNoStrideOrder, quirkCPUForcedNHD}
 	quirksV020 = []LabelQuirk{quirkHostMirror, quirkFlexNoStrideOrder, quirkCPUForcedNHD}
@@ -65,8 +66,11 @@ var (
 )
 
 // LayoutName returns the kv_cache_layout name this row's vLLM publishes for a cache whose blocks are in order o
-// ("HND" → "LBHNC" from 0.29).
+// ("HND" → "LBHNC" from 0.29); a CPU_ATTN cache (layout.CPUAttn) is published under HND's name, as vLLM does.
 func (p Profile) LayoutName(o layout.BlockOrder) (string, error) {
+	if o == layout.CPUAttn {
+		o = o.LabelOrder()
+	}
 	for _, l := range p.Labels {
 		if l.Order == o && o.Valid() {
 			return l.Name, nil

