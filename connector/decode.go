@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"runtime/trace"
 	"strconv"
 	"sync"
 	"time"
@@ -169,6 +170,8 @@ type Result struct {
 	RequestID string
 	Handshake time.Duration // 0 when the handshake was cached
 	Transfer  time.Duration // post to completion of the READ
+	Post      time.Duration // the part of Transfer spent posting (a READ that NIXL completes inline, e.g. UCX's cma, is all post)
+	Wait      time.Duration // the part of Transfer after the last post: progress and completion polls
 	Copy      time.Duration // host → device copy (host-buffered caches)
 	Bytes     int64
 	Blocks    int
@@ -202,6 +205,9 @@ func (d *Decode) Pull(ctx context.Context, requestID string, kv protocol.KVTrans
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	defer context.AfterFunc(d.closing, cancel)()
+	ctx, task := trace.NewTask(ctx, "gonixl.Pull")
+	defer task.End()
+	trace.Log(ctx, "request_id", requestID)
 	res, err := d.pull(ctx, requestID, kv, localBlocks)
 	if err != nil && d.closing.Err() != nil {
 		err = fmt.Errorf("%w (%w: the decode role was closed)", err, nixl.ErrClosed)
@@ -222,13 +228,20 @@ func (d *Decode) pull(ctx context.Context, requestID string, kv protocol.KVTrans
 	if err != nil {
 		return fail(err)
 	}
+	r := trace.StartRegion(ctx, "gonixl.engine")
 	re, hsTook, err := d.engine(ctx, req)
+	r.End()
 	if err != nil {
 		return fail(err)
 	}
 	defer d.put(re)
 	res.Handshake = hsTook
-	if err := d.planPull(re, &req); err != nil {
+	r = trace.StartRegion(ctx, "gonixl.prepare")
+	t := time.Now()
+	err = d.planPull(re, &req)
+	req.planned = time.Since(t)
+	r.End()
+	if err != nil {
 		return fail(err)
 	}
 	if hp, ok := d.cfg.Cache.(HostBufferedPipeline); ok && re.plan.BlockSizeRatio() == 1 && len(localBlocks) > 1 {
@@ -244,11 +257,15 @@ func (d *Decode) pull(ctx context.Context, requestID string, kv protocol.KVTrans
 		return fail(err)
 	}
 	if hb, ok := d.cfg.Cache.(HostBuffered); ok {
+		r := trace.StartRegion(ctx, "gonixl.copy")
 		t := time.Now()
-		if err := hb.CopyToDevice(ctx, localBlocks); err != nil {
+		err := hb.CopyToDevice(ctx, localBlocks)
+		res.Copy = time.Since(t)
+		r.End()
+		if err != nil {
 			return fail(fmt.Errorf("connector: host → device copy: %w", err))
 		}
-		res.Copy = time.Since(t)
+		d.metrics.observe(timingCopy, res.Copy)
 	}
 	return d.pulled(log, res, len(req.remote)), nil
 }
@@ -259,10 +276,15 @@ func (d *Decode) pull(ctx context.Context, requestID string, kv protocol.KVTrans
 // last of them returns (put), never under a live transfer.
 func (d *Decode) read(ctx context.Context, re *remoteEngine, req pullRequest, res *Result, log *zap.Logger) error {
 	start := time.Now()
-	xfers, err := d.post(re, req, res)
+	xfers, err := d.post(ctx, re, req, res)
 	defer closeXfers(xfers, nil)
 	if err == nil {
+		r := trace.StartRegion(ctx, "gonixl.wait")
+		posted := time.Now()
 		err = d.await(ctx, re, req, xfers)
+		res.Wait = time.Since(posted)
+		d.metrics.observe(timingWait, res.Wait)
+		r.End()
 	}
 	res.Transfer = time.Since(start)
 	if err != nil {
@@ -283,8 +305,9 @@ type pullRequest struct {
 	addr      string // the prefill engine's side channel
 	prefillTP int
 
-	localIdx, remoteIdx []int  // descriptor indices of the whole request (planPull)
-	notif               []byte // the encoded notification (planPull)
+	localIdx, remoteIdx []int         // descriptor indices of the whole request (planPull)
+	notif               []byte        // the encoded notification (planPull)
+	planned             time.Duration // how long planPull took (part of the prepare phase)
 }
 
 // readError wraps a failed READ of the request.
@@ -364,21 +387,32 @@ func (d *Decode) planPull(re *remoteEngine, req *pullRequest) error {
 	return nil
 }
 
-// post makes and posts one READ per prefill rank read, each notifying its rank on completion, and adds the
-// bytes posted to res. It returns the requests made, posted or not, for the caller to close.
-func (d *Decode) post(re *remoteEngine, req pullRequest, res *Result) ([]*nixl.Xfer, error) {
+// post makes one READ per prefill rank read, each notifying its rank on completion, then posts them all back
+// to back, and adds the bytes posted to res. It returns the requests made, posted or not, for the caller to
+// close, and records the prepare (planPull included) and post phases.
+func (d *Decode) post(ctx context.Context, re *remoteEngine, req pullRequest, res *Result) ([]*nixl.Xfer, error) {
 	xfers := make([]*nixl.Xfer, 0, len(re.sources))
 	err := d.do(func() error {
+		r := trace.StartRegion(ctx, "gonixl.prepare")
+		t := time.Now()
 		for _, src := range re.sources {
 			x, err := d.reg.agent.MakeXfer(nixl.Read, src.local, req.localIdx, src.remote, req.remoteIdx, d.reg.xferOpts(req.notif)...)
 			if err != nil {
+				r.End()
 				return err
 			}
 			xfers = append(xfers, x)
+		}
+		d.metrics.observe(timingPrepare, req.planned+time.Since(t))
+		r.End()
+		defer trace.StartRegion(ctx, "gonixl.post").End()
+		t = time.Now()
+		defer func() { res.Post = time.Since(t); d.metrics.observe(timingPost, res.Post) }()
+		for i, x := range xfers {
 			if _, err := x.Post(); err != nil {
 				return err
 			}
-			res.Bytes += int64(len(req.localIdx)) * src.pairLen
+			res.Bytes += int64(len(req.localIdx)) * re.sources[i].pairLen
 		}
 		return nil
 	})
@@ -387,7 +421,7 @@ func (d *Decode) post(re *remoteEngine, req pullRequest, res *Result) ([]*nixl.X
 
 // await waits for posted READs, renewing the request's lease on the prefill side meanwhile (heartbeat).
 func (d *Decode) await(ctx context.Context, re *remoteEngine, req pullRequest, xfers []*nixl.Xfer) error {
-	defer d.heartbeat(re.agents(), req.kv.RemoteRequestID, false)()
+	defer d.heartbeat(ctx, re.agents(), req.kv.RemoteRequestID, false)()
 	for _, x := range xfers {
 		if err := x.Wait(ctx); err != nil {
 			return err
@@ -434,7 +468,7 @@ func (d *Decode) do(fn func() error) error {
 
 // heartbeat renews the request's lease on every prefill agent read, every Profile.HeartbeatInterval (and at
 // once when now is set) until the returned stop is called, in profiles with leases.
-func (d *Decode) heartbeat(agents []string, remoteRequestID string, now bool) (stop func()) {
+func (d *Decode) heartbeat(ctx context.Context, agents []string, remoteRequestID string, now bool) (stop func()) {
 	p := d.cfg.Profile
 	if !p.Leases || p.HeartbeatInterval <= 0 {
 		return func() {}
@@ -444,11 +478,14 @@ func (d *Decode) heartbeat(agents []string, remoteRequestID string, now bool) (s
 		return func() {}
 	}
 	beat := func() {
+		defer trace.StartRegion(ctx, "gonixl.heartbeat").End()
+		t := time.Now()
 		for _, a := range agents {
 			if err := d.reg.agent.SendNotification(a, msg); err == nil {
 				d.metrics.heartbeats.Add(1)
 			}
 		}
+		d.metrics.observe(timingHeartbeat, time.Since(t))
 	}
 	if now {
 		beat()

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"runtime/trace"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -136,6 +137,7 @@ type heldReq struct {
 	got      int
 	expiry   time.Time
 	bytes    int64
+	since    time.Time // when the request was published (wall clock, for gonixl_held_time_seconds)
 }
 
 func randomID(prefix string) string {
@@ -326,7 +328,10 @@ func (p *Prefill) Hold(ctx context.Context, requestID string, numTokens int, fil
 	}
 	start := time.Now()
 	if fill != nil {
-		if err := fill(ctx, blocks); err != nil {
+		r := trace.StartRegion(ctx, "gonixl.stage")
+		err := fill(ctx, blocks)
+		r.End()
+		if err != nil {
 			p.pool.Free(blocks)
 			unclaim()
 			p.metrics.requestErrors.Add(1)
@@ -338,7 +343,7 @@ func (p *Prefill) Hold(ctx context.Context, requestID string, numTokens int, fil
 	bytes := int64(len(blocks)) * p.reg.geom.BlockLen() * int64(p.reg.geom.NumRegions())
 	p.mu.Lock()
 	delete(p.pending, requestID)
-	p.held[requestID] = &heldReq{id: requestID, blocks: blocks, expiry: p.now().Add(p.hold), bytes: bytes}
+	p.held[requestID] = &heldReq{id: requestID, blocks: blocks, expiry: p.now().Add(p.hold), bytes: bytes, since: time.Now()}
 	p.mu.Unlock()
 	p.metrics.requests.Add(1)
 	p.metrics.bytes.Add(bytes)
@@ -490,6 +495,7 @@ func (p *Prefill) handleNotification(raw nixl.Notification) {
 		return
 	}
 	p.metrics.notifications.Add(1)
+	trace.Log(context.Background(), "gonixl.notification", n.RequestID)
 	log := p.log.With(zap.String("request_id", n.RequestID), zap.String("from", raw.Agent))
 	p.mu.Lock()
 	h := p.held[n.RequestID]
@@ -515,6 +521,7 @@ func (p *Prefill) handleNotification(raw nixl.Notification) {
 	}
 	p.mu.Unlock()
 	if done {
+		p.metrics.observe(timingHeld, time.Since(h.since))
 		log.Debug("decode peer finished reading; blocks freed", zap.Int("blocks", len(h.blocks)))
 	}
 }
