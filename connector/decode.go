@@ -712,10 +712,41 @@ func (d *Decode) handshake(ctx context.Context, engineID string, re *remoteEngin
 		}); err != nil {
 			return fmt.Errorf("connector: preparing the local descriptors for prefill rank %d: %w", rank, err)
 		}
+		d.warmUp(ctx, re, src)
 		d.log.Info("handshake done", zap.String("remote_engine_id", engineID), zap.String("addr", re.addr), zap.Int("remote_rank", rank),
 			zap.String("remote_agent", src.agent), zap.String("remote_geometry", geom.String()))
 	}
 	return nil
+}
+
+// warmUp READs the null block (block 0, which no request names: layout.ErrNullBlock) of every region of
+// src into the local null block, without a notification, so that what UCX does on a peer's first transfer
+// (the endpoint's wire-up, the remote keys' unpacking, a GPU peer's IPC mappings and staging buffers) is
+// done in the handshake, not in the first request's READ (2-core machine, DRAM over UCX: the first READ
+// waited 16-50 ms for the wire-up; see gonixl_xfer_wait_time_seconds). A failed warm-up is only logged: the
+// request's own READ then reports what is wrong.
+func (d *Decode) warmUp(ctx context.Context, re *remoteEngine, src *source) {
+	defer trace.StartRegion(ctx, "gonixl.warmup").End()
+	li, ri := re.plan.AppendIndices(nil, nil, []int{0}, []int{0})
+	var x *nixl.Xfer
+	err := d.do(func() (err error) {
+		if x, err = d.reg.agent.MakeXfer(nixl.Read, src.local, li, src.remote, ri, d.reg.xferOpts(nil)[1:]...); err != nil {
+			return err
+		}
+		_, err = x.Post()
+		return err
+	})
+	if err == nil {
+		err = x.Wait(ctx)
+	}
+	if x != nil {
+		if cerr := x.Close(); err == nil {
+			err = cerr
+		}
+	}
+	if err != nil {
+		d.log.Warn("warm-up READ of the null block failed; the first request's READ sets the connection up", zap.String("remote_agent", src.agent), zap.Error(err))
+	}
 }
 
 // prepRemote prepares a prefill rank's descriptors in the memory type its metadata names (DRAM when it names
