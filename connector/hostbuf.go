@@ -10,8 +10,8 @@ import (
 )
 
 // hostBufferedSlices is how many READ slices a request into a HostBufferedPipeline cache is cut into (at most
-// one block each). H200 host, 128 MiB of scattered 32 KiB blocks: eight slices overlapped with one batch copy
-// each ran at 0.48–0.56× of one batch-copy call of the whole request (README, Measured).
+// one block each): eight slices, each overlapped with one batch copy (BenchmarkDRAMToVRAM's hostbuf_x_batchcopy,
+// README's Measured section).
 const hostBufferedSlices = 8
 
 // pullSliced READs a request into a pipelined host-buffered cache slice by slice: every slice is posted at

@@ -13,8 +13,9 @@ import (
 // Backoff says how to pace the polls: the first Spins polls only yield the processor
 // (runtime.Gosched), then the delay between polls starts at Min and doubles up to Max. Slack, when
 // positive, also caps each delay at Slack × the time waited so far (never below Min): doubling alone can
-// sleep past the work's end by as long as the wait already took, doubling a 2 ms transfer's time in the
-// worst case, while a delay of at most Slack × the elapsed time overshoots by at most that fraction.
+// sleep past the work's end by as long as the wait already took, doubling a transfer's time in the worst
+// case, while a delay of at most Slack × the elapsed time overshoots by at most that fraction
+// (BenchmarkUntilOvershoot).
 type Backoff struct {
 	Spins    int
 	Min, Max time.Duration
