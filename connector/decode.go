@@ -170,7 +170,7 @@ type Result struct {
 	RequestID string
 	Handshake time.Duration // 0 when the handshake was cached
 	Transfer  time.Duration // post to completion of the READ
-	Post      time.Duration // the part of Transfer spent posting (a READ that NIXL completes inline, e.g. UCX's cma, is all post)
+	Post      time.Duration // the part of Transfer spent posting (all of it for a READ done inline, e.g. by UCX's cma)
 	Wait      time.Duration // the part of Transfer after the last post: progress and completion polls
 	Copy      time.Duration // host → device copy (host-buffered caches)
 	Bytes     int64
