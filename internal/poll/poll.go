@@ -52,6 +52,10 @@ func (b Backoff) Until(ctx context.Context, done func() bool) error {
 			waited = time.Since(start)
 		}
 		delay = b.next(delay, waited)
+		if delay < time.Millisecond { // Go's timers would round it up to about a millisecond (Sleep)
+			Sleep(delay)
+			continue
+		}
 		t := time.NewTimer(delay)
 		select {
 		case <-ctx.Done():

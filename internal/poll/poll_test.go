@@ -97,3 +97,30 @@ func BenchmarkUntilOvershoot(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkSleep times sleeps of 50 µs through Go's timer and through Sleep (nanosleep): x_timer is the
+// timer's time over Sleep's (the hosts' Go timers round sleeps under a millisecond up to about 1.1 ms).
+func BenchmarkSleep(b *testing.B) {
+	const d = 50 * time.Microsecond
+	var tt, ts time.Duration
+	for range b.N {
+		t0 := time.Now()
+		tm := time.NewTimer(d)
+		<-tm.C
+		t1 := time.Now()
+		Sleep(d)
+		ts += time.Since(t1)
+		tt += t1.Sub(t0)
+	}
+	b.ReportMetric(float64(tt.Microseconds())/float64(b.N), "timer_us")
+	b.ReportMetric(float64(ts.Microseconds())/float64(b.N), "sleep_us")
+	b.ReportMetric(tt.Seconds()/ts.Seconds(), "x_timer")
+}
+
+func TestSleep(t *testing.T) {
+	Sleep(0)
+	Sleep(-time.Second)
+	start := time.Now()
+	Sleep(200 * time.Microsecond)
+	require.GreaterOrEqual(t, time.Since(start), 200*time.Microsecond, "Sleep sleeps at least d")
+}
