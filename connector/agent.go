@@ -58,8 +58,8 @@ type registered struct {
 
 // xferOpts are the options of a READ into this cache: the notification, and WithoutDescMerge where the cache
 // is DRAM and UCX runs a thread pool. NIXL's pool divides a request among its threads by descriptor count,
-// so a run merged into one large descriptor would go through one thread (H200 host, 64 MiB of 32 KiB blocks
-// DRAM→DRAM: 4.7 GB/s merged, 18–23 GB/s unmerged); into GPU memory, where UCX pays a rendezvous per
+// so a run merged into one large descriptor would go through one thread (BenchmarkDRAMToDRAM, contiguous
+// against contiguous-nomerge; README's Measured section); into GPU memory, where UCX pays a rendezvous per
 // descriptor, merged runs are kept.
 func (r *registered) xferOpts(notif []byte) []nixl.Option {
 	opts := []nixl.Option{nixl.WithNotification(notif)}

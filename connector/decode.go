@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"runtime/trace"
 	"strconv"
 	"sync"
 	"time"
@@ -177,6 +178,8 @@ type Result struct {
 	RequestID string
 	Handshake time.Duration // 0 when the handshake was cached
 	Transfer  time.Duration // post to completion of the READ
+	Post      time.Duration // the part of Transfer spent posting (all of it for a READ done inline, e.g. by UCX's cma)
+	Wait      time.Duration // the part of Transfer after the last post: progress and completion polls
 	Copy      time.Duration // host → device copy (host-buffered caches)
 	Bytes     int64
 	Blocks    int
@@ -210,6 +213,9 @@ func (d *Decode) Pull(ctx context.Context, requestID string, kv protocol.KVTrans
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	defer context.AfterFunc(d.closing, cancel)()
+	ctx, task := trace.NewTask(ctx, "gonixl.Pull")
+	defer task.End()
+	trace.Log(ctx, "request_id", requestID)
 	res, err := d.pull(ctx, requestID, kv, localBlocks)
 	if err != nil && d.closing.Err() != nil {
 		err = fmt.Errorf("%w (%w: the decode role was closed)", err, nixl.ErrClosed)
@@ -233,13 +239,20 @@ func (d *Decode) pull(ctx context.Context, requestID string, kv protocol.KVTrans
 	if err != nil {
 		return fail(err)
 	}
+	r := trace.StartRegion(ctx, "gonixl.engine")
 	re, hsTook, err := d.engine(ctx, req)
+	r.End()
 	if err != nil {
 		return fail(err)
 	}
 	defer d.put(re)
 	res.Handshake = hsTook
-	if err := d.planPull(re, &req); err != nil {
+	r = trace.StartRegion(ctx, "gonixl.prepare")
+	t := time.Now()
+	err = d.planPull(re, &req)
+	req.planned = time.Since(t)
+	r.End()
+	if err != nil {
 		return fail(err)
 	}
 	if hp, ok := d.cfg.Cache.(HostBufferedPipeline); ok && re.plan.BlockSizeRatio() == 1 && len(localBlocks) > 1 {
@@ -255,11 +268,15 @@ func (d *Decode) pull(ctx context.Context, requestID string, kv protocol.KVTrans
 		return fail(err)
 	}
 	if hb, ok := d.cfg.Cache.(HostBuffered); ok {
+		r := trace.StartRegion(ctx, "gonixl.copy")
 		t := time.Now()
-		if err := hb.CopyToDevice(ctx, localBlocks); err != nil {
+		err := hb.CopyToDevice(ctx, localBlocks)
+		res.Copy = time.Since(t)
+		r.End()
+		if err != nil {
 			return fail(fmt.Errorf("connector: host → device copy: %w", err))
 		}
-		res.Copy = time.Since(t)
+		d.metrics.observe(timingCopy, res.Copy)
 	}
 	return d.pulled(log, res, len(req.remote)), nil
 }
@@ -270,10 +287,15 @@ func (d *Decode) pull(ctx context.Context, requestID string, kv protocol.KVTrans
 // last of them returns (put), never under a live transfer.
 func (d *Decode) read(ctx context.Context, re *remoteEngine, req pullRequest, res *Result, log *zap.Logger) error {
 	start := time.Now()
-	xfers, err := d.post(re, req, res)
+	xfers, err := d.post(ctx, re, req, res)
 	defer closeXfers(xfers, nil)
 	if err == nil {
+		r := trace.StartRegion(ctx, "gonixl.wait")
+		posted := time.Now()
 		err = d.await(ctx, re, req, xfers)
+		res.Wait = time.Since(posted)
+		d.metrics.observe(timingWait, res.Wait)
+		r.End()
 	}
 	res.Transfer = time.Since(start)
 	if err != nil {
@@ -294,8 +316,9 @@ type pullRequest struct {
 	addr      string // the prefill engine's side channel
 	prefillTP int
 
-	localIdx, remoteIdx []int  // descriptor indices of the whole request (planPull)
-	notif               []byte // the encoded notification (planPull)
+	localIdx, remoteIdx []int         // descriptor indices of the whole request (planPull)
+	notif               []byte        // the encoded notification (planPull)
+	planned             time.Duration // how long planPull took (part of the prepare phase)
 }
 
 // readError wraps a failed READ of the request.
@@ -375,21 +398,32 @@ func (d *Decode) planPull(re *remoteEngine, req *pullRequest) error {
 	return nil
 }
 
-// post makes and posts one READ per prefill rank read, each notifying its rank on completion, and adds the
-// bytes posted to res. It returns the requests made, posted or not, for the caller to close.
-func (d *Decode) post(re *remoteEngine, req pullRequest, res *Result) ([]*nixl.Xfer, error) {
+// post makes one READ per prefill rank read, each notifying its rank on completion, then posts them all back
+// to back, and adds the bytes posted to res. It returns the requests made, posted or not, for the caller to
+// close, and records the prepare (planPull included) and post phases.
+func (d *Decode) post(ctx context.Context, re *remoteEngine, req pullRequest, res *Result) ([]*nixl.Xfer, error) {
 	xfers := make([]*nixl.Xfer, 0, len(re.sources))
 	err := d.do(func() error {
+		r := trace.StartRegion(ctx, "gonixl.prepare")
+		t := time.Now()
 		for _, src := range re.sources {
 			x, err := d.reg.agent.MakeXfer(nixl.Read, src.local, req.localIdx, src.remote, req.remoteIdx, d.reg.xferOpts(req.notif)...)
 			if err != nil {
+				r.End()
 				return err
 			}
 			xfers = append(xfers, x)
+		}
+		d.metrics.observe(timingPrepare, req.planned+time.Since(t))
+		r.End()
+		defer trace.StartRegion(ctx, "gonixl.post").End()
+		t = time.Now()
+		defer func() { res.Post = time.Since(t); d.metrics.observe(timingPost, res.Post) }()
+		for i, x := range xfers {
 			if _, err := x.Post(); err != nil {
 				return err
 			}
-			res.Bytes += int64(len(req.localIdx)) * src.pairLen
+			res.Bytes += int64(len(req.localIdx)) * re.sources[i].pairLen
 		}
 		return nil
 	})
@@ -398,7 +432,7 @@ func (d *Decode) post(re *remoteEngine, req pullRequest, res *Result) ([]*nixl.X
 
 // await waits for posted READs, renewing the request's lease on the prefill side meanwhile (heartbeat).
 func (d *Decode) await(ctx context.Context, re *remoteEngine, req pullRequest, xfers []*nixl.Xfer) error {
-	defer d.heartbeat(re.agents(), req.kv.RemoteRequestID, false)()
+	defer d.heartbeat(ctx, re.agents(), req.kv.RemoteRequestID, false)()
 	for _, x := range xfers {
 		if err := x.Wait(ctx); err != nil {
 			return err
@@ -445,7 +479,7 @@ func (d *Decode) do(fn func() error) error {
 
 // heartbeat renews the request's lease on every prefill agent read, every Profile.HeartbeatInterval (and at
 // once when now is set) until the returned stop is called, in profiles with leases.
-func (d *Decode) heartbeat(agents []string, remoteRequestID string, now bool) (stop func()) {
+func (d *Decode) heartbeat(ctx context.Context, agents []string, remoteRequestID string, now bool) (stop func()) {
 	p := d.cfg.Profile
 	if !p.Leases || p.HeartbeatInterval <= 0 {
 		return func() {}
@@ -455,11 +489,14 @@ func (d *Decode) heartbeat(agents []string, remoteRequestID string, now bool) (s
 		return func() {}
 	}
 	beat := func() {
+		defer trace.StartRegion(ctx, "gonixl.heartbeat").End()
+		t := time.Now()
 		for _, a := range agents {
 			if err := d.reg.agent.SendNotification(a, msg); err == nil {
 				d.metrics.heartbeats.Add(1)
 			}
 		}
+		d.metrics.observe(timingHeartbeat, time.Since(t))
 	}
 	if now {
 		beat()
@@ -702,10 +739,41 @@ func (d *Decode) handshake(ctx context.Context, engineID string, re *remoteEngin
 		}); err != nil {
 			return fmt.Errorf("connector: preparing the local descriptors for prefill rank %d: %w", rank, err)
 		}
+		d.warmUp(ctx, re, src)
 		d.log.Info("handshake done", zap.String("remote_engine_id", engineID), zap.String("addr", re.addr), zap.Int("remote_rank", rank),
 			zap.String("remote_agent", src.agent), zap.String("remote_geometry", geom.String()))
 	}
 	return nil
+}
+
+// warmUp READs the null block (block 0, which no request names: layout.ErrNullBlock) of every region of
+// src into the local null block, without a notification, so that what UCX does on a peer's first transfer
+// (the endpoint's wire-up, the remote keys' unpacking, a GPU peer's IPC mappings and staging buffers) is
+// done in the handshake, not in the first request's READ (the demo's first request, README's Measured
+// section; gonixl_xfer_wait_time_seconds shows it). A failed warm-up is only logged: the request's own READ
+// then reports what is wrong.
+func (d *Decode) warmUp(ctx context.Context, re *remoteEngine, src *source) {
+	defer trace.StartRegion(ctx, "gonixl.warmup").End()
+	li, ri := re.plan.AppendIndices(nil, nil, []int{0}, []int{0})
+	var x *nixl.Xfer
+	err := d.do(func() (err error) {
+		if x, err = d.reg.agent.MakeXfer(nixl.Read, src.local, li, src.remote, ri, d.reg.xferOpts(nil)[1:]...); err != nil {
+			return err
+		}
+		_, err = x.Post()
+		return err
+	})
+	if err == nil {
+		err = x.Wait(ctx)
+	}
+	if x != nil {
+		if cerr := x.Close(); err == nil {
+			err = cerr
+		}
+	}
+	if err != nil {
+		d.log.Warn("warm-up READ of the null block failed; the first request's READ sets the connection up", zap.String("remote_agent", src.agent), zap.Error(err))
+	}
 }
 
 // prepRemote prepares a prefill rank's descriptors in the memory type its metadata names (DRAM when it names

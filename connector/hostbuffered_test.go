@@ -106,6 +106,7 @@ func TestPullHostBuffered(t *testing.T) {
 	assert.Contains(t, err.Error(), "host → device copy")
 	assert.EqualValues(t, 1, m.RequestErrors())
 	assert.EqualValues(t, 1, m.Requests())
+	assert.EqualValues(t, 1, gather(t, m)["gonixl_copy_time_seconds_count"], "the copy that succeeded is timed")
 }
 
 // hostBufferedPipe is hostBufferedDRAM with started (here: immediate) copies, so the role pulls in slices.
@@ -135,7 +136,8 @@ func TestPullHostBufferedSlices(t *testing.T) {
 	l := testLib(t)
 	pre, pc := tinyPrefill(t, p, l)
 	hb := &hostBufferedPipe{hostBufferedDRAM: newHostBufferedDRAM(t, p)}
-	d, err := NewDecode(DecodeConfig{Profile: p, Library: l, Cache: hb, Compat: tinyCompat(p)})
+	m := &Metrics{}
+	d, err := NewDecode(DecodeConfig{Profile: p, Library: l, Cache: hb, Compat: tinyCompat(p), Metrics: m})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, d.Close()) })
 	ctx := ctxT(t, 10*time.Second)
@@ -153,6 +155,11 @@ func TestPullHostBufferedSlices(t *testing.T) {
 	require.Equal(t, local, got)
 	require.Len(t, hb.calls, 5, "10 blocks in slices of 2")
 	require.Equal(t, 1, hb.waits)
+	ms := gather(t, m)
+	for _, phase := range []string{"prepare", "post", "wait", "copy"} {
+		assert.EqualValues(t, 1, ms["gonixl_xfer_"+phase+"_time_seconds_count"]+ms["gonixl_"+phase+"_time_seconds_count"], phase)
+	}
+	assert.EqualValues(t, 1, ms["gonixl_notify_time_seconds_count"], "one notification round, apart from the slices' READs")
 	g := hb.Geometry()
 	for r := 0; r < g.NumRegions(); r++ {
 		for j, b := range local {

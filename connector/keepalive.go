@@ -31,7 +31,7 @@ func (d *Decode) KeepAlive(ctx context.Context, kv protocol.KVTransferParams) (s
 		d.pulls.Done()
 		return func() {}, err
 	}
-	stopHB := d.heartbeat(agents, kv.RemoteRequestID, true)
+	stopHB := d.heartbeat(ctx, agents, kv.RemoteRequestID, true)
 	var once sync.Once
 	end := func() { once.Do(func() { stopHB(); d.pulls.Done() }) }
 	stopOnClose := context.AfterFunc(d.closing, end)

@@ -20,11 +20,21 @@ import (
 //	gonixl_kv_expired_reqs_total      counter    vllm:nixl_num_kv_expired_reqs_total (prefill)
 //	gonixl_handshake_time_seconds     histogram  decode: side-channel handshake and metadata load (cache misses)
 //	gonixl_stage_time_seconds         histogram  prefill: the fill function (staging the KV into the blocks)
+//	gonixl_xfer_prepare_time_seconds  histogram  decode: a request's descriptor indices, notification and NIXL requests made
+//	gonixl_xfer_post_time_seconds     histogram  decode: posting a request's READs
+//	gonixl_xfer_wait_time_seconds     histogram  decode: last READ posted to the last one complete (progress, completion polls)
+//	gonixl_notify_time_seconds        histogram  decode: notifications sent apart from the READs (host-buffered pipelines)
+//	gonixl_held_time_seconds          histogram  prefill: a request published to its last notification (blocks freed)
+//	gonixl_heartbeat_time_seconds     histogram  decode: one round of lease heartbeats to the prefill ranks read
+//	gonixl_copy_time_seconds          histogram  decode: host → device copy (host-buffered caches)
 //	gonixl_requests_total, gonixl_request_errors_total, gonixl_bytes_total, gonixl_blocks_held (gauge),
 //	gonixl_blocks_freed_total, gonixl_blocks_expired_total, gonixl_heartbeats_total,
 //	gonixl_notifications_total, gonixl_bad_messages_total, gonixl_rejected_notifications_total,
 //	gonixl_handshakes_total, gonixl_remote_agent_conflicts_total, gonixl_forged_notifications_total: the
 //	counters.
+//
+// The phase histograms split a pull (decode) into its parts: prepare, post and wait add up to about
+// gonixl_xfer_time_seconds plus the preparation before the first post; heartbeats run beside the wait.
 //
 // The roles alone count. A program reads a counter in Go through its method (Requests, Bytes,
 // RequestsExpired, …; each one's doc names its series) and cannot change it.
@@ -112,9 +122,16 @@ const (
 	timingHandshake timing = "handshake" // decode: side-channel handshake and remote metadata load
 	timingTransfer  timing = "transfer"  // decode: post to completion of a request's READs
 	timingStage     timing = "stage"     // prefill: the fill function
+	timingPrepare   timing = "prepare"   // decode: descriptor indices, notification, NIXL requests made
+	timingPost      timing = "post"      // decode: the READs posted
+	timingWait      timing = "wait"      // decode: last READ posted to the last one complete
+	timingNotify    timing = "notify"    // decode: notifications sent apart from the READs
+	timingHeld      timing = "held"      // prefill: published to the last notification
+	timingHeartbeat timing = "heartbeat" // decode: one round of lease heartbeats
+	timingCopy      timing = "copy"      // decode: host → device copy
 )
 
-const numTimings = 3
+const numTimings = 10
 
 var timings = [numTimings]struct {
 	t          timing
@@ -123,6 +140,13 @@ var timings = [numTimings]struct {
 	{timingHandshake, "gonixl_handshake_time_seconds", "Side-channel handshakes with a prefill peer, metadata load included (decode, cache misses only)."},
 	{timingTransfer, "gonixl_xfer_time_seconds", "KV transfers, post to completion of a request's READs (decode; as vLLM's vllm:nixl_xfer_time_seconds)."},
 	{timingStage, "gonixl_stage_time_seconds", "Staging a request's KV into its blocks: the fill function (prefill)."},
+	{timingPrepare, "gonixl_xfer_prepare_time_seconds", "Preparing a request's READs: descriptor indices, notification, NIXL transfer requests made (decode)."},
+	{timingPost, "gonixl_xfer_post_time_seconds", "Posting a request's READs (decode)."},
+	{timingWait, "gonixl_xfer_wait_time_seconds", "Waiting for a request's READs: the last one posted to the last one complete (decode)."},
+	{timingNotify, "gonixl_notify_time_seconds", "Sending a request's notifications apart from its READs (decode, host-buffered pipelines)."},
+	{timingHeld, "gonixl_held_time_seconds", "A request's blocks held: published to the decode peers' last notification (prefill)."},
+	{timingHeartbeat, "gonixl_heartbeat_time_seconds", "One round of lease heartbeats to the prefill ranks a request reads (decode)."},
+	{timingCopy, "gonixl_copy_time_seconds", "Host to device copy of a request's blocks (decode, host-buffered caches)."},
 }
 
 // latencyBuckets holds every bucket of vLLM's NixlConnector latency histograms (1 ms to 5 s), so that

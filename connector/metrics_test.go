@@ -167,6 +167,15 @@ func TestMetricsAfterTraffic(t *testing.T) {
 	assert.EqualValues(t, 1, ds["gonixl_handshakes_total"])
 	assert.EqualValues(t, 1, ds["gonixl_handshake_time_seconds_count"])
 	assert.EqualValues(t, 1, ds["gonixl_xfer_time_seconds_count"])
+	for _, phase := range []string{"gonixl_xfer_prepare_time_seconds", "gonixl_xfer_post_time_seconds", "gonixl_xfer_wait_time_seconds"} {
+		assert.EqualValues(t, 1, ds[phase+"_count"], phase)
+		assert.Positive(t, ds[phase+"_sum"], phase)
+	}
+	assert.LessOrEqual(t, ds["gonixl_xfer_post_time_seconds_sum"]+ds["gonixl_xfer_wait_time_seconds_sum"], ds["gonixl_xfer_time_seconds_sum"],
+		"post and wait are parts of the transfer")
+	assert.Zero(t, ds["gonixl_copy_time_seconds_count"], "a DRAM cache copies nothing")
+	assert.EqualValues(t, 1, ps["gonixl_held_time_seconds_count"])
+	assert.GreaterOrEqual(t, ps["gonixl_held_time_seconds_sum"], ds["gonixl_xfer_wait_time_seconds_sum"], "blocks are held at least while they are read")
 	assert.Positive(t, ds["gonixl_bytes_total"])
 	assert.Equal(t, ps["gonixl_bytes_total"], ds["gonixl_bytes_total"])
 }

@@ -50,6 +50,21 @@ func TestBlockPool(t *testing.T) {
 	require.ErrorIs(t, err, ErrNoBlocks, "the double free did not make a block available twice")
 
 	assert.Zero(t, NewBlockPool(1).Available(), "a cache with only the null block has nothing to hand out")
+
+	// Freed blocks come back in ascending order, lowest first, whatever order they were freed in: a request's
+	// blocks stay one ascending run (one NIXL descriptor per region) where the pool has one.
+	q := NewBlockPool(16)
+	x, _ := q.Alloc(4) // 1..4
+	y, _ := q.Alloc(3) // 5..7
+	q.Free([]int{x[3], x[1], x[0], x[2]})
+	z, err := q.Alloc(6)
+	require.NoError(t, err)
+	assert.Equal(t, []int{1, 2, 3, 4, 8, 9}, z)
+	q.Free(y)
+	q.Free(z[:2])
+	w, err := q.Alloc(5)
+	require.NoError(t, err)
+	assert.Equal(t, []int{1, 2, 5, 6, 7}, w)
 	assert.Zero(t, NewBlockPool(0).Available())
 }
 

@@ -30,7 +30,7 @@ func BenchmarkDRAMToDRAM(b *testing.B) {
 	}
 	variants := []variant{{"nixl-defaults", nil}, {"gonixl-defaults", gonixl}}
 	if os.Getenv("GONIXL_BENCH_SWEEP") != "" { // thread-pool sizes, to choose DefaultUCXOptions on a host
-		for _, th := range []int{8, 16} {
+		for _, th := range []int{2, 4, 8, 16} {
 			for _, split := range []int{4, 8, 32} {
 				p, err := nixl.UCXOptions{NumThreads: th, SplitBatchSize: split}.Params()
 				require.NoError(b, err)

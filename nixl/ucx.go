@@ -46,19 +46,19 @@ type UCXOptions struct {
 const (
 	// UCXRMAPipeline ("RMA_PPLN_ENABLE") lets UCX serve an RMA (a NIXL READ or WRITE) whose local or
 	// remote side is GPU memory by a rendezvous pipeline through cuda_copy / cuda_ipc, instead of a software
-	// emulation over tcp (NIXL 1.5.1 wheel, UCX 1.23: 0.6 GB/s DRAM→VRAM without it, 41–45 GB/s with it
-	// at 2 MiB descriptors on an H200 host). The target side must then keep progressing (a progress thread,
-	// or the prefill role's notification poll).
+	// emulation over tcp (BenchmarkDRAMToVRAM's nixl-defaults against gonixl-defaults variants, README's
+	// Measured section). The target side must then keep progressing (a progress thread, or the prefill
+	// role's notification poll).
 	UCXRMAPipeline = "RMA_PPLN_ENABLE"
 )
 
 // DefaultUCXOptions are gonixl's UCX settings, chosen from measurements (README's Measured section): the
 // RMA pipeline on (UCX's only protocol that moves host memory into GPU memory without a software emulation;
 // no effect on DRAM↔DRAM), and a thread pool of one thread per core, at most 16, taking 4 descriptors at a
-// time: on a 16-core H200 host a 64 MiB READ DRAM→DRAM from another process ran at 3.4–4.8 GB/s without the
-// pool and 22–24 GB/s with it, for 32 KiB and 2 MiB blocks alike (8 threads: 18–22 GB/s; larger batches
-// left requests of few descriptors on one thread). No pool on machines of fewer than 4 cores, where its
-// threads would compete with the application.
+// time: BenchmarkDRAMToDRAM (nixl-defaults against gonixl-defaults, and its GONIXL_BENCH_SWEEP thread and
+// batch sizes; README's Measured section) measured the pool several times faster on a 16-core host, for
+// 32 KiB and 2 MiB blocks alike, and larger batches leaving requests of few descriptors on one thread. No
+// pool on machines of fewer than 4 cores, where its threads would compete with the application.
 func DefaultUCXOptions() UCXOptions {
 	o := UCXOptions{Engine: map[string]string{UCXRMAPipeline: "y"}}
 	if n := runtime.NumCPU(); n >= 4 {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -48,6 +49,27 @@ func TestDemoEndToEnd(t *testing.T) {
 			require.Contains(t, out, "metrics: prefill gonixl_requests_total 4, gonixl_stage_time_seconds_count 4, decode gonixl_requests_total 4, gonixl_xfer_time_seconds_count 4")
 		})
 	}
+}
+
+// TestDemoTrace checks -trace: the demo writes its own execution trace and gives each worker its own file,
+// and prints the phase sums it scrapes from the workers.
+func TestDemoTrace(t *testing.T) {
+	testenv.RequireNIXLLibDir(t)
+	bin := testenv.BuildCommand(t, "disagg")
+	trace := filepath.Join(t.TempDir(), "run.trace")
+	out, err := runDemo(t, bin, "-num-blocks", "32", "-lengths", "40,16", "-timeout", "2m", "-trace", trace)
+	require.NoError(t, err, out)
+	require.Contains(t, out, "OK: every byte of every request arrived intact")
+	require.Regexp(t, `phases \(seconds summed over the requests\): decode .*gonixl_xfer_post_time_seconds_sum [0-9.e-]+, gonixl_xfer_prepare_time_seconds_sum`, out)
+	require.Regexp(t, `prefill gonixl_held_time_seconds_sum [0-9.e-]+`, out)
+	for _, f := range []string{trace, trace + ".prefill", trace + ".decode"} {
+		st, err := os.Stat(f)
+		require.NoError(t, err, "the trace file %s", f)
+		require.Positive(t, st.Size(), f)
+	}
+	b, err := os.ReadFile(trace + ".decode")
+	require.NoError(t, err)
+	require.Contains(t, string(b), "gonixl.Pull", "the decode worker's trace holds the pull tasks")
 }
 
 // TestDemoFailsLoudly checks that the demo reports failures with a non-zero exit and one clear line: a cache

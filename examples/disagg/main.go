@@ -12,6 +12,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"runtime/trace"
 	"sort"
 	"strconv"
 	"strings"
@@ -45,6 +46,11 @@ func orchestrate() error {
 	if err != nil {
 		return err
 	}
+	stopTrace, err := c.StartTrace()
+	if err != nil {
+		return err
+	}
+	defer stopTrace()
 	ctx, cancel := demo.RunContext(*timeout)
 	defer cancel()
 
@@ -54,7 +60,7 @@ func orchestrate() error {
 	t0 := time.Now()
 	pre, preURL, preInfo, err := demo.StartWorker(ctx, demo.WorkerSpec{Name: "prefill worker", Role: "prefill",
 		Args: append([]string{"-max-seq", strconv.Itoa(maxLen), "-batch-rows", strconv.Itoa(*concurrency),
-			"-cuda-context", *cudaCtx, "-cuda-pin-staging=" + strconv.FormatBool(*pin)}, c.WorkerArgs()...)})
+			"-cuda-context", *cudaCtx, "-cuda-pin-staging=" + strconv.FormatBool(*pin)}, append(c.WorkerArgs(), c.TraceArgs("prefill")...)...)})
 	if err != nil {
 		return err
 	}
@@ -66,7 +72,7 @@ func orchestrate() error {
 	fmt.Printf("starting decode worker (NIXL READ → KV cache: %s) ... ", *where)
 	t0 = time.Now()
 	dec, decURL, decInfo, err := demo.StartWorker(ctx, demo.WorkerSpec{Name: "decode worker", Role: "decode",
-		Args: append([]string{"-cache", *where}, c.WorkerArgs()...)})
+		Args: append(append([]string{"-cache", *where}, c.WorkerArgs()...), c.TraceArgs("decode")...)})
 	if err != nil {
 		return err
 	}
@@ -81,7 +87,10 @@ func orchestrate() error {
 		n := sizes[i]
 		id := fmt.Sprintf("req-%d", i+1)
 		prompt := strings.TrimSpace(strings.Repeat(fmt.Sprintf("%s-word ", id), n))
+		ctx, task := trace.NewTask(ctx, "disagg.request")
+		trace.Log(ctx, "request_id", id)
 		res, err := proxy.Do(ctx, demo.CompletionRequest{Model: m.Name, Prompt: prompt, MaxTokens: 16}, id)
+		task.End()
 		results[i] = outcome{id: id, tokens: n, res: res, err: err}
 		if err != nil {
 			return fmt.Sprintf("%s (%d tokens): FAILED: %v", id, n, err)
@@ -93,6 +102,10 @@ func orchestrate() error {
 	fmt.Printf("metrics: prefill %s, decode %s\n",
 		scrape(ctx, preURL, "gonixl_requests_total", "gonixl_stage_time_seconds_count"),
 		scrape(ctx, decURL, "gonixl_requests_total", "gonixl_xfer_time_seconds_count"))
+	fmt.Printf("phases (seconds summed over the requests): decode %s; prefill %s\n",
+		scrape(ctx, decURL, "gonixl_xfer_prepare_time_seconds_sum", "gonixl_xfer_post_time_seconds_sum", "gonixl_xfer_wait_time_seconds_sum",
+			"gonixl_heartbeat_time_seconds_sum", "gonixl_copy_time_seconds_sum"),
+		scrape(ctx, preURL, "gonixl_held_time_seconds_sum"))
 	return summary(results, wall)
 }
 
@@ -125,7 +138,7 @@ func scrape(ctx context.Context, base string, names ...string) string {
 
 func summary(results []outcome, wall time.Duration) error {
 	sort.Slice(results, func(i, j int) bool { return results[i].id < results[j].id })
-	tb := demo.NewTable("request", "tokens", "blocks", "model ms", "stage ms", "handshake ms", "transfer ms", "GB/s", "h→d copy ms",
+	tb := demo.NewTable("request", "tokens", "blocks", "model ms", "stage ms", "handshake ms", "transfer ms", "post ms", "wait ms", "GB/s", "h→d copy ms",
 		"verify ms", "end-to-end ms", "verified")
 	var bytes, verified int64
 	var xferMS float64
@@ -148,8 +161,8 @@ func summary(results []outcome, wall time.Duration) error {
 			spans = append(spans, [2]int64{t.TransferStartUS, t.TransferEndUS})
 		}
 		st := r.res.Prefill.Gonixl
-		tb.Row("%s\t%d\t%d\t%.1f\t%.1f\t%.1f\t%.1f\t%.2f\t%.1f\t%.1f\t%.1f\t%s", r.id, r.tokens, t.Blocks, st.ComputeMS, st.StageMS,
-			t.HandshakeMS, t.TransferMS, demo.GBps(t.Bytes, t.TransferMS), t.CopyMS, t.VerifyMS, float64(r.res.Total.Microseconds())/1000, ok)
+		tb.Row("%s\t%d\t%d\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.2f\t%.1f\t%.1f\t%.1f\t%s", r.id, r.tokens, t.Blocks, st.ComputeMS, st.StageMS,
+			t.HandshakeMS, t.TransferMS, t.PostMS, t.WaitMS, demo.GBps(t.Bytes, t.TransferMS), t.CopyMS, t.VerifyMS, float64(r.res.Total.Microseconds())/1000, ok)
 	}
 	tb.Flush()
 	busy := busyMS(spans)

@@ -11,15 +11,21 @@ import (
 )
 
 // Backoff says how to pace the polls: the first Spins polls only yield the processor
-// (runtime.Gosched), then the delay between polls starts at Min and doubles up to Max.
+// (runtime.Gosched), then the delay between polls starts at Min and doubles up to Max. Slack, when
+// positive, also caps each delay at Slack × the time waited so far (never below Min): doubling alone can
+// sleep past the work's end by as long as the wait already took, doubling a transfer's time in the worst
+// case, while a delay of at most Slack × the elapsed time overshoots by at most that fraction
+// (BenchmarkUntilOvershoot).
 type Backoff struct {
 	Spins    int
 	Min, Max time.Duration
+	Slack    float64
 }
 
-// Default suits waits that usually end within microseconds (a DMA copy, a small RDMA READ): 64 spins,
-// then 5 µs doubling to 1 ms, so a long wait costs at most one poll per millisecond.
-var Default = Backoff{Spins: 64, Min: 5 * time.Microsecond, Max: time.Millisecond}
+// Default suits waits that usually end within microseconds to milliseconds (a DMA copy, a RDMA READ): 64
+// spins, then 5 µs doubling to 1 ms but at most an eighth of the time waited, so a wait ends at most about
+// 12% after its work (and 1 ms for long ones), and a long wait costs at most one poll per millisecond.
+var Default = Backoff{Spins: 64, Min: 5 * time.Microsecond, Max: time.Millisecond, Slack: 1.0 / 8}
 
 // Until calls done until it returns true or ctx ends. done runs at least once, even when ctx has already
 // ended, so work that is finished is never reported as timed out. Until returns nil when done returned
@@ -27,6 +33,7 @@ var Default = Backoff{Spins: 64, Min: 5 * time.Microsecond, Max: time.Millisecon
 // itself and returns true.
 func (b Backoff) Until(ctx context.Context, done func() bool) error {
 	var delay time.Duration
+	var start time.Time
 	for i := 0; ; i++ {
 		if done() {
 			return nil
@@ -38,11 +45,16 @@ func (b Backoff) Until(ctx context.Context, done func() bool) error {
 			runtime.Gosched()
 			continue
 		}
-		switch {
-		case delay == 0:
-			delay = max(b.Min, time.Nanosecond)
-		case delay < b.Max:
-			delay = min(2*delay, b.Max)
+		var waited time.Duration
+		if start.IsZero() {
+			start = time.Now()
+		} else {
+			waited = time.Since(start)
+		}
+		delay = b.next(delay, waited)
+		if delay < time.Millisecond { // Go's timers would round it up to about a millisecond (Sleep)
+			Sleep(delay)
+			continue
 		}
 		t := time.NewTimer(delay)
 		select {
@@ -52,4 +64,18 @@ func (b Backoff) Until(ctx context.Context, done func() bool) error {
 		case <-t.C:
 		}
 	}
+}
+
+// next is the delay after delay (0: none yet) once waited has passed since the first sleep.
+func (b Backoff) next(delay, waited time.Duration) time.Duration {
+	switch {
+	case delay == 0:
+		delay = max(b.Min, time.Nanosecond)
+	case delay < b.Max:
+		delay = min(2*delay, b.Max)
+	}
+	if b.Slack > 0 {
+		delay = min(delay, max(time.Duration(b.Slack*float64(waited)), b.Min, time.Nanosecond))
+	}
+	return delay
 }

@@ -52,3 +52,75 @@ func TestUntilDelayCapped(t *testing.T) {
 	require.NoError(t, b.Until(ctx, func() bool { n++; return n == 50 }))
 	require.Equal(t, 50, n)
 }
+
+func TestNextDelay(t *testing.T) {
+	us := time.Microsecond
+	b := Backoff{Min: 5 * us, Max: time.Millisecond}
+	require.Equal(t, 5*us, b.next(0, 0))
+	require.Equal(t, 10*us, b.next(5*us, time.Hour), "without Slack the delay doubles whatever the time waited")
+	require.Equal(t, time.Millisecond, b.next(800*us, 0), "capped at Max")
+	b.Slack = 1.0 / 8
+	require.Equal(t, 5*us, b.next(0, 0), "Min first")
+	require.Equal(t, 5*us, b.next(5*us, 10*us), "never below Min")
+	require.Equal(t, 25*us, b.next(40*us, 200*us), "at most an eighth of the time waited")
+	require.Equal(t, 80*us, b.next(40*us, time.Second), "doubling still bounds it")
+	require.Equal(t, time.Millisecond, b.next(time.Millisecond, time.Hour), "and Max")
+	require.Equal(t, Default.Slack, 1.0/8)
+}
+
+// BenchmarkUntilOvershoot waits for work that ends a fixed time after the wait begins (as a transfer of that
+// duration does) with Default and with Default without Slack (doubling alone), and reports how far past the
+// work's end each wait returned (overshoot, a fraction of the work's time) and x_doubling: doubling's total
+// wait over Default's.
+func BenchmarkUntilOvershoot(b *testing.B) {
+	doubling := Default
+	doubling.Slack = 0
+	for _, work := range []time.Duration{300 * time.Microsecond, 3 * time.Millisecond, 30 * time.Millisecond} {
+		b.Run("work="+work.String(), func(b *testing.B) {
+			wait := func(bo Backoff) time.Duration {
+				start := time.Now()
+				end := start.Add(work)
+				if err := bo.Until(context.Background(), func() bool { return !time.Now().Before(end) }); err != nil {
+					b.Fatal(err)
+				}
+				return time.Since(start)
+			}
+			var td, ts time.Duration
+			for range b.N {
+				td += wait(doubling)
+				ts += wait(Default)
+			}
+			n := float64(b.N)
+			b.ReportMetric((ts.Seconds()/n-work.Seconds())/work.Seconds(), "overshoot")
+			b.ReportMetric((td.Seconds()/n-work.Seconds())/work.Seconds(), "overshoot_doubling")
+			b.ReportMetric(td.Seconds()/ts.Seconds(), "x_doubling")
+		})
+	}
+}
+
+// BenchmarkSleep times sleeps of 50 µs through Go's timer and through Sleep (nanosleep): x_timer is the
+// timer's time over Sleep's (the hosts' Go timers round sleeps under a millisecond up to about 1.1 ms).
+func BenchmarkSleep(b *testing.B) {
+	const d = 50 * time.Microsecond
+	var tt, ts time.Duration
+	for range b.N {
+		t0 := time.Now()
+		tm := time.NewTimer(d)
+		<-tm.C
+		t1 := time.Now()
+		Sleep(d)
+		ts += time.Since(t1)
+		tt += t1.Sub(t0)
+	}
+	b.ReportMetric(float64(tt.Microseconds())/float64(b.N), "timer_us")
+	b.ReportMetric(float64(ts.Microseconds())/float64(b.N), "sleep_us")
+	b.ReportMetric(tt.Seconds()/ts.Seconds(), "x_timer")
+}
+
+func TestSleep(t *testing.T) {
+	Sleep(0)
+	Sleep(-time.Second)
+	start := time.Now()
+	Sleep(200 * time.Microsecond)
+	require.GreaterOrEqual(t, time.Since(start), 200*time.Microsecond, "Sleep sleeps at least d")
+}

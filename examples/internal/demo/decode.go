@@ -139,7 +139,7 @@ func (s *DecodeServer) completions(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	resp := oneToken(id, req, fmt.Sprintf(" [decoded with %d prefilled tokens]", tokens), tokens)
-	resp.Gonixl = &Timing{HandshakeMS: ms(res.Handshake), TransferMS: ms(res.Transfer), CopyMS: ms(res.Copy),
+	resp.Gonixl = &Timing{HandshakeMS: ms(res.Handshake), TransferMS: ms(res.Transfer), PostMS: ms(res.Post), WaitMS: ms(res.Wait), CopyMS: ms(res.Copy),
 		VerifyMS: ms(verifyTook), TransferEndUS: pulled.Add(-res.Copy).UnixMicro(),
 		TransferStartUS: pulled.Add(-res.Copy - res.Transfer).UnixMicro(),
 		Bytes:           res.Bytes, Blocks: res.Blocks, VerifiedBytes: verified, Verified: true}

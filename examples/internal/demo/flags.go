@@ -2,6 +2,9 @@ package demo
 
 import (
 	"flag"
+	"fmt"
+	"os"
+	"runtime/trace"
 	"strings"
 
 	"go.uber.org/zap"
@@ -21,6 +24,7 @@ type Common struct {
 	LogLevel    string
 	NIXLLibDir  string
 	DataDevice  string
+	Trace       string
 }
 
 // Register adds the shared flags to fs.
@@ -31,7 +35,33 @@ func (c *Common) Register(fs *flag.FlagSet) {
 	fs.StringVar(&c.Backends, "backends", "UCX", "comma-separated NIXL backends, e.g. UCX or LIBFABRIC")
 	fs.StringVar(&c.LogLevel, "log-level", "warn", "log level: debug, info, warn, error")
 	fs.StringVar(&c.DataDevice, "data-device", "", "UCX network device of NIXL's data plane (default: loopback when the worker listens on loopback; \"all\": every device; or e.g. eth1, mlx5_0:1)")
+	fs.StringVar(&c.Trace, "trace", "", "write a runtime/trace execution trace to this file (view it with go tool trace); an orchestrating example writes its own there and gives its workers FILE.prefill and FILE.decode")
 	fs.StringVar(&c.NIXLLibDir, "nixl-lib-dir", "", "folder of libnixl_capi.so (default: $NIXL_LIB_DIR, the loader path, then "+strings.Join(nixl.StandardPaths, ", ")+")")
+}
+
+// StartTrace starts the execution trace -trace names (nothing when it is empty) and returns the function that
+// stops it and closes the file.
+func (c *Common) StartTrace() (stop func() error, err error) {
+	if c.Trace == "" {
+		return func() error { return nil }, nil
+	}
+	f, err := os.Create(c.Trace)
+	if err != nil {
+		return nil, fmt.Errorf("-trace: %w", err)
+	}
+	if err := trace.Start(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("-trace %s: %w", c.Trace, err)
+	}
+	return func() error { trace.Stop(); return f.Close() }, nil
+}
+
+// TraceArgs are the -trace flag for the worker of role ("prefill", "decode"): FILE.role, or none.
+func (c *Common) TraceArgs(role string) []string {
+	if c.Trace == "" {
+		return nil
+	}
+	return []string{"-trace", c.Trace + "." + role}
 }
 
 // Logger returns a console logger at the flag's level (to stderr).

@@ -103,6 +103,8 @@ type Timing struct {
 	StageMS     float64 `json:"stage_ms,omitempty"`
 	HandshakeMS float64 `json:"handshake_ms,omitempty"`
 	TransferMS  float64 `json:"transfer_ms,omitempty"`
+	PostMS      float64 `json:"post_ms,omitempty"` // the parts of TransferMS: posting the READs, then waiting for them
+	WaitMS      float64 `json:"wait_ms,omitempty"`
 	CopyMS      float64 `json:"copy_ms,omitempty"`   // host → device copy (host-buffered caches)
 	VerifyMS    float64 `json:"verify_ms,omitempty"` // the demo's check of every byte
 	// TransferStartUS and TransferEndUS bound the READ in Unix microseconds (the demo's aggregate counts

@@ -36,6 +36,11 @@ func RunPrefill(ctx context.Context, args []string) error {
 		return err
 	}
 	defer log.Sync()
+	stopTrace, err := c.StartTrace()
+	if err != nil {
+		return err
+	}
+	defer stopTrace()
 	s, err := NewPrefillServer(ctx, PrefillConfig{VLLMVersion: c.VLLMVersion, Model: Qwen3_0_6B, NumBlocks: c.NumBlocks, BatchRows: *rows,
 		MaxSeq: *maxSeq, Order: order, NRTPath: *nrt, Label: *label, Backends: c.BackendSpecs(), Library: lib, Logger: log, SideChannel: *side,
 		DataDevice: c.DataDevice, CUDAContext: *cudaCtx, NoPinStaging: !*pin, NotifyFrom: splitList(*notifyFrom)})
@@ -71,6 +76,11 @@ func RunDecode(ctx context.Context, args []string) error {
 		return err
 	}
 	defer log.Sync()
+	stopTrace, err := c.StartTrace()
+	if err != nil {
+		return err
+	}
+	defer stopTrace()
 	cfg := DecodeConfig{VLLMVersion: c.VLLMVersion, Model: Qwen3_0_6B, NumBlocks: c.NumBlocks, Order: order,
 		Backends: c.BackendSpecs(), Library: lib, Logger: log, DataDevice: c.DataDevice}
 	if cfg.DataDevice == "" { // the decode worker's peers are where its HTTP API is: loopback in the demo
