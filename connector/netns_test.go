@@ -50,7 +50,7 @@ type netPair struct {
 	preAddr, decIP string
 }
 
-// runIP runs ip (or tc) with args and fails the test on error.
+// runNet runs ip (or tc) with args and fails the test on error.
 func runNet(t testing.TB, tool string, args ...string) {
 	t.Helper()
 	out, err := exec.Command(tool, args...).CombinedOutput()
@@ -457,7 +457,7 @@ func crossNamespaceFaults(t *testing.T, backend string) {
 	p := protocol.Profiles[len(protocol.Profiles)-1]
 	const hold = 3 * time.Second
 	r := startNSRoles(t, n, backend, p, hold)
-	parent := t // peers that outlive a subtest are started under the parent test
+	parent := t                           // peers that outlive a subtest are started under the parent test
 	big := (nsPeerBlocks - 8) * tinyBlock // 4088 blocks, 64 MiB
 	kv := r.pre.hold(t, "warm", 64, 1)
 	require.True(t, r.dec.pull(t, "warm", 1, 20*time.Second, 0, kv).OK)

