@@ -140,8 +140,10 @@ test-go:
 test: deps test-pure test-go
 
 # `make demo DYNAMO=1`: the same Go workers behind NVIDIA Dynamo's frontend (examples/dynamo).
-demo: nixl $(if $(DYNAMO),dynamo)
-	$(GO) run ./examples/$(if $(DYNAMO),dynamo,disagg)
+# `make demo BACKEND=LIBFABRIC`: over NIXL's LIBFABRIC backend (tcp provider), prefill and decode in two network
+# namespaces joined by a veth pair (root); `make demo NETNS=1`: the same over UCX.
+demo: nixl $(if $(DYNAMO),dynamo) $(if $(filter LIBFABRIC,$(BACKEND)),fabric-deps)
+	$(GO) run ./examples/$(if $(DYNAMO),dynamo,disagg $(if $(BACKEND),-backends $(BACKEND)) $(if $(NETNS),-netns))
 
 fuzz:
 	@bash scripts/fuzz.sh $(FUZZTIME)
