@@ -390,7 +390,7 @@ func nsProfiles() []protocol.Profile {
 }
 
 // requireBackend fails (CI) or skips the test when NIXL's plugin for backend cannot be loaded in this process.
-func requireBackend(t *testing.T, backend string) {
+func requireBackend(t testing.TB, backend string) {
 	t.Helper()
 	l := testLib(t)
 	a, err := l.NewAgent(fmt.Sprintf("probe-%s-%d", backend, time.Now().UnixNano()), nixl.AgentConfig{NoProgressThread: true})
@@ -556,3 +556,45 @@ func crossNamespaceFaults(t *testing.T, backend string) {
 
 // TestCrossNamespaceFaultsUCX: link loss, a degraded link and a small MTU under NIXL's UCX backend.
 func TestCrossNamespaceFaultsUCX(t *testing.T) { crossNamespaceFaults(t, "UCX") }
+
+// BenchmarkCrossNamespaceREAD: the decode role reading from the prefill role across the namespaces (each in
+// its own process, the data plane on the veth), over UCX (tcp) and then LIBFABRIC (tcp provider) in the same
+// run: requests of 64 and 1024 blocks (1 and 16 MiB of the tiny model), 8 per iteration after a warm-up
+// (the handshake). Metrics: GB/s (bytes over the sum of the pulls' times, as the decode measured them,
+// bytes checked) and, for LIBFABRIC, x_ucx (its GB/s over UCX's of the same size in this run).
+func BenchmarkCrossNamespaceREAD(b *testing.B) {
+	n := newNetPair(b)
+	p := protocol.Profiles[len(protocol.Profiles)-1]
+	ucx := map[int]float64{}
+	for _, backend := range []string{"UCX", "LIBFABRIC"} {
+		requireBackend(b, backend)
+		r := startNSRoles(b, n, backend, p, time.Minute)
+		for _, blocks := range []int{64, 1024} {
+			b.Run(fmt.Sprintf("%s/blocks=%d", backend, blocks), func(b *testing.B) {
+				kv := r.pre.hold(b, "warm", blocks*tinyBlock, 1)
+				require.True(b, r.dec.pull(b, "warm", 1, time.Minute, 0, kv).OK)
+				var bytes int64
+				var took time.Duration
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					for j := 0; j < 8; j++ {
+						id := fmt.Sprintf("b%d-%d", i, j)
+						kv := r.pre.hold(b, id, blocks*tinyBlock, 2+j)
+						res := r.dec.pull(b, id, 2+j, time.Minute, 0, kv)
+						require.True(b, res.OK, res.Err)
+						bytes += res.Bytes
+						took += res.Elapsed
+					}
+				}
+				b.StopTimer()
+				gbps := float64(bytes) / took.Seconds() / 1e9
+				b.ReportMetric(gbps, "GB/s")
+				if backend == "UCX" {
+					ucx[blocks] = gbps
+				} else if ucx[blocks] > 0 {
+					b.ReportMetric(gbps/ucx[blocks], "x_ucx")
+				}
+			})
+		}
+	}
+}
