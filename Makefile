@@ -108,7 +108,7 @@ $(DYNAMO_VENV)/.complete: python/dynamo-requirements.txt scripts/install-dynamo.
 FABRIC_DEPS_HOME ?= $(HOME)/.cache/gonixl/fabric-deps-cu$(NIXL_CUDA)
 export GONIXL_NIXL_DEPS := $(FABRIC_DEPS_HOME)/lib
 fabric-deps:
-	@NIXL_CUDA=$(NIXL_CUDA) FABRIC_DEPS_HOME=$(FABRIC_DEPS_HOME) PYTHON=$(PYTHON) bash scripts/fabric-deps.sh $(shell /sbin/ldconfig -p 2>/dev/null | grep -q 'libcuda.so.1 ' || echo --cuda-stub) >/dev/null
+	@NIXL_CUDA=$(NIXL_CUDA) FABRIC_DEPS_HOME=$(FABRIC_DEPS_HOME) PYTHON=$(PYTHON) LIBFABRIC_DIR=$(LIBFABRIC_DIR) bash scripts/fabric-deps.sh $(shell /sbin/ldconfig -p 2>/dev/null | grep -q 'libcuda.so.1 ' || echo --cuda-stub) >/dev/null
 
 vllm-venvs:
 	@for v in $(VLLM_VERSIONS); do NIXL_VERSION=$(NIXL_VERSION) PYTHON=$(PYTHON) bash scripts/vllm-venv.sh $$v || exit 1; done

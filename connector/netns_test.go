@@ -9,7 +9,6 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -17,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gonixl/gonixl/connector/protocol"
+	"github.com/gonixl/gonixl/internal/netns"
 	"github.com/gonixl/gonixl/internal/testenv"
 	"github.com/gonixl/gonixl/nixl"
 )
@@ -24,8 +24,8 @@ import (
 // Prefill and decode on different "hosts": each role in its own process inside its own network namespace,
 // the two namespaces joined by a veth pair, the data plane pinned to the veth (UCX: UCX_TLS=tcp and
 // UCX_NET_DEVICES, so that UCX cannot use shared memory between the processes; LIBFABRIC: FI_PROVIDER=tcp and
-// FI_TCP_IFACE). The namespaces are made by the test (`ip netns add`, unique names per run) and always
-// deleted after; they hold only lo and their veth end, with no route out, so no traffic leaves them.
+// FI_TCP_IFACE). The namespaces are made by the test (internal/netns: `ip netns add`, unique names per run) and
+// always deleted after; they hold only lo and their veth end, with no route out, so no traffic leaves them.
 //
 // Addresses: 198.18.0.1/30 (prefill) and 198.18.0.2/30 (decode), from 198.18.0.0/15, the range RFC 2544 sets
 // aside for benchmarking network devices (never routed on the Internet). They exist only inside the test's
@@ -34,106 +34,23 @@ import (
 const (
 	// nsPeerEnv makes the test binary a role serving line commands on stdin (nsPeerMain): "prefill" or "decode".
 	nsPeerEnv    = "GONIXL_NETNS_PEER"
-	nsPrefillIP  = "198.18.0.1"
-	nsDecodeIP   = "198.18.0.2"
-	nsPrefixLen  = "/30"
 	nsReplyMark  = "@@ "
 	nsPeerBlocks = 4096 // blocks of each peer's tiny-model cache (16 KiB each over both regions)
 )
 
-var nsSeq atomic.Int64
-
-// netPair is two network namespaces joined by a veth pair.
-type netPair struct {
-	pre, dec       string // namespace names
-	preIf, decIf   string // veth ends
-	preAddr, decIP string
-}
-
-// runNet runs ip (or tc) with args and fails the test on error.
-func runNet(t testing.TB, tool string, args ...string) {
+// newNetPair creates two namespaces joined by a veth pair (internal/netns) and deletes them when the test ends.
+func newNetPair(t testing.TB) *netns.Pair {
 	t.Helper()
-	out, err := exec.Command(tool, args...).CombinedOutput()
-	require.NoError(t, err, "%s %s: %s", tool, strings.Join(args, " "), out)
-}
-
-// newNetPair creates the namespaces (unique names) and the veth pair, and deletes them when the test ends.
-func newNetPair(t testing.TB) *netPair {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		testenv.Missing(t, "root (network namespaces)", "run the tests as root (CI machines are)")
+	if err := netns.Check(); err != nil {
+		testenv.Missing(t, "network namespaces", err.Error())
 	}
-	for _, tool := range []string{"ip", "tc"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			testenv.Missing(t, tool+" (iproute2)", "apt-get install -y iproute2")
-		}
+	if _, err := exec.LookPath("tc"); err != nil {
+		testenv.Missing(t, "tc (iproute2)", "apt-get install -y iproute2")
 	}
-	id := fmt.Sprintf("%x%02x", os.Getpid()&0xffff, nsSeq.Add(1)&0xff)
-	n := &netPair{pre: "gonixl-" + id + "-p", dec: "gonixl-" + id + "-d", preIf: "gxp" + id, decIf: "gxd" + id,
-		preAddr: nsPrefillIP, decIP: nsDecodeIP}
-	t.Cleanup(func() {
-		for _, ns := range []string{n.pre, n.dec} {
-			if out, err := exec.Command("ip", "netns", "del", ns).CombinedOutput(); err != nil && !strings.Contains(string(out), "No such file") {
-				t.Errorf("deleting network namespace %s: %v: %s", ns, err, out)
-			}
-		}
-	})
-	runNet(t, "ip", "netns", "add", n.pre)
-	runNet(t, "ip", "netns", "add", n.dec)
-	// Created in the prefill namespace, so that the pair never exists in the host's.
-	runNet(t, "ip", "-n", n.pre, "link", "add", n.preIf, "type", "veth", "peer", "name", n.decIf, "netns", n.dec)
-	for _, s := range []struct{ ns, ifc, addr string }{{n.pre, n.preIf, n.preAddr}, {n.dec, n.decIf, n.decIP}} {
-		// No IPv6 link-local address: libfabric's tcp provider would otherwise pick it while it is still
-		// tentative (duplicate address detection) and fail in fi_enable with "Bad file descriptor".
-		runNet(t, "ip", "-n", s.ns, "link", "set", s.ifc, "addrgenmode", "none")
-		runNet(t, "ip", "-n", s.ns, "addr", "add", s.addr+nsPrefixLen, "dev", s.ifc)
-		runNet(t, "ip", "-n", s.ns, "link", "set", "lo", "up")
-		runNet(t, "ip", "-n", s.ns, "link", "set", s.ifc, "up")
-	}
-	n.waitUp(t)
+	n, err := netns.New("gonixl")
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, n.Close()) })
 	return n
-}
-
-// waitUp waits until both veth ends report operational state UP (carrier on both sides).
-func (n *netPair) waitUp(t testing.TB) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for _, s := range []struct{ ns, ifc string }{{n.pre, n.preIf}, {n.dec, n.decIf}} {
-		for {
-			out, err := exec.Command("ip", "-n", s.ns, "-o", "link", "show", "dev", s.ifc).CombinedOutput()
-			require.NoError(t, err, "%s", out)
-			if strings.Contains(string(out), "state UP") {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s in %s is not up after 10 s: %s", s.ifc, s.ns, out)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-	}
-}
-
-// link sets the veth pair up or down (both ends: the peers see carrier loss at once).
-func (n *netPair) link(t testing.TB, up bool) {
-	t.Helper()
-	state := map[bool]string{true: "up", false: "down"}[up]
-	runNet(t, "ip", "-n", n.pre, "link", "set", n.preIf, state)
-	runNet(t, "ip", "-n", n.dec, "link", "set", n.decIf, state)
-	if up {
-		n.waitUp(t)
-	}
-}
-
-// nsBackendEnv is the environment that pins a backend's data plane to the namespace's veth end.
-func nsBackendEnv(backend, ifc string) []string {
-	if backend == "LIBFABRIC" {
-		prov := os.Getenv("FI_PROVIDER")
-		if prov == "" {
-			prov = "tcp"
-		}
-		return []string{"FI_PROVIDER=" + prov, "FI_TCP_IFACE=" + ifc, "FI_SOCKETS_IFACE=" + ifc}
-	}
-	return []string{"UCX_TLS=tcp", "UCX_NET_DEVICES=" + ifc}
 }
 
 // nsPeer is a role process in a namespace, driven by line commands.
@@ -150,7 +67,7 @@ func startNSPeer(t testing.TB, role, ns, ifc, addr, backend string, p protocol.P
 	cmd.Env = append(os.Environ(), nsPeerEnv+"="+role, "GONIXL_PEER_LIBDIR="+dir, "GONIXL_NS_PROFILE="+p.Name,
 		"GONIXL_NS_BACKEND="+backend, "GONIXL_NS_HOST="+addr, "GONIXL_NS_IFACE="+ifc,
 		fmt.Sprintf("GONIXL_NS_HOLD_MS=%d", hold.Milliseconds()))
-	cmd.Env = append(cmd.Env, nsBackendEnv(backend, ifc)...)
+	cmd.Env = append(cmd.Env, netns.DataPlaneEnv(ifc)...)
 	child := testenv.StartChild(t, cmd, true)
 	pp := &nsPeer{child: child, lines: make(chan string, 64)}
 	go func() {
@@ -370,17 +287,16 @@ func nsPull(d *Decode, c *DRAMCache, id string, seed int, timeout, keep time.Dur
 	return out(r)
 }
 
-// nsRoles is one prefill and one decode peer across a netPair.
+// nsRoles is one prefill and one decode peer across a netns.Pair.
 type nsRoles struct {
-	net      *netPair
 	pre, dec *nsPeer
 }
 
-func startNSRoles(t testing.TB, n *netPair, backend string, p protocol.Profile, hold time.Duration) *nsRoles {
+func startNSRoles(t testing.TB, n *netns.Pair, backend string, p protocol.Profile, hold time.Duration) *nsRoles {
 	t.Helper()
-	pre := startNSPeer(t, "prefill", n.pre, n.preIf, n.preAddr, backend, p, hold)
-	dec := startNSPeer(t, "decode", n.dec, n.decIf, n.decIP, backend, p, 0)
-	return &nsRoles{net: n, pre: pre, dec: dec}
+	pre := startNSPeer(t, "prefill", n.Prefill, n.PrefillIf, netns.PrefillIP, backend, p, hold)
+	dec := startNSPeer(t, "decode", n.Decode, n.DecodeIf, netns.DecodeIP, backend, p, 0)
+	return &nsRoles{pre: pre, dec: dec}
 }
 
 // nsProfiles are the two vLLM wire eras the cross-namespace tiers run: the oldest and the newest profile.
@@ -435,13 +351,12 @@ func crossNamespace(t *testing.T, backend string) {
 func TestCrossNamespaceUCX(t *testing.T) { crossNamespace(t, "UCX") }
 
 // netemAvailable reports whether the kernel has the netem qdisc (sch_netem), tried on the prefill's veth end.
-func netemAvailable(t testing.TB, n *netPair) bool {
-	out, err := exec.Command("tc", "-n", n.pre, "qdisc", "add", "dev", n.preIf, "root", "netem", "delay", "1ms").CombinedOutput()
-	if err != nil {
-		t.Logf("no netem here (%s): the degraded link is a token-bucket rate limit (tbf) instead", strings.TrimSpace(string(out)))
+func netemAvailable(t testing.TB, n *netns.Pair) bool {
+	if err := netns.Run("tc", "-n", n.Prefill, "qdisc", "add", "dev", n.PrefillIf, "root", "netem", "delay", "1ms"); err != nil {
+		t.Logf("no netem here (%v): the degraded link is a token-bucket rate limit (tbf) instead", err)
 		return false
 	}
-	runNet(t, "tc", "-n", n.pre, "qdisc", "del", "dev", n.preIf, "root")
+	require.NoError(t, netns.Run("tc", "-n", n.Prefill, "qdisc", "del", "dev", n.PrefillIf, "root"))
 	return true
 }
 
@@ -468,7 +383,7 @@ func crossNamespaceFaults(t *testing.T, backend string) {
 		const deadline = 4 * time.Second
 		r.dec.send(t, "PULL cut 2 %d 0 %s", deadline.Milliseconds(), kv)
 		time.Sleep(20 * time.Millisecond)
-		n.link(t, false)
+		require.NoError(t, n.SetLink(false))
 		var res pullReply
 		require.NoError(t, json.Unmarshal([]byte(r.dec.await(t, deadline+15*time.Second, "PULLED")), &res))
 		if res.OK {
@@ -479,7 +394,7 @@ func crossNamespaceFaults(t *testing.T, backend string) {
 		}
 		// Unread blocks go back when their lease ends, heartbeats or not (the decode's cannot cross).
 		r.pre.eventuallyHeld(t, 0, hold+5*time.Second)
-		n.link(t, true)
+		require.NoError(t, n.SetLink(true))
 		kv = r.pre.hold(t, "after", 40*tinyBlock, 3)
 		if backend == "LIBFABRIC" {
 			// NIXL's LIBFABRIC plugin retries fi_read on -FI_EAGAIN inside the post, "indefinitely" (its
@@ -495,7 +410,7 @@ func crossNamespaceFaults(t *testing.T, backend string) {
 				require.Less(t, res.Elapsed, 75*time.Second)
 			}
 			_ = r.dec.child.Stdin.Close()
-			r.dec = startNSPeer(parent, "decode", n.dec, n.decIf, n.decIP, backend, p, 0)
+			r.dec = startNSPeer(parent, "decode", n.Decode, n.DecodeIf, netns.DecodeIP, backend, p, 0)
 			kv = r.pre.hold(t, "after-restart", 40*tinyBlock, 3)
 		}
 		var last pullReply
@@ -515,19 +430,11 @@ func crossNamespaceFaults(t *testing.T, backend string) {
 	t.Run("degraded-link", func(t *testing.T) {
 		netem := netemAvailable(t, n)
 		if netem {
-			for _, s := range []struct{ ns, ifc string }{{n.pre, n.preIf}, {n.dec, n.decIf}} {
-				runNet(t, "tc", "-n", s.ns, "qdisc", "add", "dev", s.ifc, "root", "netem", "delay", "20ms", "5ms", "loss", "1%")
-			}
+			require.NoError(t, n.OnBoth("tc", "-n", "{ns}", "qdisc", "add", "dev", "{if}", "root", "netem", "delay", "20ms", "5ms", "loss", "1%"))
 		} else {
-			for _, s := range []struct{ ns, ifc string }{{n.pre, n.preIf}, {n.dec, n.decIf}} {
-				runNet(t, "tc", "-n", s.ns, "qdisc", "add", "dev", s.ifc, "root", "tbf", "rate", "200mbit", "burst", "64kb", "latency", "50ms")
-			}
+			require.NoError(t, n.OnBoth("tc", "-n", "{ns}", "qdisc", "add", "dev", "{if}", "root", "tbf", "rate", "200mbit", "burst", "64kb", "latency", "50ms"))
 		}
-		defer func() {
-			for _, s := range []struct{ ns, ifc string }{{n.pre, n.preIf}, {n.dec, n.decIf}} {
-				runNet(t, "tc", "-n", s.ns, "qdisc", "del", "dev", s.ifc, "root")
-			}
-		}()
+		defer func() { require.NoError(t, n.OnBoth("tc", "-n", "{ns}", "qdisc", "del", "dev", "{if}", "root")) }()
 		kv := r.pre.hold(t, "slow", 256*tinyBlock, 4) // 4 MiB
 		res := r.dec.pull(t, "slow", 4, 30*time.Second, 0, kv)
 		require.True(t, res.OK, "READ over a degraded link: %s", res.Err)
@@ -539,14 +446,8 @@ func crossNamespaceFaults(t *testing.T, backend string) {
 	})
 
 	t.Run("mtu-1280", func(t *testing.T) {
-		for _, s := range []struct{ ns, ifc string }{{n.pre, n.preIf}, {n.dec, n.decIf}} {
-			runNet(t, "ip", "-n", s.ns, "link", "set", s.ifc, "mtu", "1280")
-		}
-		defer func() {
-			for _, s := range []struct{ ns, ifc string }{{n.pre, n.preIf}, {n.dec, n.decIf}} {
-				runNet(t, "ip", "-n", s.ns, "link", "set", s.ifc, "mtu", "1500")
-			}
-		}()
+		require.NoError(t, n.OnBoth("ip", "-n", "{ns}", "link", "set", "{if}", "mtu", "1280"))
+		defer func() { require.NoError(t, n.OnBoth("ip", "-n", "{ns}", "link", "set", "{if}", "mtu", "1500")) }()
 		kv := r.pre.hold(t, "mtu", 512*tinyBlock, 6) // 8 MiB
 		res := r.dec.pull(t, "mtu", 6, 30*time.Second, 0, kv)
 		require.True(t, res.OK, "READ with an MTU of 1280: %s", res.Err)

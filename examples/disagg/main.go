@@ -5,7 +5,7 @@
 // (UCX on loopback). The decode worker verifies every byte. It prints progress and a summary.
 //
 // With -netns (root), the two workers run on two "hosts": network namespaces joined by a veth pair that the
-// demo creates and deletes (demo.NewNetNS), NIXL's data plane pinned to the veth (UCX over tcp, or libfabric's
+// demo creates and deletes (netns.New), NIXL's data plane pinned to the veth (UCX over tcp, or libfabric's
 // tcp provider with -backends LIBFABRIC, which needs them: libfabric's tcp provider does not run on lo). The
 // orchestrator re-runs itself in the decode's namespace (its proxy reaches the decode on loopback and the
 // prefill across the veth).
@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/gonixl/gonixl/examples/internal/demo"
+	"github.com/gonixl/gonixl/internal/netns"
 )
 
 func main() { demo.OrchestratorMain("disagg", os.Args[1:], orchestrate) }
@@ -48,10 +49,10 @@ func orchestrate() error {
 	timeout := fs.Duration("timeout", 5*time.Minute, "bound on the whole run")
 	cudaCtx := fs.String("prefill-cuda-context", "auto", "the prefill worker's -cuda-context: auto (hold a CUDA context when a driver and device are present: needed for reads into a GPU on this host at PCIe speed), on, off")
 	pin := fs.Bool("prefill-cuda-pin-staging", true, "the prefill worker's -cuda-pin-staging (page-lock its staging arena for CUDA while it holds a context)")
-	netns := fs.Bool("netns", false, "run prefill and decode in two network namespaces joined by a veth pair (root; implied by -backends LIBFABRIC)")
+	useNetNS := fs.Bool("netns", false, "run prefill and decode in two network namespaces joined by a veth pair (root; implied by -backends LIBFABRIC)")
 	inner := fs.String("netns-inner", "", "internal: the namespaces made by -netns (prefill-ns,prefill-if,decode-if); this run is in the decode's")
 	fs.Parse(os.Args[1:])
-	if *inner == "" && (*netns || strings.Contains(strings.ToUpper(c.Backends), "LIBFABRIC")) {
+	if *inner == "" && (*useNetNS || strings.Contains(strings.ToUpper(c.Backends), "LIBFABRIC")) {
 		return inNetNS(*timeout)
 	}
 	var preWrap, preEnv, decEnv, preNet []string
@@ -61,8 +62,8 @@ func orchestrate() error {
 			return fmt.Errorf("bad -netns-inner %q", *inner)
 		}
 		preWrap = []string{"ip", "netns", "exec", f[0]}
-		preEnv, decEnv = append(os.Environ(), demo.DataPlaneEnv(f[1])...), append(os.Environ(), demo.DataPlaneEnv(f[2])...)
-		preNet = []string{"-http", demo.NetNSPrefillIP + ":0", "-side-channel-host", demo.NetNSPrefillIP}
+		preEnv, decEnv = append(os.Environ(), netns.DataPlaneEnv(f[1])...), append(os.Environ(), netns.DataPlaneEnv(f[2])...)
+		preNet = []string{"-http", netns.PrefillIP + ":0", "-side-channel-host", netns.PrefillIP}
 	}
 	sizes, maxLen, err := demo.ParseLengths(*lengths)
 	if err != nil {
@@ -121,17 +122,21 @@ func orchestrate() error {
 
 // inNetNS makes the two namespaces, re-runs this program (same flags) inside the decode's, and deletes them.
 func inNetNS(timeout time.Duration) error {
-	n, err := demo.NewNetNS()
+	n, err := netns.New("gonixl-demo")
 	if err != nil {
 		return fmt.Errorf("-netns: %w", err)
 	}
-	defer n.Close()
+	defer func() {
+		if err := n.Close(); err != nil {
+			fmt.Fprintln(os.Stderr, "disagg:", err)
+		}
+	}()
 	self, err := os.Executable()
 	if err != nil {
 		return err
 	}
 	fmt.Printf("two hosts: network namespaces %s (prefill, %s on %s) and %s (decode, %s on %s), joined by a veth pair\n",
-		n.Prefill, demo.NetNSPrefillIP, n.PrefillIf, n.Decode, demo.NetNSDecodeIP, n.DecodeIf)
+		n.Prefill, netns.PrefillIP, n.PrefillIf, n.Decode, netns.DecodeIP, n.DecodeIf)
 	ctx, cancel := demo.RunContext(timeout + time.Minute)
 	defer cancel()
 	args := append([]string{"netns", "exec", n.Decode, self}, os.Args[1:]...)
