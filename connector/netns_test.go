@@ -170,19 +170,7 @@ func nsPeerMain() int {
 	role := os.Getenv(nsPeerEnv)
 	fail := func(err error) int { fmt.Fprintf(os.Stderr, "%s peer: %v\n", role, err); return 1 }
 	reply := func(format string, args ...any) { fmt.Printf(nsReplyMark+format+"\n", args...) }
-	p, err := protocol.ProfileByName(os.Getenv("GONIXL_NS_PROFILE"))
-	if err != nil {
-		return fail(err)
-	}
-	l, err := nixl.Load(nixl.LoadOptions{LibDir: os.Getenv("GONIXL_PEER_LIBDIR")})
-	if err != nil {
-		return fail(err)
-	}
-	g, err := geomFor(p, nsPeerBlocks)
-	if err != nil {
-		return fail(err)
-	}
-	c, err := NewDRAMCache(g, false)
+	p, l, c, err := peerSetup(os.Getenv("GONIXL_NS_PROFILE"), nsPeerBlocks)
 	if err != nil {
 		return fail(err)
 	}
