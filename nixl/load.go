@@ -48,7 +48,8 @@ type LoadOptions struct {
 	// DepDirs are folders of libraries that NIXL's plugins need and the dynamic loader would not find
 	// (LIBFABRIC's libfabric.so.1 and libhwloc.so.15, `make fabric-deps`): Load dlopens each library in
 	// them with RTLD_GLOBAL before NIXL, so a plugin's DT_NEEDED of that soname resolves to it, with no
-	// LD_LIBRARY_PATH. The folders of $GONIXL_NIXL_DEPS (EnvDepDirs) follow. Only the first Load preloads.
+	// LD_LIBRARY_PATH. The folders of $GONIXL_NIXL_DEPS (EnvDepDirs) follow. A Load that finds NIXL already
+	// loaded preloads nothing.
 	DepDirs []string
 	// Logger receives load diagnostics; nil means no logging.
 	Logger *zap.Logger
