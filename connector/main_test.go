@@ -16,6 +16,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(peerEnv) != "" {
 		os.Exit(prefillPeerMain())
 	}
+	if os.Getenv(nsPeerEnv) != "" {
+		os.Exit(nsPeerMain())
+	}
 	testenv.ExportNIXLLibDir()
 	goleak.VerifyTestMain(m)
 }

@@ -32,19 +32,7 @@ const peerEnv = "GONIXL_CONNECTOR_PEER"
 func prefillPeerMain() int {
 	fail := func(err error) int { fmt.Fprintln(os.Stderr, "prefill peer:", err); return 1 }
 	env := func(k string) int { v, _ := strconv.Atoi(os.Getenv(k)); return v }
-	p, err := protocol.ProfileByName(os.Getenv("GONIXL_PEER_PROFILE"))
-	if err != nil {
-		return fail(err)
-	}
-	l, err := nixl.Load(nixl.LoadOptions{LibDir: os.Getenv("GONIXL_PEER_LIBDIR")})
-	if err != nil {
-		return fail(err)
-	}
-	g, err := geomFor(p, env("GONIXL_PEER_BLOCKS"))
-	if err != nil {
-		return fail(err)
-	}
-	c, err := NewDRAMCache(g, false)
+	p, l, c, err := peerSetup(os.Getenv("GONIXL_PEER_PROFILE"), env("GONIXL_PEER_BLOCKS"))
 	if err != nil {
 		return fail(err)
 	}
@@ -69,6 +57,25 @@ func prefillPeerMain() int {
 	}
 	_, _ = io.Copy(io.Discard, os.Stdin)
 	return 0
+}
+
+// peerSetup is what a peer process starts with: its profile, NIXL (from $GONIXL_PEER_LIBDIR) and a tiny-model
+// DRAM cache of blocks blocks.
+func peerSetup(profile string, blocks int) (protocol.Profile, *nixl.Library, *DRAMCache, error) {
+	p, err := protocol.ProfileByName(profile)
+	if err != nil {
+		return p, nil, nil, err
+	}
+	l, err := nixl.Load(nixl.LoadOptions{LibDir: os.Getenv("GONIXL_PEER_LIBDIR")})
+	if err != nil {
+		return p, nil, nil, err
+	}
+	g, err := geomFor(p, blocks)
+	if err != nil {
+		return p, nil, nil, err
+	}
+	c, err := NewDRAMCache(g, false)
+	return p, l, c, err
 }
 
 // peerProc is a running prefill peer process.

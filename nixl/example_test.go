@@ -61,3 +61,22 @@ func Example() {
 	// hello from the target
 	// example-init notified: req-42:1
 }
+
+// Loading NIXL with the LIBFABRIC plugin's libraries from a folder (`make fabric-deps` fills one), without
+// LD_LIBRARY_PATH: they are preloaded before NIXL, and the plugin's dependencies resolve to them.
+func ExampleLoadOptions_depDirs() {
+	lib, err := nixl.Load(nixl.LoadOptions{DepDirs: []string{"/root/.cache/gonixl/fabric-deps-cu12/lib"}})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	for _, d := range lib.Deps() {
+		fmt.Println(d.Soname, d.Err) // Err is "" for each library loaded
+	}
+	a, err := lib.NewAgent("fabric-example", nixl.AgentConfig{Backends: []nixl.BackendSpec{{Plugin: "LIBFABRIC"}}})
+	if err != nil {
+		fmt.Println(err) // e.g. FI_PROVIDER unset, or no interface for libfabric's tcp provider
+		return
+	}
+	defer a.Close()
+}

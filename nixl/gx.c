@@ -404,3 +404,16 @@ gx_status gx_build_opt(gx_h* out, const gx_h* backends, size_t nb, const void* n
 	*out = o;
 	return 0;
 }
+
+// gx_preload dlopens path with RTLD_GLOBAL and keeps it loaded for the life of the process: a dependency of a
+// plugin (libfabric.so.1, libhwloc.so.15 …) that the dynamic loader would not find by itself; once loaded,
+// a later DT_NEEDED of the same soname resolves to it. It returns 0 on success, else writes dlerror's reason.
+int gx_preload(const char* path, char* err, size_t errlen) {
+	void* h = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
+	if (!h) {
+		const char* e = dlerror();
+		snprintf(err, errlen, "%s", e ? e : "dlopen failed");
+		return -1;
+	}
+	return 0;
+}

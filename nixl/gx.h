@@ -111,6 +111,7 @@ typedef struct {
 
 extern gx_api_t gx_api;
 int gx_open(const char* path, char* err, size_t errlen);
+int gx_preload(const char* path, char* err, size_t errlen);
 int gx_has_custom_param(void);
 int gx_has_skip_desc_merge(void);
 gx_status gx_create_agent(const char* name, const gx_agent_config* cfg, gx_h* out);

@@ -45,6 +45,12 @@ type LoadOptions struct {
 	// PluginDir overrides the plugin folder. When empty and NIXL_PLUGIN_DIR is unset, it is set to the
 	// "plugins" folder beside the library found (where NIXL itself would look).
 	PluginDir string
+	// DepDirs are folders of libraries that NIXL's plugins need and the dynamic loader would not find
+	// (LIBFABRIC's libfabric.so.1 and libhwloc.so.15, `make fabric-deps`): Load dlopens each library in
+	// them with RTLD_GLOBAL before NIXL, so a plugin's DT_NEEDED of that soname resolves to it, with no
+	// LD_LIBRARY_PATH. The folders of $GONIXL_NIXL_DEPS (EnvDepDirs) follow. A Load that finds NIXL already
+	// loaded preloads nothing.
+	DepDirs []string
 	// Logger receives load diagnostics; nil means no logging.
 	Logger *zap.Logger
 }
@@ -57,6 +63,8 @@ type Library struct {
 	pluginDir string
 	custom    bool
 	skipMerge bool
+	deps      []Dep
+	depDirs   []string
 	log       *zap.Logger
 }
 
@@ -133,6 +141,15 @@ func Load(opts LoadOptions) (*Library, error) {
 		return loaded, nil
 	}
 	raceWorkaround(log)
+	dirs := depDirs(opts.DepDirs)
+	deps := preloadDeps(dirs)
+	for _, d := range deps {
+		if d.Err != "" {
+			log.Warn("plugin dependency not preloaded", zap.String("path", d.Path), zap.String("error", d.Err))
+		} else {
+			log.Info("plugin dependency preloaded", zap.String("path", d.Path))
+		}
+	}
 	le := newLoadError()
 	for _, cand := range candidates(opts.LibDir) {
 		path, dir := cand.Path, candidateDir(cand)
@@ -175,7 +192,7 @@ func Load(opts LoadOptions) (*Library, error) {
 			abs = p
 		}
 		loaded = &Library{path: abs, pluginDir: os.Getenv("NIXL_PLUGIN_DIR"), custom: C.gx_has_custom_param() != 0,
-			skipMerge: C.gx_has_skip_desc_merge() != 0, log: log}
+			skipMerge: C.gx_has_skip_desc_merge() != 0, deps: deps, depDirs: dirs, log: log}
 		log.Info("NIXL loaded", zap.String("path", abs), zap.String("source", cand.Source), zap.String("plugin_dir", loaded.pluginDir))
 		loadErr = nil
 		return loaded, nil

@@ -10,7 +10,7 @@
 # then `make nixl` to point .nixl/current back at cu12)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-version=${NIXL_VERSION:-1.5.1}
+version=${NIXL_VERSION:-1.5.0}
 src=$(cd "$root/.nixl/cu13-$version" 2>/dev/null && pwd -P || true)
 out=${GPU_BUNDLE_DIR:-$root/.gpu}
 [ -n "$src" ] && [ -f "$src/.complete" ] || { echo "missing $root/.nixl/cu13-$version: run 'make nixl NIXL_CUDA=13' (then 'make nixl' to point .nixl/current back at cu12)" >&2; exit 1; }

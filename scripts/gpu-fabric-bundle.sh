@@ -11,7 +11,7 @@
 # Usage: LIBFABRIC_DIR=/path/to/libfabric/lib scripts/gpu-fabric-bundle.sh
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-version=${NIXL_VERSION:-1.5.1}
+version=${NIXL_VERSION:-1.5.0}
 src=$(realpath -m "$root/.nixl/cu13-$version")
 out=${OUT_DIR:-$root/.gpu-fabric}
 [ -d "$src/lib" ] || { echo "missing $src: run 'make nixl NIXL_CUDA=13' (then 'make nixl' to point .nixl/current back at cu12)" >&2; exit 1; }

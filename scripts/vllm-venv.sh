@@ -9,7 +9,7 @@
 set -euo pipefail
 version=${1:?usage: scripts/vllm-venv.sh VLLM_VERSION}
 root=${GONIXL_VLLM_VENVS:-$HOME/.cache/gonixl/venvs}
-nixl_version=${NIXL_VERSION:-1.5.1}
+nixl_version=${NIXL_VERSION:-1.5.0}
 python=${PYTHON:-python3}
 here=$(cd "$(dirname "$0")/.." && pwd)
 venv="$root/vllm-$version"

@@ -18,12 +18,14 @@ import (
 // nixlFlags are the flags of every command that loads NIXL.
 type nixlFlags struct {
 	libDir   string
+	depDirs  string
 	logLevel string
 }
 
 func (n *nixlFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&n.logLevel, "nixl-log-level", "", "NIXL's own log level (TRACE, DEBUG, INFO, WARN, ERROR, FATAL; default $NIXL_LOG_LEVEL, else FATAL: "+
 		"gonixl reports NIXL's errors itself)")
+	fs.StringVar(&n.depDirs, "nixl-deps", "", "colon-separated folders of libraries NIXL's plugins need (LIBFABRIC: `make fabric-deps`), preloaded before NIXL; $"+nixl.EnvDepDirs+"'s follow")
 	fs.StringVar(&n.libDir, "nixl-lib-dir", "", "folder of libnixl_capi.so (default: $NIXL_LIB_DIR, the loader path, then "+strings.Join(nixl.StandardPaths, ", ")+")")
 }
 
@@ -45,11 +47,11 @@ func (n *nixlFlags) load() (*nixl.Library, error) {
 			dir = real
 		}
 	}
-	return nixl.Load(nixl.LoadOptions{LibDir: dir})
+	return nixl.Load(nixl.LoadOptions{LibDir: dir, DepDirs: filepath.SplitList(n.depDirs)})
 }
 
 // nixlVersion is lib.Version, also when the library was found through a symlinked folder
-// (.nixl/current → cu12-1.5.1).
+// (.nixl/current → cu12-1.5.0).
 func nixlVersion(lib *nixl.Library) string {
 	if v := lib.Version(); v != "" {
 		return v

@@ -63,10 +63,14 @@ func (r *libReport) writeNotLoaded(w io.Writer) {
 
 type nixlReport struct {
 	libReport
-	Version         string         `json:"version,omitempty"`
-	PluginDir       string         `json:"plugin_dir,omitempty"`
-	HasCustomParams bool           `json:"has_custom_params,omitempty"`
-	Plugins         []pluginReport `json:"plugins,omitempty"`
+	Version         string `json:"version,omitempty"`
+	PluginDir       string `json:"plugin_dir,omitempty"`
+	HasCustomParams bool   `json:"has_custom_params,omitempty"`
+	// DepDirs are the plugin-dependency folders nixl.Load preloaded from (LoadOptions.DepDirs, $GONIXL_NIXL_DEPS)
+	// and Deps each library it loaded from them, or failed to.
+	DepDirs []string       `json:"dep_dirs,omitempty"`
+	Deps    []nixl.Dep     `json:"deps,omitempty"`
+	Plugins []pluginReport `json:"plugins,omitempty"`
 }
 
 type pluginReport struct {
@@ -79,7 +83,12 @@ type pluginReport struct {
 	// Missing lists, when the plugin does not load, every library, symbol version or symbol the dynamic
 	// loader would not find for it (from its ELF dependency closure; internal/elfdeps).
 	Missing []string `json:"missing,omitempty"`
-	Error   string   `json:"error,omitempty"`
+	// Needs (LIBFABRIC only) maps each library the plugin needs from outside NIXL (libfabric, hwloc, the CUDA
+	// runtime and driver) to the file it resolves to ("" when not found), and Requires says what else it
+	// needs from the environment and what is set.
+	Needs    map[string]string `json:"needs,omitempty"`
+	Requires []string          `json:"requires,omitempty"`
+	Error    string            `json:"error,omitempty"`
 }
 
 type zmqReport struct {
@@ -118,7 +127,7 @@ var envVars = []string{
 	"GONIXL_CUDA_LIB", "CUDA_VISIBLE_DEVICES", "GONIXL_NRT_LIB", "NEURON_RT_VISIBLE_CORES",
 	"VLLM_NIXL_SIDE_CHANNEL_HOST", "VLLM_NIXL_SIDE_CHANNEL_PORT",
 	// libfabric (NIXL's LIBFABRIC backend); NIXL_LIBFABRIC_* (its parameter overrides) are listed too.
-	"FI_PROVIDER", "FI_TCP_IFACE", "FI_EFA_USE_DEVICE_RDMA", "FI_HMEM_CUDA_USE_GDRCOPY", "FI_LOG_LEVEL", "FI_LOG_PROV",
+	"GONIXL_NIXL_DEPS", "FI_PROVIDER", "FI_TCP_IFACE", "FI_EFA_USE_DEVICE_RDMA", "FI_HMEM_CUDA_USE_GDRCOPY", "FI_LOG_LEVEL", "FI_LOG_PROV",
 }
 
 // envPrefixes are prefixes of further variables to report.
@@ -210,6 +219,8 @@ func nixlEnv(nf nixlFlags) nixlReport {
 		return r
 	}
 	r.Found, r.Path, r.Version, r.PluginDir, r.HasCustomParams = true, lib.Path(), nixlVersion(lib), lib.PluginDir(), lib.HasCustomParams()
+	r.Deps = lib.Deps()
+	r.DepDirs = lib.DepDirs()
 	a, err := lib.NewAgent(throwawayAgentName("env"), nixl.AgentConfig{NoProgressThread: true})
 	if err != nil {
 		r.Error = "creating an agent: " + oneLine(err.Error())
@@ -234,9 +245,47 @@ func nixlEnv(nf nixlFlags) nixlReport {
 			}
 			pr.Params = params
 		}
+		if p == "LIBFABRIC" {
+			pr.Needs, pr.Requires = fabricNeeds(pr.File)
+		}
 		r.Plugins = append(r.Plugins, pr)
 	}
 	return r
+}
+
+// fabricLibs are the libraries NIXL's LIBFABRIC plugin needs from outside NIXL's wheel (name prefixes).
+var fabricLibs = []string{"libfabric.so", "libhwloc.so", "libcudart.so", "libcuda.so"}
+
+// fabricNeeds reads which file each of the LIBFABRIC plugin's outside libraries resolves to (this process has
+// preloaded $GONIXL_NIXL_DEPS's, and the loader matches them by soname) and what it needs from the environment.
+func fabricNeeds(file string) (map[string]string, []string) {
+	needs := map[string]string{}
+	if rep, err := elfdeps.Check(file, elfdeps.Options{}); err == nil {
+		for name, path := range rep.Resolved {
+			for _, p := range fabricLibs {
+				if strings.HasPrefix(name, p) {
+					needs[name] = path
+				}
+			}
+		}
+		for _, m := range rep.Missing {
+			for _, p := range fabricLibs {
+				if strings.HasPrefix(m.Name, p) {
+					needs[m.Name] = ""
+				}
+			}
+		}
+	}
+	setOr := func(k string) string {
+		if v, ok := os.LookupEnv(k); ok {
+			return "set: " + k + "=" + v
+		}
+		return "unset"
+	}
+	return needs, []string{
+		"FI_PROVIDER: efa or cxi on their fabrics, else tcp or sockets (the plugin takes no other; shm finds nothing) — " + setOr("FI_PROVIDER"),
+		"FI_TCP_IFACE with tcp: the interface to use, not lo (the tcp provider fails there: fi_enable Bad file descriptor) — " + setOr("FI_TCP_IFACE"),
+	}
 }
 
 // pluginProblems explains why NIXL could not load a plugin: NIXL's own error names at most the first
@@ -252,6 +301,20 @@ func pluginProblems(file string, nixlErr error) ([]string, string) {
 	}
 	probs := rep.Problems()
 	return probs, "cannot be loaded here: " + strings.Join(probs, "; ")
+}
+
+// writeNeeds writes what the LIBFABRIC plugin needs from outside NIXL and where each was found.
+func writeNeeds(w io.Writer, p pluginReport) {
+	for _, k := range sortedKeys(p.Needs) {
+		where := p.Needs[k]
+		if where == "" {
+			where = "NOT FOUND (make fabric-deps)"
+		}
+		fmt.Fprintf(w, "    %-12s   needs %s: %s\n", "", k, where)
+	}
+	for _, r := range p.Requires {
+		fmt.Fprintf(w, "    %-12s   needs %s\n", "", r)
+	}
 }
 
 // zmqEnv reports the side channel's ZMQ transport: built in (pure-Go ZMTP), so always found.
@@ -329,6 +392,18 @@ func printEnv(w io.Writer, r envReport) {
 		}
 		fmt.Fprintf(w, "  version      %s\n", ver)
 		fmt.Fprintf(w, "  plugin dir   %s\n", r.NIXL.PluginDir)
+		if len(r.NIXL.DepDirs) == 0 {
+			fmt.Fprintf(w, "  plugin deps  none preloaded (no $%s; `make fabric-deps` fills one for LIBFABRIC)\n", nixl.EnvDepDirs)
+		} else {
+			fmt.Fprintf(w, "  plugin deps  %s\n", strings.Join(r.NIXL.DepDirs, ":"))
+		}
+		for _, d := range r.NIXL.Deps {
+			if d.Err != "" {
+				fmt.Fprintf(w, "    not loaded %s: %s\n", d.Path, d.Err)
+			} else {
+				fmt.Fprintf(w, "    preloaded  %s\n", d.Path)
+			}
+		}
 		fmt.Fprintf(w, "  plugins      %d\n", len(r.NIXL.Plugins))
 		for _, p := range r.NIXL.Plugins {
 			if p.Error != "" && len(p.Missing) > 0 {
@@ -336,6 +411,7 @@ func printEnv(w io.Writer, r envReport) {
 				for _, m := range p.Missing {
 					fmt.Fprintf(w, "    %-12s   %s\n", "", m)
 				}
+				writeNeeds(w, pluginReport{Requires: p.Requires}) // the missing libraries are listed above
 				continue
 			}
 			if p.Error != "" {
@@ -346,6 +422,7 @@ func printEnv(w io.Writer, r envReport) {
 			for _, k := range sortedKeys(p.Params) {
 				fmt.Fprintf(w, "    %-12s   %s=%s\n", "", k, p.Params[k])
 			}
+			writeNeeds(w, p)
 		}
 	} else if len(r.NIXL.Tried) == 0 {
 		fmt.Fprintf(w, "  %s\n", r.NIXL.Error) // skipped (--no-nixl), or an error that lists no candidates

@@ -150,7 +150,7 @@ func TestEnvNeuron(t *testing.T) {
 }
 
 // TestEnvPluginMissing runs env where the LIBFABRIC plugin's libfabric.so.1 is too old: a stand-in built here
-// that defines only the symbol versions FABRIC_1.0 and FABRIC_1.1 (as Debian 12's 1.17 stops at FABRIC_1.6),
+// that defines only the symbol versions FABRIC_1.0 and FABRIC_1.1 (older than the FABRIC_1.7 NIXL 1.5.0's plugin needs),
 // first on LD_LIBRARY_PATH. The report names that version need, not only the first missing library, and every
 // other library of the plugin that cannot be found.
 func TestEnvPluginMissing(t *testing.T) {
@@ -173,7 +173,7 @@ func TestEnvPluginMissing(t *testing.T) {
 	bin := buildCLI(t)
 	cmd := exec.Command(bin, "env", "--json", "--no-neuron-init", "--nixl-lib-dir", dir)
 	cmd.Env = append(os.Environ(), "LD_LIBRARY_PATH="+fake+string(os.PathListSeparator)+os.Getenv("LD_LIBRARY_PATH"),
-		"FI_PROVIDER=tcp", "NIXL_LIBFABRIC_NUM_THREADS=2")
+		"FI_PROVIDER=tcp", "NIXL_LIBFABRIC_NUM_THREADS=2", nixl.EnvDepDirs+"=") // no preloaded libfabric
 	stdout, err := cmd.Output()
 	require.NoError(t, err)
 	rep := decodeJSON[envReport](t, string(stdout))
@@ -192,9 +192,10 @@ func TestEnvPluginMissing(t *testing.T) {
 	require.NotNil(t, lf, "plugins: %+v", rep.NIXL.Plugins)
 	require.False(t, lf.Loads)
 	require.Equal(t, filepath.Join(rep.NIXL.PluginDir, "libplugin_LIBFABRIC.so"), lf.File)
-	require.Contains(t, lf.Missing, "libfabric.so.1: version FABRIC_1.10 not found in "+filepath.Join(fake, "libfabric.so.1")+
+	// NIXL 1.5.0's plugin needs FABRIC_1.7 (1.5.1's FABRIC_1.10).
+	require.Contains(t, lf.Missing, "libfabric.so.1: version FABRIC_1.7 not found in "+filepath.Join(fake, "libfabric.so.1")+
 		" (it defines up to FABRIC_1.1; needed by libplugin_LIBFABRIC.so)")
-	require.Contains(t, lf.Error, "FABRIC_1.10")
+	require.Contains(t, lf.Error, "FABRIC_1.7")
 	// The plugin's other libraries: each one the loader cannot find here is named too.
 	for _, lib := range []string{"libhwloc.so.15", "libcuda.so.1"} {
 		if !loaderFinds(lib) {
@@ -204,10 +205,10 @@ func TestEnvPluginMissing(t *testing.T) {
 
 	// Text: the plugin's name, then one line per problem.
 	cmd = exec.Command(bin, "env", "--no-neuron-init", "--nixl-lib-dir", dir)
-	cmd.Env = append(os.Environ(), "LD_LIBRARY_PATH="+fake+string(os.PathListSeparator)+os.Getenv("LD_LIBRARY_PATH"))
+	cmd.Env = append(os.Environ(), "LD_LIBRARY_PATH="+fake+string(os.PathListSeparator)+os.Getenv("LD_LIBRARY_PATH"), nixl.EnvDepDirs+"=")
 	stdout, err = cmd.Output()
 	require.NoError(t, err)
-	require.Regexp(t, `LIBFABRIC\s+cannot be loaded here; missing:\n(\s+.*\n)*?\s+libfabric.so.1: version FABRIC_1.10 not found`, string(stdout))
+	require.Regexp(t, `LIBFABRIC\s+cannot be loaded here; missing:\n(\s+.*\n)*?\s+libfabric.so.1: version FABRIC_1.7 not found`, string(stdout))
 }
 
 // loaderFinds reports whether the dynamic loader's cache or LD_LIBRARY_PATH has lib.
@@ -244,4 +245,55 @@ func TestPluginProblems(t *testing.T) {
 	missing, msg = pluginProblems(notELF, nixlErr)
 	require.Empty(t, missing)
 	require.Contains(t, msg, "cannot be loaded here: nixl: plugin params FAKE: ERR_BACKEND (reading "+notELF+": elfdeps: not an ELF file")
+}
+
+// TestEnvLIBFABRIC: with $GONIXL_NIXL_DEPS naming `make fabric-deps`'s folder, `gonixl env` preloads it and
+// reports LIBFABRIC loadable, each library it needs from outside NIXL resolved into that folder, and what it
+// needs from the environment; given an empty folder instead, it names every library the plugin lacks.
+func TestEnvLIBFABRIC(t *testing.T) {
+	dir := nixlDir(t)
+	deps := os.Getenv(nixl.EnvDepDirs)
+	if _, err := os.Stat(filepath.Join(deps, "libfabric.so.1")); deps == "" || err != nil {
+		testenv.Missing(t, "the LIBFABRIC plugin's libraries ($"+nixl.EnvDepDirs+")", "run `make fabric-deps` (the Makefile exports "+nixl.EnvDepDirs+")")
+	}
+	bin := buildCLI(t)
+	run := func(depsEnv string, args ...string) envReport {
+		cmd := exec.Command(bin, append([]string{"env", "--json", "--no-neuron-init", "--nixl-lib-dir", dir}, args...)...)
+		cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + t.TempDir(), nixl.EnvDepDirs + "=" + depsEnv, "FI_PROVIDER=tcp"}
+		out, err := cmd.Output()
+		require.NoError(t, err, testenv.ExitStderr(err))
+		var rep envReport
+		require.NoError(t, json.Unmarshal(out, &rep), string(out))
+		return rep
+	}
+	fabric := func(rep envReport) pluginReport {
+		for _, p := range rep.NIXL.Plugins {
+			if p.Name == "LIBFABRIC" {
+				return p
+			}
+		}
+		t.Fatalf("no LIBFABRIC plugin in %+v", rep.NIXL.Plugins)
+		return pluginReport{}
+	}
+
+	rep := run(deps)
+	require.Equal(t, []string{filepath.Clean(deps)}, rep.NIXL.DepDirs)
+	for _, d := range rep.NIXL.Deps {
+		require.Empty(t, d.Err, d.Path)
+	}
+	p := fabric(rep)
+	require.True(t, p.Loads, "%+v", p)
+	require.Contains(t, p.MemTypes, "DRAM")
+	for _, lib := range []string{"libfabric.so.1", "libhwloc.so.15"} {
+		require.Equal(t, filepath.Join(filepath.Clean(deps), lib), p.Needs[lib], "%+v", p.Needs)
+	}
+	require.Contains(t, strings.Join(p.Requires, "\n"), "set: FI_PROVIDER=tcp")
+
+	rep = run("", "--nixl-deps", t.TempDir())
+	require.Empty(t, rep.NIXL.Deps)
+	p = fabric(rep)
+	require.False(t, p.Loads)
+	require.Contains(t, strings.Join(p.Missing, "\n"), "libfabric.so.1")
+	require.Contains(t, p.Needs, "libfabric.so.1")
+	require.Empty(t, p.Needs["libfabric.so.1"])
 }

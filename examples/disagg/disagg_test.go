@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -70,6 +71,37 @@ func TestDemoTrace(t *testing.T) {
 	b, err := os.ReadFile(trace + ".decode")
 	require.NoError(t, err)
 	require.Contains(t, string(b), "gonixl.Pull", "the decode worker's trace holds the pull tasks")
+}
+
+// TestDemoLIBFABRICAcrossNamespaces is the Neuron field case as far as a host without Trainium or EFA allows:
+// the (fake) Neuron prefill staged through DRAM in one network namespace, read over NIXL's LIBFABRIC backend
+// (libfabric's tcp provider on the veth) by a decode in another, every byte verified, the per-request table
+// printed, and both namespaces gone afterwards.
+func TestDemoLIBFABRICAcrossNamespaces(t *testing.T) {
+	testenv.RequireNIXLLibDir(t)
+	if os.Geteuid() != 0 {
+		testenv.Missing(t, "root (network namespaces)", "run the tests as root")
+	}
+	if _, err := exec.LookPath("ip"); err != nil {
+		testenv.Missing(t, "ip (iproute2)", "apt-get install -y iproute2")
+	}
+	if os.Getenv("GONIXL_NIXL_DEPS") == "" {
+		testenv.Missing(t, "the LIBFABRIC plugin's libraries ($GONIXL_NIXL_DEPS)", "run `make fabric-deps` (the Makefile exports GONIXL_NIXL_DEPS)")
+	}
+	bin := testenv.BuildCommand(t, "disagg")
+	out, err := runDemo(t, bin, "-backends", "LIBFABRIC", "-vllm-version", "0.33.0", "-num-blocks", "96",
+		"-lengths", "333,17,160,16", "-concurrency", "2", "-timeout", "2m")
+	require.NoError(t, err, out)
+	require.Regexp(t, `two hosts: network namespaces (gonixl-demo-\S+-p) \(prefill, 198\.18\.0\.1`, out)
+	require.Contains(t, out, "at http://198.18.0.1:", "the prefill worker serves in its own namespace")
+	require.Contains(t, out, "OK: every byte of every request arrived intact")
+	require.Regexp(t, `req-4\s+16\s+1\s`, out, "the per-request table")
+	ns := regexp.MustCompile(`network namespaces (\S+) \(prefill.*and (\S+) \(decode`).FindStringSubmatch(out)
+	require.Len(t, ns, 3, out)
+	list, err := exec.Command("ip", "netns", "list").CombinedOutput()
+	require.NoError(t, err, "%s", list)
+	require.NotContains(t, string(list), ns[1])
+	require.NotContains(t, string(list), ns[2])
 }
 
 // TestDemoFailsLoudly checks that the demo reports failures with a non-zero exit and one clear line: a cache

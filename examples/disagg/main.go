@@ -3,6 +3,12 @@
 // the decode worker as separate processes, then runs vLLM's disaggregated request flow through a small proxy
 // for several concurrent requests of different lengths of a Qwen3-0.6B-shaped KV cache, moved over real NIXL
 // (UCX on loopback). The decode worker verifies every byte. It prints progress and a summary.
+//
+// With -netns (root), the two workers run on two "hosts": network namespaces joined by a veth pair that the
+// demo creates and deletes (netns.New), NIXL's data plane pinned to the veth (UCX over tcp, or libfabric's
+// tcp provider with -backends LIBFABRIC, which needs them: libfabric's tcp provider does not run on lo). The
+// orchestrator re-runs itself in the decode's namespace (its proxy reaches the decode on loopback and the
+// prefill across the veth).
 package main
 
 import (
@@ -12,13 +18,16 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"runtime/trace"
 	"sort"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/gonixl/gonixl/examples/internal/demo"
+	"github.com/gonixl/gonixl/internal/netns"
 )
 
 func main() { demo.OrchestratorMain("disagg", os.Args[1:], orchestrate) }
@@ -41,7 +50,22 @@ func orchestrate() error {
 	timeout := fs.Duration("timeout", 5*time.Minute, "bound on the whole run")
 	cudaCtx := fs.String("prefill-cuda-context", "auto", "the prefill worker's -cuda-context: auto (hold a CUDA context when a driver and device are present: needed for reads into a GPU on this host at PCIe speed), on, off")
 	pin := fs.Bool("prefill-cuda-pin-staging", true, "the prefill worker's -cuda-pin-staging (page-lock its staging arena for CUDA while it holds a context)")
+	useNetNS := fs.Bool("netns", false, "run prefill and decode in two network namespaces joined by a veth pair (root; implied by -backends LIBFABRIC)")
+	inner := fs.String("netns-inner", "", "internal: the namespaces made by -netns (prefill-ns,prefill-if,decode-if); this run is in the decode's")
 	fs.Parse(os.Args[1:])
+	if *inner == "" && (*useNetNS || strings.Contains(strings.ToUpper(c.Backends), "LIBFABRIC")) {
+		return inNetNS(*timeout)
+	}
+	var preWrap, preEnv, decEnv, preNet []string
+	if *inner != "" {
+		f := strings.Split(*inner, ",")
+		if len(f) != 3 {
+			return fmt.Errorf("bad -netns-inner %q", *inner)
+		}
+		preWrap = []string{"ip", "netns", "exec", f[0]}
+		preEnv, decEnv = append(os.Environ(), netns.DataPlaneEnv(f[1])...), append(os.Environ(), netns.DataPlaneEnv(f[2])...)
+		preNet = []string{"-http", netns.PrefillIP + ":0", "-side-channel-host", netns.PrefillIP}
+	}
 	sizes, maxLen, err := demo.ParseLengths(*lengths)
 	if err != nil {
 		return err
@@ -58,9 +82,9 @@ func orchestrate() error {
 	fmt.Printf("gonixl disaggregated prefill/decode demo — vLLM %s wire profile, %s\n", c.VLLMVersion, demo.DescribeModel())
 	fmt.Print("starting prefill worker (Neuron KV tensors → pinned DRAM staging → NIXL) ... ")
 	t0 := time.Now()
-	pre, preURL, preInfo, err := demo.StartWorker(ctx, demo.WorkerSpec{Name: "prefill worker", Role: "prefill",
-		Args: append([]string{"-max-seq", strconv.Itoa(maxLen), "-batch-rows", strconv.Itoa(*concurrency),
-			"-cuda-context", *cudaCtx, "-cuda-pin-staging=" + strconv.FormatBool(*pin)}, append(c.WorkerArgs(), c.TraceArgs("prefill")...)...)})
+	pre, preURL, preInfo, err := demo.StartWorker(ctx, demo.WorkerSpec{Name: "prefill worker", Role: "prefill", Wrap: preWrap, Env: preEnv,
+		Args: append(append(append([]string{"-max-seq", strconv.Itoa(maxLen), "-batch-rows", strconv.Itoa(*concurrency),
+			"-cuda-context", *cudaCtx, "-cuda-pin-staging=" + strconv.FormatBool(*pin)}, c.WorkerArgs()...), preNet...), c.TraceArgs("prefill")...)})
 	if err != nil {
 		return err
 	}
@@ -71,7 +95,7 @@ func orchestrate() error {
 	}
 	fmt.Printf("starting decode worker (NIXL READ → KV cache: %s) ... ", *where)
 	t0 = time.Now()
-	dec, decURL, decInfo, err := demo.StartWorker(ctx, demo.WorkerSpec{Name: "decode worker", Role: "decode",
+	dec, decURL, decInfo, err := demo.StartWorker(ctx, demo.WorkerSpec{Name: "decode worker", Role: "decode", Env: decEnv,
 		Args: append(append([]string{"-cache", *where}, c.WorkerArgs()...), c.TraceArgs("decode")...)})
 	if err != nil {
 		return err
@@ -107,6 +131,36 @@ func orchestrate() error {
 			"gonixl_heartbeat_time_seconds_sum", "gonixl_copy_time_seconds_sum"),
 		scrape(ctx, preURL, "gonixl_held_time_seconds_sum"))
 	return summary(results, wall)
+}
+
+// inNetNS makes the two namespaces, re-runs this program (same flags) inside the decode's, and deletes them.
+func inNetNS(timeout time.Duration) error {
+	n, err := netns.New("gonixl-demo")
+	if err != nil {
+		return fmt.Errorf("-netns: %w", err)
+	}
+	defer func() {
+		if err := n.Close(); err != nil {
+			fmt.Fprintln(os.Stderr, "disagg:", err)
+		}
+	}()
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	fmt.Printf("two hosts: network namespaces %s (prefill, %s on %s) and %s (decode, %s on %s), joined by a veth pair\n",
+		n.Prefill, netns.PrefillIP, n.PrefillIf, n.Decode, netns.DecodeIP, n.DecodeIf)
+	ctx, cancel := demo.RunContext(timeout + time.Minute)
+	defer cancel()
+	args := append([]string{"netns", "exec", n.Decode, self}, os.Args[1:]...)
+	cmd := exec.CommandContext(ctx, "ip", append(args, "-netns-inner", n.Prefill+","+n.PrefillIf+","+n.DecodeIf)...)
+	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
+	cmd.WaitDelay = 30 * time.Second
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("the run in %s: %w", n.Decode, err)
+	}
+	return nil
 }
 
 // scrape reads a worker's /metrics (Prometheus' text format) and returns the named samples as

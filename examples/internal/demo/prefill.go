@@ -30,6 +30,7 @@ type PrefillConfig struct {
 	Model       connector.Model
 	HTTPAddr    string            // e.g. "127.0.0.1:0"
 	SideChannel int               // side-channel port; 0 = a free one
+	SideHost    string            // side-channel host (connector.PrefillConfig.Host; "" = 127.0.0.1)
 	NumBlocks   int               // the scheduler's num_blocks (block 0 is the null block)
 	BatchRows   int               // NxDI batch rows of the device KV tensors (concurrent prefills)
 	MaxSeq      int               // NxDI cache length (tokens per row)
@@ -179,7 +180,7 @@ func NewPrefillServer(ctx context.Context, cfg PrefillConfig) (s *PrefillServer,
 	}
 	if s.role, err = connector.NewPrefill(connector.PrefillConfig{
 		VLLMVersion: cfg.VLLMVersion, Model: cfg.Model, Library: cfg.Library, Cache: s.stager, Backends: cfg.Backends,
-		Port: cfg.SideChannel, HoldTimeout: cfg.HoldTimeout, Logger: log, KVCacheLayout: cfg.Label, DataDevice: cfg.DataDevice,
+		Host: cfg.SideHost, Port: cfg.SideChannel, HoldTimeout: cfg.HoldTimeout, Logger: log, KVCacheLayout: cfg.Label, DataDevice: cfg.DataDevice,
 		DeviceContext: devCtx, NotifyFrom: cfg.NotifyFrom,
 	}); err != nil {
 		return nil, err

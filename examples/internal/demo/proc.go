@@ -176,6 +176,7 @@ type WorkerSpec struct {
 	Args []string // its flags (-http 127.0.0.1:0 comes first)
 	Log  string   // log file ("" = none: stderr is the parent's)
 	Env  []string // nil = the parent's
+	Wrap []string // a command the worker runs under, e.g. ip netns exec NS (nil = none)
 }
 
 // Start starts the worker.
@@ -187,7 +188,8 @@ func (w WorkerSpec) Start() (*Proc, error) {
 			return nil, err
 		}
 	}
-	return StartProc(w.Name, w.Log, w.Env, append([]string{self, "serve-" + w.Role, "-http", "127.0.0.1:0"}, w.Args...)...)
+	argv := append(append(append([]string(nil), w.Wrap...), self, "serve-"+w.Role, "-http", "127.0.0.1:0"), w.Args...)
+	return StartProc(w.Name, w.Log, w.Env, argv...)
 }
 
 // Ready waits for p's READY line and splits it into the base URL and the rest.

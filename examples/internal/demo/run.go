@@ -24,6 +24,7 @@ func RunPrefill(ctx context.Context, args []string) error {
 	c.Register(fs)
 	addr := fs.String("http", "127.0.0.1:8100", "HTTP listen address (OpenAI-compatible API)")
 	side := fs.Int("side-channel-port", 0, "ZMQ side-channel port (0: a free port; vLLM's default is 5600)")
+	sideHost := fs.String("side-channel-host", "127.0.0.1", "ZMQ side-channel host: it binds there and advertises it as remote_host")
 	rows := fs.Int("batch-rows", 4, "NxDI batch rows of the device KV tensors (concurrent prefills)")
 	maxSeq := fs.Int("max-seq", 3072, "NxDI KV cache length per row (longest prompt)")
 	nrt := fs.String("nrt-lib", "", "libnrt path (default: libnrt.so.1 if installed, else gonixl's fake libnrt)")
@@ -43,7 +44,7 @@ func RunPrefill(ctx context.Context, args []string) error {
 	defer stopTrace()
 	s, err := NewPrefillServer(ctx, PrefillConfig{VLLMVersion: c.VLLMVersion, Model: Qwen3_0_6B, NumBlocks: c.NumBlocks, BatchRows: *rows,
 		MaxSeq: *maxSeq, Order: order, NRTPath: *nrt, Label: *label, Backends: c.BackendSpecs(), Library: lib, Logger: log, SideChannel: *side,
-		DataDevice: c.DataDevice, CUDAContext: *cudaCtx, NoPinStaging: !*pin, NotifyFrom: splitList(*notifyFrom)})
+		SideHost: *sideHost, DataDevice: c.DataDevice, CUDAContext: *cudaCtx, NoPinStaging: !*pin, NotifyFrom: splitList(*notifyFrom)})
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil // stopped during start-up: a clean stop
