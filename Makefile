@@ -17,7 +17,7 @@ VENV_PY      := $(VENV)/bin/python
 GO           ?= go
 FUZZTIME     ?= 30s
 BENCHTIME    ?= 1x
-TEST_FLAGS   ?= -race -count=1 -timeout 25m
+TEST_FLAGS   ?= -race -count=1 -timeout 45m
 
 # vLLM's own source (its PyPI wheels, no dependencies) for test vectors and interop tests; read, never imported
 # whole. The versions are those of the supported wire profiles (connector/protocol.Profiles).
