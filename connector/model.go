@@ -241,6 +241,14 @@ func NewPrefill(cfg PrefillConfig) (*Prefill, error) {
 	if cfg.HoldTimeout < 0 {
 		return nil, fmt.Errorf("connector: PrefillConfig.HoldTimeout is %v: set a positive duration, or 0 for the profile's lease or abort timeout", cfg.HoldTimeout)
 	}
+	if n := len(cfg.NotifyKey); n > 0 && n < minNotifyKey {
+		return nil, fmt.Errorf("connector: PrefillConfig.NotifyKey has %d bytes: give at least %d random bytes (the same on every rank of the engine)", n, minNotifyKey)
+	}
+	if cfg.TPSize > 1 && cfg.SideChannel == nil && len(cfg.NotifyKey) == 0 {
+		// Ranks in separate processes would each draw a random key, and every rank but the one whose
+		// remote_request_id the decode echoes would drop its notifications as forged (blocks held to expiry).
+		return nil, fmt.Errorf("connector: PrefillConfig.TPSize is %d with no shared SideChannel: set NotifyKey to the same secret (at least %d random bytes) on every rank, or share one sidechannel.Server between the ranks of one process", cfg.TPSize, minNotifyKey)
+	}
 	return startWithModel(modelSpec{cfg.VLLMVersion, cfg.Model, cfg.NumBlocks, cfg.TPSize}, &cfg.Profile, &cfg.Compat, &cfg.Cache,
 		func() (*Prefill, error) { return newPrefill(cfg) })
 }

@@ -18,6 +18,9 @@ import (
 // suffix holds neither ':' nor ','.
 const remoteIDSep = "~"
 
+// minNotifyKey is the shortest PrefillConfig.NotifyKey NewPrefill takes.
+const minNotifyKey = 16
+
 // serverKeys holds the notification key of the prefill ranks sharing one side-channel server (one engine's
 // ranks in one process), so that they hand out the same remote_request_id for a request, as one vLLM
 // scheduler does.

@@ -187,6 +187,14 @@ func TestPrefillRefusesNegativeHoldTimeout(t *testing.T) {
 	// The same config with the default hold gets past the check (and fails only for want of a NIXL library).
 	_, err := NewPrefill(PrefillConfig{VLLMVersion: "0.16.0", Model: qwen, NumBlocks: 16})
 	require.ErrorContains(t, err, "nil NIXL library")
+	// A notification key too short to be secret, and ranks in separate processes without a shared key (each
+	// would draw its own, and drop the others' notifications as forged), are refused naming the field.
+	_, err = NewPrefill(PrefillConfig{VLLMVersion: "0.16.0", Model: qwen, NumBlocks: 16, NotifyKey: []byte("short")})
+	require.ErrorContains(t, err, "connector: PrefillConfig.NotifyKey has 5 bytes: give at least 16")
+	_, err = NewPrefill(PrefillConfig{VLLMVersion: "0.16.0", Model: qwen, NumBlocks: 16, TPSize: 2})
+	require.ErrorContains(t, err, "connector: PrefillConfig.TPSize is 2 with no shared SideChannel: set NotifyKey")
+	_, err = NewPrefill(PrefillConfig{VLLMVersion: "0.16.0", Model: qwen, NumBlocks: 16, TPSize: 2, NotifyKey: make([]byte, 16)})
+	require.ErrorContains(t, err, "nil NIXL library")
 	// Likewise a decode role's HandshakeTimeout: a negative one would fail every handshake at once.
 	_, err = NewDecode(DecodeConfig{VLLMVersion: "0.16.0", Model: qwen, NumBlocks: 16, HandshakeTimeout: -time.Second})
 	require.ErrorContains(t, err, "connector: DecodeConfig.HandshakeTimeout is -1s: set a positive duration")
