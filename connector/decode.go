@@ -7,6 +7,7 @@ import (
 	"net"
 	"runtime/trace"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -356,7 +357,7 @@ func newPullRequest(kv protocol.KVTransferParams) (pullRequest, error) {
 		return pullRequest{}, fmt.Errorf("%w: remote_request_id is empty (the prefill side could never match the notification)", ErrBadParams)
 	}
 	req := pullRequest{kv: kv, prefillTP: kv.TPSize,
-		addr: "tcp://" + net.JoinHostPort(kv.RemoteHost, strconv.Itoa(kv.RemotePort))}
+		addr: "tcp://" + net.JoinHostPort(strings.TrimSuffix(strings.TrimPrefix(kv.RemoteHost, "["), "]"), strconv.Itoa(kv.RemotePort))}
 	if req.prefillTP <= 0 {
 		req.prefillTP = 1 // vLLM assumes 1 when tp_size is absent
 	}
@@ -764,7 +765,18 @@ func (d *Decode) warmUp(ctx context.Context, re *remoteEngine, src *source) {
 		return err
 	})
 	if err == nil {
-		err = x.Wait(ctx)
+		// Bounded like one side-channel round trip: a warm-up that stalls (a peer not progressing, a dead
+		// link) must not take the first pull's whole deadline while every other pull for the engine waits.
+		limit := d.cfg.HandshakeTimeout
+		if limit <= 0 {
+			limit = d.cfg.Profile.HandshakeTimeout
+		}
+		if limit <= 0 {
+			limit = 5 * time.Second
+		}
+		wctx, cancel := context.WithTimeout(ctx, limit)
+		err = x.Wait(wctx)
+		cancel()
 	}
 	if x != nil {
 		if cerr := x.Close(); err == nil {
