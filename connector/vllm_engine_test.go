@@ -203,7 +203,7 @@ func spawnEngine(t *testing.T, py, model, name string, o engineOpts) *engine {
 	dir, err := os.MkdirTemp("", "gonixl-engine-") // short: a Unix socket path has 108 bytes
 	require.NoError(t, err)
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	e := &engine{name: name, sock: filepath.Join(dir, "http.sock"), model: model, sidePort: 20000 + rand.IntN(40000),
+	e := &engine{name: name, sock: filepath.Join(dir, "http.sock"), model: model, sidePort: 20000 + rand.IntN(12000), // below Linux's ephemeral range (32768-60999)
 		timeout: o.startupTimeout, waited: make(chan error, 1), exited: make(chan struct{}), started: time.Now()}
 	if e.timeout == 0 {
 		// Bounded, and generous: on a loaded 2-core machine importing vLLM alone can take minutes.

@@ -5,6 +5,7 @@
 package netns
 
 import (
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"os"
@@ -55,7 +56,13 @@ func New(prefix string) (*Pair, error) {
 	if err := Check(); err != nil {
 		return nil, err
 	}
-	id := fmt.Sprintf("%x%02x", os.Getpid()&0xffff, seq.Add(1)&0xff)
+	// Random, not the pid: namespaces left by a killed run (pid reused) must not collide with ours. The
+	// interface names ("gxp"+id) stay within Linux's 15 bytes.
+	var r [3]byte
+	if _, err := rand.Read(r[:]); err != nil {
+		return nil, fmt.Errorf("netns: random name: %w", err)
+	}
+	id := fmt.Sprintf("%x%02x", r, seq.Add(1)&0xff)
 	p := &Pair{Prefill: prefix + "-" + id + "-p", Decode: prefix + "-" + id + "-d", PrefillIf: "gxp" + id, DecodeIf: "gxd" + id}
 	steps := [][]string{
 		{"netns", "add", p.Prefill}, {"netns", "add", p.Decode},
