@@ -272,8 +272,6 @@ func newPrefill(cfg PrefillConfig) (*Prefill, error) {
 	return p, nil
 }
 
-// checkPlan refuses a cache whose region plan is not the profile's layout era (the decode peer would compute
-// other descriptor indices and read the wrong bytes).
 // checkBackendOrder refuses a prefill cache whose block format is not the one a vLLM decode engine expects from
 // the backend name the handshake publishes: CPU_ATTN's format under "CPU_ATTN", the label's order otherwise (a
 // vLLM CPU decode repacks a non-CPU_ATTN peer's standard blocks; it would repack CPU_ATTN blocks into garbage).
@@ -290,6 +288,8 @@ func checkBackendOrder(p protocol.Profile, backend string, order layout.BlockOrd
 	return nil
 }
 
+// checkPlan refuses a cache whose region plan is not the profile's layout era (the decode peer would compute
+// other descriptor indices and read the wrong bytes).
 func checkPlan(p protocol.Profile, c Cache) error {
 	if c == nil {
 		return errors.New("connector: nil cache")

