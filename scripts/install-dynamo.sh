@@ -10,6 +10,11 @@ venv=${DYNAMO_VENV:?}
 lock=${DYNAMO_LOCK:?}
 python=${PYTHON:-python3}
 stamp="$venv/.complete"
+# One installer at a time per venv: two `make test` runs on one machine share the cache; the second waits
+# here and then finds the stamp.
+mkdir -p "$(dirname "$venv")"
+exec 9>"$venv.lock"
+flock 9
 if [ -f "$stamp" ] && cmp -s "$lock" "$stamp"; then
   touch "$stamp"
   exit 0

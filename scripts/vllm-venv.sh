@@ -15,6 +15,11 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 venv="$root/vllm-$version"
 stamp="$venv/.gonixl-complete"
 want="vllm==$version nixl==$nixl_version plugin-v1"
+# One installer at a time per venv: two `make test` runs on one machine share the cache; the second waits
+# here and then finds the stamp.
+mkdir -p "$root"
+exec 9>"$root/.vllm-$version.lock"
+flock 9
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
