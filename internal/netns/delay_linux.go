@@ -29,6 +29,8 @@ type Delayer struct {
 	done    chan struct{}
 	wg      sync.WaitGroup
 	packets atomic.Int64
+	minHeld atomic.Int64 // ns, over packets released on time (not by Close); -1 before the first
+	maxHeld atomic.Int64
 	last    time.Time // the reader's; the release time of the newest packet
 
 	errMu sync.Mutex
@@ -42,8 +44,8 @@ type Delayer struct {
 const QueueMaxLen = 4096
 
 type delayed struct {
-	id uint32
-	at time.Time
+	id      uint32
+	got, at time.Time // received, due
 }
 
 // nfnetlink_queue's protocol (linux/netfilter/nfnetlink_queue.h, nfnetlink.h).
@@ -88,6 +90,7 @@ func NewDelayer(ns string, queue uint16, delay, jitter time.Duration) (*Delayer,
 	// Nonblocking, so that the os.File goes through Go's poller: reads take deadlines and Close wakes them.
 	d := &Delayer{f: os.NewFile(uintptr(fd), "nfqueue:"+ns), queue: queue, delay: delay, jitter: jitter,
 		pending: make(chan delayed, QueueMaxLen), done: make(chan struct{})}
+	d.minHeld.Store(-1)
 	cmd := make([]byte, 4)
 	cmd[0] = nfqnlCfgCmdBind
 	params := make([]byte, 5) // copy_range 0, copy_mode META
@@ -275,7 +278,8 @@ func (d *Delayer) read() {
 					d.fail(errors.New("netns: a queued packet's message has no packet header"))
 					continue
 				}
-				at := time.Now().Add(d.delay)
+				got := time.Now()
+				at := got.Add(d.delay)
 				if d.jitter > 0 {
 					at = at.Add(time.Duration(rand.Int64N(int64(2*d.jitter)+1)) - d.jitter)
 				}
@@ -285,7 +289,7 @@ func (d *Delayer) read() {
 				d.last = at
 				d.packets.Add(1)
 				select {
-				case d.pending <- delayed{id, at}: // never full: the kernel queues at most QueueMaxLen
+				case d.pending <- delayed{id, got, at}: // never full: the kernel queues at most QueueMaxLen
 				case <-d.done:
 					return
 				}
@@ -330,6 +334,7 @@ func (d *Delayer) release() {
 	}
 	for p := range d.pending {
 		wait(p.at)
+		d.held(p)
 		last := p.id
 		for more := true; more; {
 			select {
@@ -342,6 +347,7 @@ func (d *Delayer) release() {
 					d.verdict(last)
 					wait(q.at)
 				}
+				d.held(q)
 				last = q.id
 			default:
 				more = false
@@ -349,6 +355,28 @@ func (d *Delayer) release() {
 		}
 		d.verdict(last)
 	}
+}
+
+// held notes how long p was held, unless Close cut its delay short.
+func (d *Delayer) held(p delayed) {
+	select {
+	case <-d.done:
+		return
+	default:
+	}
+	h := int64(time.Since(p.got))
+	if m := d.minHeld.Load(); m < 0 || h < m {
+		d.minHeld.Store(h)
+	}
+	if h > d.maxHeld.Load() {
+		d.maxHeld.Store(h)
+	}
+}
+
+// Held is the shortest and the longest time a packet was held, over the packets released on time (not by
+// Close); zero before the first.
+func (d *Delayer) Held() (shortest, longest time.Duration) {
+	return time.Duration(max(d.minHeld.Load(), 0)), time.Duration(d.maxHeld.Load())
 }
 
 // verdict accepts every queued packet up to id (NFQNL_MSG_VERDICT_BATCH).

@@ -21,6 +21,9 @@ func NewDelayer(ns string, queue uint16, delay, jitter time.Duration) (*Delayer,
 // Packets is how many packets the Delayer has been handed so far.
 func (d *Delayer) Packets() int64 { return 0 }
 
+// Held is the shortest and the longest time a packet was held.
+func (d *Delayer) Held() (shortest, longest time.Duration) { return 0, 0 }
+
 // Err is the first error the Delayer met while running.
 func (d *Delayer) Err() error { return nil }
 

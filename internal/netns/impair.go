@@ -103,6 +103,19 @@ func (im *Impaired) Delayed() int64 {
 	return n
 }
 
+// Held is the shortest and the longest time a Delayer held a packet (over the packets released on time),
+// both ends together; zero before the first.
+func (im *Impaired) Held() (shortest, longest time.Duration) {
+	for i, d := range im.delayers {
+		lo, hi := d.Held()
+		if i == 0 || (lo > 0 && (shortest == 0 || lo < shortest)) {
+			shortest = lo
+		}
+		longest = max(longest, hi)
+	}
+	return shortest, longest
+}
+
 // Close removes the rules, then stops the Delayers (releasing what they still hold). Closing twice is not an
 // error.
 func (im *Impaired) Close() error {
