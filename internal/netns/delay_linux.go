@@ -261,41 +261,55 @@ func (d *Delayer) read() {
 			}
 			return
 		}
-		msgs, err := syscall.ParseNetlinkMessage(buf[:n])
+		ids, err := queueMessages(buf[:n])
 		if err != nil {
-			d.fail(fmt.Errorf("netns: a netfilter queue message: %w", err))
-			continue
+			d.fail(err)
 		}
-		for _, m := range msgs {
-			switch {
-			case m.Header.Type == syscall.NLMSG_ERROR && len(m.Data) >= 4:
-				if e := int32(binary.NativeEndian.Uint32(m.Data)); e != 0 {
-					d.fail(fmt.Errorf("netns: the kernel refused a verdict: %w", syscall.Errno(-e)))
-				}
-			case m.Header.Type == nfnlSubsysQueue<<8|nfqnlMsgPacket && len(m.Data) >= 4:
-				id, ok := packetID(m.Data[4:])
-				if !ok {
-					d.fail(errors.New("netns: a queued packet's message has no packet header"))
-					continue
-				}
-				got := time.Now()
-				at := got.Add(d.delay)
-				if d.jitter > 0 {
-					at = at.Add(time.Duration(rand.Int64N(int64(2*d.jitter)+1)) - d.jitter)
-				}
-				if at.Before(d.last) {
-					at = d.last // in order: no reordering
-				}
-				d.last = at
-				d.packets.Add(1)
-				select {
-				case d.pending <- delayed{id, got, at}: // never full: the kernel queues at most QueueMaxLen
-				case <-d.done:
-					return
-				}
+		for _, id := range ids {
+			got := time.Now()
+			at := got.Add(d.delay)
+			if d.jitter > 0 {
+				at = at.Add(time.Duration(rand.Int64N(int64(2*d.jitter)+1)) - d.jitter)
+			}
+			if at.Before(d.last) {
+				at = d.last // in order: no reordering
+			}
+			d.last = at
+			d.packets.Add(1)
+			select {
+			case d.pending <- delayed{id, got, at}: // never full: the kernel queues at most QueueMaxLen
+			case <-d.done:
+				return
 			}
 		}
 	}
+}
+
+// queueMessages decodes what one read from a queue's socket holds: the ids of the packets handed over, in
+// order, and the first error (one the kernel reported, a refused verdict, or a message that does not decode).
+func queueMessages(b []byte) (ids []uint32, err error) {
+	msgs, perr := syscall.ParseNetlinkMessage(b)
+	if perr != nil {
+		return nil, fmt.Errorf("netns: a netfilter queue message: %w", perr)
+	}
+	for _, m := range msgs {
+		switch {
+		case m.Header.Type == syscall.NLMSG_ERROR && len(m.Data) >= 4:
+			if e := int32(binary.NativeEndian.Uint32(m.Data)); e != 0 && err == nil {
+				err = fmt.Errorf("netns: the kernel refused a verdict: %w", syscall.Errno(-e))
+			}
+		case m.Header.Type == nfnlSubsysQueue<<8|nfqnlMsgPacket && len(m.Data) >= 4:
+			id, ok := packetID(m.Data[4:])
+			if !ok {
+				if err == nil {
+					err = errors.New("netns: a queued packet's message has no packet header")
+				}
+				continue
+			}
+			ids = append(ids, id)
+		}
+	}
+	return ids, err
 }
 
 // packetID finds NFQA_PACKET_HDR's packet id among a packet message's attributes.
