@@ -389,8 +389,8 @@ func crossNamespaceFaults(t *testing.T, backend string) {
 			// NIXL's LIBFABRIC plugin retries fi_read on -FI_EAGAIN inside the post, "indefinitely" (its
 			// libfabric_rail.cpp), and libfabric's tcp provider keeps the broken connection to that peer: the
 			// decode's first post after the link came back blocks in C, deaf to the pull's context, until
-			// libfabric fails it (60 s here before, 120 s in the runs of 2 Dec 2026), and a new handshake (metadata loaded again) does not help. A
-			// decode restarted (a new endpoint) reads at once.
+			// libfabric fails it (60 s here before, 120 s in the runs of 2 Dec 2026), and a new handshake
+			// (metadata loaded again) does not help. A decode restarted (a new endpoint) reads at once.
 			// Bounded generously: the 60 s inside libfabric stretched past 75 s on a loaded 2-core machine, and
 			// its 120 s came in at 120.08 s under a load average of 19.
 			res := r.dec.pull(t, "after", 3, 200*time.Second, 0, kv)
