@@ -1,7 +1,9 @@
 // Package netns makes two "hosts" on one machine for gonixl's tests and demo: two network namespaces joined by
 // a veth pair, each holding only lo and its veth end, addressed from 198.18.0.0/15 (the range RFC 2544 reserves
 // for benchmarking network devices, never routed) with no route out, so no traffic leaves them. It drives
-// iproute2's ip (root only) and has no cgo.
+// iproute2's ip (root only) and has no cgo. Impair degrades the link on kernels without sch_netem: iptables
+// rules in the two namespaces drop packets at random and hand them to a Delayer (a netfilter queue client
+// over raw nfnetlink) that holds each for a delay.
 package netns
 
 import (

@@ -1,0 +1,7 @@
+//go:build linux && !amd64
+
+package netns
+
+import "syscall"
+
+const sysSetns = syscall.SYS_SETNS
