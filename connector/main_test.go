@@ -1,7 +1,6 @@
 package connector
 
 import (
-	"os"
 	"testing"
 
 	"go.uber.org/goleak"
@@ -9,16 +8,15 @@ import (
 	"github.com/gonixl/gonixl/internal/testenv"
 )
 
-// TestMain runs the package's tests under goleak. When GONIXL_CONNECTOR_PEER is set, the test binary is
-// instead a prefill server in its own process (prefillPeerMain), so tests can kill a prefill peer with
-// SIGKILL in the middle of a transfer.
+// TestMain runs the package's tests under goleak. Started as a peer (testenv.PeerCommand), the test binary is
+// instead a prefill server in its own process (prefillPeerMain), so tests can kill a prefill peer with SIGKILL
+// in the middle of a transfer, or a role inside a network namespace (nsPeerMain).
 func TestMain(m *testing.M) {
-	if os.Getenv(peerEnv) != "" {
-		os.Exit(prefillPeerMain())
-	}
-	if os.Getenv(nsPeerEnv) != "" {
-		os.Exit(nsPeerMain())
-	}
+	testenv.ServePeer(testenv.Peers{
+		"prefill":       prefillPeerMain,
+		"netns-prefill": func() int { return nsPeerMain("prefill") },
+		"netns-decode":  func() int { return nsPeerMain("decode") },
+	})
 	testenv.ExportNIXLLibDir()
 	goleak.VerifyTestMain(m)
 }

@@ -32,8 +32,6 @@ import (
 // namespaces, whose only routes are the /30 on the veth: even a bug could not send a packet anywhere else.
 
 const (
-	// nsPeerEnv makes the test binary a role serving line commands on stdin (nsPeerMain): "prefill" or "decode".
-	nsPeerEnv    = "GONIXL_NETNS_PEER"
 	nsReplyMark  = "@@ "
 	nsPeerBlocks = 4096 // blocks of each peer's tiny-model cache (16 KiB each over both regions)
 )
@@ -63,10 +61,8 @@ type nsPeer struct {
 func startNSPeer(t testing.TB, role, ns, ifc, addr, backend string, p protocol.Profile, hold time.Duration) *nsPeer {
 	t.Helper()
 	dir := testenv.RequireNIXLLibDir(t)
-	cmd := exec.Command("ip", "netns", "exec", ns, os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), nsPeerEnv+"="+role, "GONIXL_PEER_LIBDIR="+dir, "GONIXL_NS_PROFILE="+p.Name,
-		"GONIXL_NS_BACKEND="+backend, "GONIXL_NS_HOST="+addr, "GONIXL_NS_IFACE="+ifc,
-		fmt.Sprintf("GONIXL_NS_HOLD_MS=%d", hold.Milliseconds()))
+	cmd := testenv.PeerCommand(context.Background(), "netns-"+role, map[string]string{"LIBDIR": dir, "PROFILE": p.Name,
+		"BACKEND": backend, "HOST": addr, "IFACE": ifc, "HOLD_MS": fmt.Sprint(hold.Milliseconds())}, "ip", "netns", "exec", ns)
 	cmd.Env = append(cmd.Env, netns.DataPlaneEnv(ifc)...)
 	child := testenv.StartChild(t, cmd, true)
 	pp := &nsPeer{child: child, lines: make(chan string, 64)}
@@ -166,24 +162,23 @@ func (pp *nsPeer) pull(t testing.TB, id string, seed int, timeout, keep time.Dur
 //	PULL <id> <seed> <timeout ms> <keep ms> <JSON> -> PULLED <pullReply JSON>            (decode)
 //
 // until its stdin closes.
-func nsPeerMain() int {
-	role := os.Getenv(nsPeerEnv)
+func nsPeerMain(role string) int {
 	fail := func(err error) int { fmt.Fprintf(os.Stderr, "%s peer: %v\n", role, err); return 1 }
 	reply := func(format string, args ...any) { fmt.Printf(nsReplyMark+format+"\n", args...) }
-	p, l, c, err := peerSetup(os.Getenv("GONIXL_NS_PROFILE"), nsPeerBlocks)
+	p, l, c, err := peerSetup(testenv.PeerParam("PROFILE"), nsPeerBlocks)
 	if err != nil {
 		return fail(err)
 	}
 	defer c.Close()
-	backends := ParseBackends([]string{os.Getenv("GONIXL_NS_BACKEND")})
-	ifc := os.Getenv("GONIXL_NS_IFACE")
-	holdMS, _ := strconv.Atoi(os.Getenv("GONIXL_NS_HOLD_MS"))
+	backends := ParseBackends([]string{testenv.PeerParam("BACKEND")})
+	ifc := testenv.PeerParam("IFACE")
+	holdMS := testenv.PeerParamInt("HOLD_MS")
 	in := bufio.NewScanner(os.Stdin)
 	in.Buffer(make([]byte, 1<<20), 1<<24)
 	switch role {
 	case "prefill":
 		pre, err := NewPrefill(PrefillConfig{Profile: p, Library: l, Cache: c, Compat: tinyCompat(p), Backends: backends,
-			Host: os.Getenv("GONIXL_NS_HOST"), DataDevice: ifc, HoldTimeout: time.Duration(holdMS) * time.Millisecond})
+			Host: testenv.PeerParam("HOST"), DataDevice: ifc, HoldTimeout: time.Duration(holdMS) * time.Millisecond})
 		if err != nil {
 			return fail(err)
 		}

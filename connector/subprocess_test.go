@@ -8,7 +8,6 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -23,29 +22,25 @@ import (
 	"github.com/gonixl/gonixl/nixl"
 )
 
-// peerEnv makes the test binary a prefill server (prefillPeerMain) instead of running tests.
-const peerEnv = "GONIXL_CONNECTOR_PEER"
-
 // prefillPeerMain is a Go prefill worker in its own process: it registers a tiny-model DRAM cache, serves the
 // side channel, prefills GONIXL_PEER_REQUESTS requests of GONIXL_PEER_TOKENS tokens with the test pattern,
 // prints "PARAMS <kv_transfer_params JSON>" per request and serves until its stdin closes.
 func prefillPeerMain() int {
 	fail := func(err error) int { fmt.Fprintln(os.Stderr, "prefill peer:", err); return 1 }
-	env := func(k string) int { v, _ := strconv.Atoi(os.Getenv(k)); return v }
-	p, l, c, err := peerSetup(os.Getenv("GONIXL_PEER_PROFILE"), env("GONIXL_PEER_BLOCKS"))
+	p, l, c, err := peerSetup(testenv.PeerParam("PROFILE"), testenv.PeerParamInt("BLOCKS"))
 	if err != nil {
 		return fail(err)
 	}
 	defer c.Close()
 	pre, err := NewPrefill(PrefillConfig{Profile: p, Library: l, Cache: c, Compat: tinyCompat(p),
-		EngineID: os.Getenv("GONIXL_PEER_ENGINE"), Port: env("GONIXL_PEER_PORT"), HoldTimeout: time.Hour})
+		EngineID: testenv.PeerParam("ENGINE"), Port: testenv.PeerParamInt("PORT"), HoldTimeout: time.Hour})
 	if err != nil {
 		return fail(err)
 	}
 	defer pre.Close()
-	for i := 0; i < max(1, env("GONIXL_PEER_REQUESTS")); i++ {
-		kv, err := pre.Hold(context.Background(), fmt.Sprintf("peer-req-%d", i), env("GONIXL_PEER_TOKENS"),
-			patternFill(c, env("GONIXL_PEER_SEED")+i))
+	for i := 0; i < max(1, testenv.PeerParamInt("REQUESTS")); i++ {
+		kv, err := pre.Hold(context.Background(), fmt.Sprintf("peer-req-%d", i), testenv.PeerParamInt("TOKENS"),
+			patternFill(c, testenv.PeerParamInt("SEED")+i))
 		if err != nil {
 			return fail(err)
 		}
@@ -66,7 +61,7 @@ func peerSetup(profile string, blocks int) (protocol.Profile, *nixl.Library, *DR
 	if err != nil {
 		return p, nil, nil, err
 	}
-	l, err := nixl.Load(nixl.LoadOptions{LibDir: os.Getenv("GONIXL_PEER_LIBDIR")})
+	l, err := nixl.Load(nixl.LoadOptions{LibDir: testenv.PeerParam("LIBDIR")})
 	if err != nil {
 		return p, nil, nil, err
 	}
@@ -92,11 +87,9 @@ type peerProc struct {
 func startPeer(t *testing.T, p protocol.Profile, engine string, port, blocks, tokens, requests, seed int) *peerProc {
 	t.Helper()
 	dir := testenv.RequireNIXLLibDir(t)
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), peerEnv+"=1", "GONIXL_PEER_PROFILE="+p.Name, "GONIXL_PEER_LIBDIR="+dir,
-		"GONIXL_PEER_ENGINE="+engine, fmt.Sprintf("GONIXL_PEER_PORT=%d", port), fmt.Sprintf("GONIXL_PEER_BLOCKS=%d", blocks),
-		fmt.Sprintf("GONIXL_PEER_TOKENS=%d", tokens), fmt.Sprintf("GONIXL_PEER_REQUESTS=%d", requests),
-		fmt.Sprintf("GONIXL_PEER_SEED=%d", seed))
+	cmd := testenv.PeerCommand(context.Background(), "prefill", map[string]string{"PROFILE": p.Name, "LIBDIR": dir, "ENGINE": engine,
+		"PORT": fmt.Sprint(port), "BLOCKS": fmt.Sprint(blocks), "TOKENS": fmt.Sprint(tokens), "REQUESTS": fmt.Sprint(requests),
+		"SEED": fmt.Sprint(seed)})
 	child := testenv.StartChild(t, cmd, true)
 	pp := &peerProc{cmd: cmd, stderr: child.Stderr, stdin: child.Stdin}
 	out := child.Stdout

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gonixl/gonixl/cuda"
+	"github.com/gonixl/gonixl/internal/testenv"
 	"github.com/gonixl/gonixl/layout"
 	"github.com/gonixl/gonixl/nixl"
 )
@@ -143,7 +144,7 @@ func BenchmarkQwen3HostBufferedDecode(b *testing.B) {
 		}
 	}
 	s := newStream(b, x.dev)
-	ctx := ctxT(b)
+	ctx := testenv.Context(b, time.Minute)
 	step := func() (read, h2d time.Duration) {
 		t0 := time.Now()
 		if _, err := xf.Post(); err != nil {

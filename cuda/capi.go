@@ -102,6 +102,13 @@ type ctxHandle uintptr
 
 func (c ctxHandle) c() C.gcu_ctx { return C.gcu_ctx(c) }
 
+// streamHandle is a CUstream (0: the legacy default stream), eventHandle a CUevent: addresses owned by the
+// driver, never Go memory.
+type (
+	streamHandle uintptr
+	eventHandle  uintptr
+)
+
 func cPrimaryRetain(d int) (ctxHandle, Result) {
 	var ctx C.gcu_ctx
 	r := C.gcu_primary_retain(C.gcu_device(d), &ctx)
@@ -168,7 +175,7 @@ func cCopyDtoHSlice(ctx ctxHandle, dst []byte, src uint64) Result {
 }
 
 // cCopyBatch issues every copy in one cgo call; ops is Go memory without pointers, read only during the call.
-func cCopyBatch(ctx ctxHandle, dev int, kind Direction, ops []Copy, stream uintptr, sync bool) (int, Result) {
+func cCopyBatch(ctx ctxHandle, dev int, kind Direction, ops []Copy, stream streamHandle, sync bool) (int, Result) {
 	if len(ops) == 0 {
 		if sync {
 			return 0, Result(C.gcu_stream_sync(ctx.c(), C.gcu_stream(stream)))
@@ -185,43 +192,43 @@ func cCopyBatch(ctx ctxHandle, dev int, kind Direction, ops []Copy, stream uintp
 	return int(failed), Result(r)
 }
 
-func cStreamCreate(ctx ctxHandle, flags uint32) (uintptr, Result) {
+func cStreamCreate(ctx ctxHandle, flags uint32) (streamHandle, Result) {
 	var s C.gcu_stream
 	r := C.gcu_stream_create(ctx.c(), &s, C.unsigned(flags))
-	return uintptr(s), Result(r)
+	return streamHandle(s), Result(r)
 }
 
-func cStreamDestroy(ctx ctxHandle, s uintptr) Result {
+func cStreamDestroy(ctx ctxHandle, s streamHandle) Result {
 	return Result(C.gcu_stream_destroy(ctx.c(), C.gcu_stream(s)))
 }
-func cStreamSync(ctx ctxHandle, s uintptr) Result {
+func cStreamSync(ctx ctxHandle, s streamHandle) Result {
 	return Result(C.gcu_stream_sync(ctx.c(), C.gcu_stream(s)))
 }
-func cStreamQuery(ctx ctxHandle, s uintptr) Result {
+func cStreamQuery(ctx ctxHandle, s streamHandle) Result {
 	return Result(C.gcu_stream_query(ctx.c(), C.gcu_stream(s)))
 }
-func cStreamWaitEvent(ctx ctxHandle, s, e uintptr) Result {
+func cStreamWaitEvent(ctx ctxHandle, s streamHandle, e eventHandle) Result {
 	return Result(C.gcu_stream_wait_event(ctx.c(), C.gcu_stream(s), C.gcu_event(e)))
 }
 
-func cEventCreate(ctx ctxHandle, flags uint32) (uintptr, Result) {
+func cEventCreate(ctx ctxHandle, flags uint32) (eventHandle, Result) {
 	var e C.gcu_event
 	r := C.gcu_event_create(ctx.c(), &e, C.unsigned(flags))
-	return uintptr(e), Result(r)
+	return eventHandle(e), Result(r)
 }
-func cEventDestroy(ctx ctxHandle, e uintptr) Result {
+func cEventDestroy(ctx ctxHandle, e eventHandle) Result {
 	return Result(C.gcu_event_destroy(ctx.c(), C.gcu_event(e)))
 }
-func cEventRecord(ctx ctxHandle, e, s uintptr) Result {
+func cEventRecord(ctx ctxHandle, e eventHandle, s streamHandle) Result {
 	return Result(C.gcu_event_record(ctx.c(), C.gcu_event(e), C.gcu_stream(s)))
 }
-func cEventSync(ctx ctxHandle, e uintptr) Result {
+func cEventSync(ctx ctxHandle, e eventHandle) Result {
 	return Result(C.gcu_event_sync(ctx.c(), C.gcu_event(e)))
 }
-func cEventQuery(ctx ctxHandle, e uintptr) Result {
+func cEventQuery(ctx ctxHandle, e eventHandle) Result {
 	return Result(C.gcu_event_query(ctx.c(), C.gcu_event(e)))
 }
-func cEventElapsed(ctx ctxHandle, start, end uintptr) (float32, Result) {
+func cEventElapsed(ctx ctxHandle, start, end eventHandle) (float32, Result) {
 	var ms C.float
 	r := C.gcu_event_elapsed(ctx.c(), &ms, C.gcu_event(start), C.gcu_event(end))
 	return float32(ms), Result(r)

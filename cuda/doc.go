@@ -57,4 +57,4 @@
 // dropped without Close are freed by a runtime cleanup, as a safety net only.
 package cuda
 
-//go:generate go run golang.org/x/tools/cmd/stringer@v0.52.0 -linecomment -output=string.go -type=Direction,MemoryType
+//go:generate go tool stringer -linecomment -output=string.go -type=Direction,MemoryType

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"os"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -17,16 +16,11 @@ import (
 
 	"github.com/gonixl/gonixl/connector"
 	"github.com/gonixl/gonixl/cuda"
+	"github.com/gonixl/gonixl/internal/testenv"
 	"github.com/gonixl/gonixl/nixl"
 )
 
 // These tests run on a real GPU and skip elsewhere (no driver / no device), also under CI=true.
-
-func ctxT(tb testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	tb.Cleanup(cancel)
-	return ctx
-}
 
 func pattern(n int, seed uint64) []byte {
 	b := make([]byte, n)
@@ -178,8 +172,8 @@ func TestPinnedHostStreamsAndEvents(t *testing.T) {
 	require.NoError(t, s.Enqueue(cuda.HostToDevice, up))
 	require.NoError(t, s.Enqueue(cuda.DeviceToHost, down))
 	require.NoError(t, end.Record(s))
-	require.NoError(t, s.Wait(ctxT(t)))
-	require.NoError(t, end.Wait(ctxT(t)))
+	require.NoError(t, s.Wait(testenv.Context(t, time.Minute)))
+	require.NoError(t, end.Wait(testenv.Context(t, time.Minute)))
 	done, err := s.Query()
 	require.NoError(t, err)
 	require.True(t, done)
@@ -264,8 +258,7 @@ func TestErrorPaths(t *testing.T) {
 	_, err = dev.PointerInfo(bogus)
 	require.ErrorIs(t, err, cuda.ErrInvalidValue)
 	// A copy from a bad device pointer runs in a child process, in case the driver's error is sticky.
-	cmd := exec.Command(os.Args[0], "-test.run", "^$")
-	cmd.Env = append(os.Environ(), childEnv+"=badptr")
+	cmd := testenv.PeerCommand(testenv.Context(t, time.Minute), "badptr", nil)
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "child: %s", out)
 	t.Logf("child:\n%s", out)
@@ -358,7 +351,7 @@ func TestKVCacheBlockCopies(t *testing.T) {
 	// Back to a second host cache, on a stream.
 	s := newStream(t, dev)
 	require.NoError(t, kv.CopyToHost(back, dst, []int{7, 8, 9, 30}, s))
-	require.NoError(t, s.Wait(ctxT(t)))
+	require.NoError(t, s.Wait(testenv.Context(t, time.Minute)))
 	for r := range g.NumRegions() {
 		for i, b := range []int{7, 8, 9, 30} {
 			require.True(t, bytes.Equal(host.Block(r, src[i]), back.Block(r, b)), "region %d block %d", r, b)
@@ -447,7 +440,7 @@ func TestHostBufferedKVCache(t *testing.T) {
 	require.Equal(t, uint64(0), c.DeviceID())
 	copy(c.Bytes(), pattern(len(c.Bytes()), 11))
 	ids := []int{2, 3, 9}
-	require.NoError(t, c.CopyToDevice(ctxT(t), ids))
+	require.NoError(t, c.CopyToDevice(testenv.Context(t, time.Minute), ids))
 	blk := make([]byte, g.BlockLen())
 	for r := range g.NumRegions() {
 		for _, b := range ids {
@@ -459,13 +452,13 @@ func TestHostBufferedKVCache(t *testing.T) {
 	for r := range g.NumRegions() {
 		clear(c.Block(r, 9))
 	}
-	require.NoError(t, c.CopyFromDevice(ctxT(t), []int{9}))
+	require.NoError(t, c.CopyFromDevice(testenv.Context(t, time.Minute), []int{9}))
 	want := pattern(len(c.Bytes()), 11)
 	for r := range g.NumRegions() {
 		off := g.RegionOffset(r) + 9*g.BlockLen()
 		require.Equal(t, want[off:off+g.BlockLen()], c.Block(r, 9))
 	}
-	require.ErrorIs(t, c.CopyToDevice(ctxT(t), []int{16}), cuda.ErrInvalidValue)
+	require.ErrorIs(t, c.CopyToDevice(testenv.Context(t, time.Minute), []int{16}), cuda.ErrInvalidValue)
 }
 
 func TestCloseUnderConcurrentCopies(t *testing.T) {

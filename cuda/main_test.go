@@ -12,6 +12,7 @@ import (
 
 	"github.com/gonixl/gonixl/cuda"
 	"github.com/gonixl/gonixl/internal/benchpeer"
+	"github.com/gonixl/gonixl/internal/testenv"
 )
 
 // runner closes the package's shared device after the tests, before goleak looks.
@@ -28,15 +29,11 @@ func (r runner) Run() int {
 	return code
 }
 
-// childEnv re-runs the test binary as a child process for checks that might leave a CUDA context unusable.
-const childEnv = "GONIXL_CUDA_CHILD"
-
 func TestMain(m *testing.M) {
 	benchpeer.PinHost = peerPin
-	benchpeer.MaybeServe(peerDevice) // BenchmarkDRAMToVRAM's DRAM peer process
-	if os.Getenv(childEnv) == "badptr" {
-		os.Exit(badPointerChild())
-	}
+	// Peers: BenchmarkDRAMToVRAM's DRAM peer process; TestErrorPaths' copy from a bad pointer, in a child process
+	// in case it leaves the CUDA context unusable.
+	testenv.ServePeer(testenv.Peers{benchpeer.Role: benchpeer.Main(peerDevice), "badptr": badPointerChild})
 	goleak.VerifyTestMain(runner{m})
 }
 

@@ -3,11 +3,13 @@ package cuda_test
 import (
 	"bytes"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/gonixl/gonixl/cuda"
 	"github.com/gonixl/gonixl/internal/nixltest"
+	"github.com/gonixl/gonixl/internal/testenv"
 	"github.com/gonixl/gonixl/layout"
 	"github.com/gonixl/gonixl/nixl"
 )
@@ -84,7 +86,7 @@ func (x *prefillDecode) post(tb testing.TB, xf *nixl.Xfer) {
 		_, err := xf.Post()
 		return err
 	}))
-	require.NoError(tb, xf.Wait(ctxT(tb)))
+	require.NoError(tb, xf.Wait(testenv.Context(tb, time.Minute)))
 }
 
 func TestNIXLTransferIntoVRAM(t *testing.T) {
@@ -97,7 +99,7 @@ func TestNIXLTransferIntoVRAM(t *testing.T) {
 	src, dst := []int{5, 6, 7, 20, 41}, []int{1, 2, 3, 9, 60}
 	xf := x.read(t, src, dst, "req-vram-1")
 	x.post(t, xf)
-	n, err := x.p.WaitNotification(ctxT(t), func(n nixl.Notification) bool { return string(n.Msg) == "req-vram-1" }, nil)
+	n, err := x.p.WaitNotification(testenv.Context(t, time.Minute), func(n nixl.Notification) bool { return string(n.Msg) == "req-vram-1" }, nil)
 	require.NoError(t, err)
 	require.Equal(t, x.d.Name(), n.Agent)
 
@@ -143,8 +145,8 @@ func TestNIXLTransferIntoVRAM(t *testing.T) {
 	defer func() { require.NoError(t, w.Close()) }()
 	_, err = w.Post()
 	require.NoError(t, err)
-	require.NoError(t, w.Wait(ctxT(t)))
-	_, err = x.d.WaitNotification(ctxT(t), func(n nixl.Notification) bool { return string(n.Msg) == "pushed" }, nil)
+	require.NoError(t, w.Wait(testenv.Context(t, time.Minute)))
+	_, err = x.d.WaitNotification(testenv.Context(t, time.Minute), func(n nixl.Notification) bool { return string(n.Msg) == "pushed" }, nil)
 	require.NoError(t, err)
 	check([]int{30, 31}, []int{40, 41})
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/gonixl/gonixl/cuda"
 	"github.com/gonixl/gonixl/internal/benchpeer"
 	"github.com/gonixl/gonixl/internal/nixltest"
+	"github.com/gonixl/gonixl/internal/testenv"
 	"github.com/gonixl/gonixl/nixl"
 )
 
@@ -176,7 +177,7 @@ func benchDRAMToVRAM(b *testing.B, dev *cuda.Device, lib *nixl.Library, params m
 					}
 				}
 				wait := func(x *nixl.Xfer) {
-					if err := x.Wait(ctxT(b)); err != nil {
+					if err := x.Wait(testenv.Context(b, time.Minute)); err != nil {
 						b.Fatal(err)
 					}
 				}

@@ -11,7 +11,7 @@ import (
 type Stream struct {
 	r   *resource
 	dev *Device
-	h   uintptr
+	h   streamHandle
 }
 
 const streamNonBlocking = 0x1
@@ -50,8 +50,8 @@ func (s *Stream) Enqueue(dir Direction, ops []Copy) error {
 	return batchErr(dir, ops, i, r)
 }
 
-func (s *Stream) work() work {
-	return work{s.r, s.h, cStreamSync, "cuStreamSynchronize", cStreamQuery, "cuStreamQuery"}
+func (s *Stream) work() work[streamHandle] {
+	return work[streamHandle]{s.r, s.h, cStreamSync, "cuStreamSynchronize", cStreamQuery, "cuStreamQuery"}
 }
 
 // Synchronize blocks the calling goroutine (and its OS thread) until the stream is idle
@@ -84,7 +84,7 @@ func (s *Stream) Close() error { return s.r.close() }
 type Event struct {
 	r   *resource
 	dev *Device
-	h   uintptr
+	h   eventHandle
 }
 
 const eventDisableTiming = 0x2
@@ -118,7 +118,7 @@ func (e *Event) Record(s *Stream) error {
 		return err
 	}
 	defer e.r.done()
-	var h uintptr
+	var h streamHandle
 	if s != nil {
 		if err := s.r.use(); err != nil {
 			return err
@@ -129,8 +129,8 @@ func (e *Event) Record(s *Stream) error {
 	return check(cEventRecord(e.r.st.ctx, e.h, h), "cuEventRecord", "")
 }
 
-func (e *Event) work() work {
-	return work{e.r, e.h, cEventSync, "cuEventSynchronize", cEventQuery, "cuEventQuery"}
+func (e *Event) work() work[eventHandle] {
+	return work[eventHandle]{e.r, e.h, cEventSync, "cuEventSynchronize", cEventQuery, "cuEventQuery"}
 }
 
 // Synchronize blocks until the recorded work has completed (cuEventSynchronize).
@@ -167,16 +167,16 @@ func Elapsed(start, end *Event) (time.Duration, error) {
 
 // work is what a Stream and an Event share: a handle whose enqueued work the host can synchronize with
 // (syncFn, named syncOp), query (queryFn, named queryOp) or wait for, each with the handle in use.
-type work struct {
+type work[H streamHandle | eventHandle] struct {
 	r       *resource
-	h       uintptr
-	syncFn  func(ctxHandle, uintptr) Result
+	h       H
+	syncFn  func(ctxHandle, H) Result
 	syncOp  string
-	queryFn func(ctxHandle, uintptr) Result
+	queryFn func(ctxHandle, H) Result
 	queryOp string
 }
 
-func (w work) synchronize() error {
+func (w work[H]) synchronize() error {
 	if err := w.r.use(); err != nil {
 		return err
 	}
@@ -184,7 +184,7 @@ func (w work) synchronize() error {
 	return check(w.syncFn(w.r.st.ctx, w.h), w.syncOp, "")
 }
 
-func (w work) query() (bool, error) {
+func (w work[H]) query() (bool, error) {
 	if err := w.r.use(); err != nil {
 		return false, err
 	}
@@ -192,7 +192,7 @@ func (w work) query() (bool, error) {
 	return queryDone(w.queryFn(w.r.st.ctx, w.h), w.queryOp)
 }
 
-func (w work) wait(ctx context.Context) error {
+func (w work[H]) wait(ctx context.Context) error {
 	if err := w.r.use(); err != nil {
 		return err
 	}

@@ -70,4 +70,4 @@
 // layouts of newer vLLM releases.
 package layout
 
-//go:generate go run golang.org/x/tools/cmd/stringer@v0.52.0 -linecomment -output=string.go -type=DType,BlockOrder,RegionPlan,KV
+//go:generate go tool stringer -linecomment -output=string.go -type=DType,BlockOrder,RegionPlan,KV

@@ -49,4 +49,4 @@
 // the tests and the demo use it when no Neuron device is present.
 package neuron
 
-//go:generate go run golang.org/x/tools/cmd/stringer@v0.52.0 -linecomment -output=string.go -type=Placement
+//go:generate go tool stringer -linecomment -output=string.go -type=Placement

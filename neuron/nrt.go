@@ -1,92 +1,10 @@
 package neuron
 
-/*
-#cgo LDFLAGS: -ldl
-#include <dlfcn.h>
-#include <stdbool.h>
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
-
-// Prototypes of the libnrt functions used here, declared by hand from the public ABI (LP64: size_t = u64,
-// enums and NRT_STATUS = i32, handles are opaque pointers). No Neuron SDK header is needed.
-typedef int32_t (*gn_init_t)(int32_t framework, const char *fw_version, const char *fal_version);
-typedef void (*gn_close_t)(void);
-typedef int32_t (*gn_count_t)(uint32_t *n);
-typedef int32_t (*gn_alloc_t)(int32_t placement, int vnc, size_t size, const char *name, void **tensor);
-typedef void (*gn_free_t)(void **tensor);
-typedef int32_t (*gn_read_t)(const void *tensor, void *buf, size_t offset, size_t size);
-typedef int32_t (*gn_write_t)(void *tensor, const void *buf, size_t offset, size_t size);
-typedef size_t (*gn_size_t)(const void *tensor);
-typedef void *(*gn_va_t)(const void *tensor);
-typedef const char *(*gn_str_t)(int32_t status);
-typedef int64_t (*gn_ctl_t)(const char *key, int64_t value, int set);
-// nrt_version_t (nrt_version.h): 4 × u64, char rt_detail[128], char git_hash[64] = 224 bytes.
-typedef struct { uint64_t major, minor, patch, maintenance; char rt_detail[128]; char git_hash[64]; } gn_version;
-typedef int32_t (*gn_version_t)(gn_version *v, size_t size);
-static int32_t gn_call_version(void *f, gn_version *v) { return ((gn_version_t)f)(v, sizeof *v); }
-
-// nrt_tensor_batch_op_t and nrt_tensor_batch_t (ndl/neuron_driver_shared_tensor_batch_op.h, nrt.h).
-typedef struct { uint64_t offset; uint64_t size; void *buffer; } gn_op;
-typedef struct { const void *tensor; const gn_op *ops; uint32_t num_ops; } gn_batch;
-typedef int32_t (*gn_batch_t)(const gn_batch *batches, uint64_t num_batches, bool unsafe);
-
-static void *gn_dlopen(const char *path, char **err) {
-	void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-	if (h == NULL) {
-		const char *e = dlerror();
-		*err = e != NULL ? strdup(e) : NULL;
-	}
-	return h;
-}
-
-static void *gn_dlsym(void *h, const char *name) { return dlsym(h, name); }
-
-static int32_t gn_call_init(void *f, int32_t fw) { return ((gn_init_t)f)(fw, "", ""); }
-static void gn_call_close(void *f) { ((gn_close_t)f)(); }
-static int32_t gn_call_count(void *f, uint32_t *n) { return ((gn_count_t)f)(n); }
-static int32_t gn_call_alloc(void *f, int32_t placement, int vnc, size_t size, const char *name, void **t) {
-	return ((gn_alloc_t)f)(placement, vnc, size, name, t);
-}
-static void gn_call_free(void *f, void *t) { void *p = t; ((gn_free_t)f)(&p); }
-static size_t gn_call_size(void *f, void *t) { return ((gn_size_t)f)(t); }
-static void *gn_call_va(void *f, void *t) { return ((gn_va_t)f)(t); }
-static const char *gn_call_str(void *f, int32_t st) { return ((gn_str_t)f)(st); }
-static int64_t gn_call_ctl(void *f, const char *key, int64_t v, int set) { return ((gn_ctl_t)f)(key, v, set); }
-
-// gn_xfer moves every op of every batch in one cgo call: through nrt_tensor_{read,write}_batch when the
-// runtime has it (batch_fn != NULL), else op by op. On failure *failed_batch/*failed_op name the failing op
-// when known (-1 otherwise).
-static int32_t gn_xfer(void *one_fn, void *batch_fn, int is_read, const gn_batch *b, uint64_t nb,
-		       int64_t *failed_batch, int64_t *failed_op) {
-	*failed_batch = -1;
-	*failed_op = -1;
-	if (batch_fn != NULL) {
-		return ((gn_batch_t)batch_fn)(b, nb, false);
-	}
-	for (uint64_t i = 0; i < nb; i++) {
-		for (uint32_t j = 0; j < b[i].num_ops; j++) {
-			const gn_op *op = &b[i].ops[j];
-			int32_t st = is_read ? ((gn_read_t)one_fn)(b[i].tensor, op->buffer, op->offset, op->size)
-					     : ((gn_write_t)one_fn)((void *)b[i].tensor, op->buffer, op->offset, op->size);
-			if (st != 0) {
-				*failed_batch = (int64_t)i;
-				*failed_op = (int64_t)j;
-				return st;
-			}
-		}
-	}
-	return 0;
-}
-*/
-import "C"
-
 import (
 	"fmt"
 	"os"
 	"runtime"
 	"sync"
-	"unsafe"
 
 	"go.uber.org/zap"
 
@@ -139,14 +57,14 @@ type LoadOptions struct {
 // process-wide state and threads.
 type library struct {
 	path string
-	h    unsafe.Pointer
+	h    libHandle
 
 	// required
-	init, close, allocate, free, read, write, size unsafe.Pointer
+	init, close, allocate, free, read, write, size symbol
 	// NeuronCore counts: the newer vnc names, else the older nc names
-	visibleCount, totalCount unsafe.Pointer
+	visibleCount, totalCount symbol
 	// optional
-	va, readBatch, writeBatch, statusStr, version, fakeCtl unsafe.Pointer
+	va, readBatch, writeBatch, statusStr, version, fakeCtl symbol
 }
 
 var (
@@ -174,16 +92,8 @@ func loadLibrary(opts LoadOptions) (*library, error) {
 		if l, ok := libs[c]; ok {
 			return l, nil
 		}
-		cpath := C.CString(c)
-		var cerr *C.char
-		h := C.gn_dlopen(cpath, &cerr)
-		C.free(unsafe.Pointer(cpath))
+		h, msg := cDlopen(c)
 		if h == nil {
-			msg := "unknown dlopen error"
-			if cerr != nil {
-				msg = C.GoString(cerr)
-				C.free(unsafe.Pointer(cerr))
-			}
 			le.Add(c, msg)
 			continue
 		}
@@ -201,22 +111,10 @@ func loadLibrary(opts LoadOptions) (*library, error) {
 // unwraps to ErrNotLoaded; it is the loaders' one shape (nixl.LoadError and cuda.LoadError are the same type).
 type LoadError = dl.LoadError
 
-func sym(h unsafe.Pointer, names ...string) unsafe.Pointer {
-	for _, n := range names {
-		cn := C.CString(n)
-		p := C.gn_dlsym(h, cn)
-		C.free(unsafe.Pointer(cn))
-		if p != nil {
-			return p
-		}
-	}
-	return nil
-}
-
-func resolve(path string, h unsafe.Pointer) (*library, error) {
+func resolve(path string, h libHandle) (*library, error) {
 	l := &library{path: path, h: h}
 	required := []struct {
-		dst   *unsafe.Pointer
+		dst   *symbol
 		names []string
 	}{
 		{&l.init, []string{"nrt_init"}},
@@ -230,17 +128,17 @@ func resolve(path string, h unsafe.Pointer) (*library, error) {
 		{&l.totalCount, []string{"nrt_get_total_vnc_count", "nrt_get_total_nc_count"}},
 	}
 	for _, r := range required {
-		if *r.dst = sym(h, r.names...); *r.dst == nil {
+		if *r.dst = cDlsym(h, r.names...); *r.dst == nil {
 			return nil, refuse("load", ErrSymbol, "%s has no %s; it is not a usable libnrt (Neuron Runtime 2.x needed)",
 				path, r.names[0])
 		}
 	}
-	l.va = sym(h, "nrt_tensor_get_va")
-	l.readBatch = sym(h, "nrt_tensor_read_batch")
-	l.writeBatch = sym(h, "nrt_tensor_write_batch")
-	l.statusStr = sym(h, "nrt_get_status_as_str")
-	l.version = sym(h, "nrt_get_version")
-	l.fakeCtl = sym(h, "fake_nrt_ctl")
+	l.va = cDlsym(h, "nrt_tensor_get_va")
+	l.readBatch = cDlsym(h, "nrt_tensor_read_batch")
+	l.writeBatch = cDlsym(h, "nrt_tensor_write_batch")
+	l.statusStr = cDlsym(h, "nrt_get_status_as_str")
+	l.version = cDlsym(h, "nrt_get_version")
+	l.fakeCtl = cDlsym(h, "fake_nrt_ctl")
 	return l, nil
 }
 
@@ -248,18 +146,14 @@ func (l *library) describe(st Status) string {
 	if l.statusStr == nil {
 		return ""
 	}
-	s := C.gn_call_str(l.statusStr, C.int32_t(st))
-	if s == nil {
-		return ""
-	}
-	return C.GoString(s)
+	return cStatusString(l.statusStr, st)
 }
 
-func (l *library) err(op string, st C.int32_t) error {
+func (l *library) err(op string, st Status) error {
 	if st == 0 {
 		return nil
 	}
-	return statusError(op, Status(st), l.describe(Status(st)))
+	return statusError(op, st, l.describe(st))
 }
 
 // Available reports whether a libnrt can be loaded with these options (it does not initialise it).
@@ -307,7 +201,7 @@ func Load(opts LoadOptions) (*Runtime, error) {
 			return nil, refuse("load", ErrBadArgument, "set NEURON_RT_VISIBLE_CORES to LoadOptions.VisibleCores %q: %w", opts.VisibleCores, err)
 		}
 	}
-	if st := C.gn_call_init(lib.init, frameworkNoFW); st != 0 {
+	if st := cInit(lib.init, frameworkNoFW); st != 0 {
 		return nil, lib.err("nrt_init", st)
 	}
 	openNow = true
@@ -317,17 +211,15 @@ func Load(opts LoadOptions) (*Runtime, error) {
 	}
 	r := &Runtime{lib: lib, log: log, maxTransfer: opts.MaxTransfer, tensors: map[*Tensor]struct{}{}}
 	if lib.version != nil {
-		var v C.gn_version
-		if C.gn_call_version(lib.version, &v) == 0 {
-			r.version = Version{Major: uint64(v.major), Minor: uint64(v.minor), Patch: uint64(v.patch), Maintenance: uint64(v.maintenance),
-				Detail: C.GoString(&v.rt_detail[0])}
+		if v, ok := cVersion(lib.version); ok {
+			r.version = v
 		}
 	}
 	// Safety net: a Runtime dropped without Close still releases libnrt.
 	r.cleanup = runtime.AddCleanup(r, func(l *library) {
 		openMu.Lock()
 		defer openMu.Unlock()
-		C.gn_call_close(l.close)
+		cClose(l.close)
 		openNow = false
 	}, lib)
 	log.Debug("libnrt initialised", zap.String("path", lib.path), zap.Bool("batch", lib.readBatch != nil))
@@ -378,19 +270,19 @@ func (r *Runtime) teardown() error {
 	r.tensors = nil
 	r.cleanup.Stop()
 	openMu.Lock()
-	C.gn_call_close(r.lib.close)
+	cClose(r.lib.close)
 	openNow = false
 	openMu.Unlock()
 	runtime.KeepAlive(r)
 	return nil
 }
 
-func (r *Runtime) count(fn unsafe.Pointer, op string) (int, error) {
-	var n C.uint32_t
-	if st := C.gn_call_count(fn, &n); st != 0 {
+func (r *Runtime) count(fn symbol, op string) (int, error) {
+	n, st := cCount(fn)
+	if st != 0 {
 		return 0, r.lib.err(op, st)
 	}
-	return int(n), nil
+	return n, nil
 }
 
 // VisibleCores returns the number of NeuronCores this process can use.
@@ -427,10 +319,8 @@ func (r *Runtime) Allocate(p Placement, vnc int, size uint64, name string) (*Ten
 	if r.closed {
 		return nil, refuse("allocate", ErrClosed, "the Runtime was closed; Load a new one")
 	}
-	cname := C.CString(name)
-	defer C.free(unsafe.Pointer(cname))
-	var h unsafe.Pointer
-	if st := C.gn_call_alloc(r.lib.allocate, C.int32_t(p), C.int(vnc), C.size_t(size), cname, &h); st != 0 {
+	h, st := cAlloc(r.lib.allocate, p, vnc, size, name)
+	if st != 0 {
 		return nil, fmt.Errorf("allocate %s tensor %q of %d bytes on core %d: %w", p, name, size, vnc, r.lib.err("nrt_tensor_allocate", st))
 	}
 	t := &Tensor{rt: r, h: h, size: size, name: name, placement: p, vnc: vnc}
@@ -444,7 +334,7 @@ func (r *Runtime) Allocate(p Placement, vnc int, size uint64, name string) (*Ten
 // Concurrency: transfers may run concurrently (on one or several tensors); Free waits for them.
 type Tensor struct {
 	rt        *Runtime
-	h         unsafe.Pointer // nrt_tensor_t*, guarded by rt.mu
+	h         tensorHandle // guarded by rt.mu
 	size      uint64
 	name      string
 	placement Placement
@@ -470,7 +360,7 @@ func (t *Tensor) NativeSize() uint64 {
 	if t.h == nil {
 		return 0
 	}
-	return uint64(C.gn_call_size(t.rt.lib.size, t.h))
+	return cSize(t.rt.lib.size, t.h)
 }
 
 // DeviceAddress returns the tensor's virtual address (nrt_tensor_get_va), e.g. for registering Neuron HBM with
@@ -481,7 +371,7 @@ func (t *Tensor) DeviceAddress() uintptr {
 	if t.h == nil || t.rt.lib.va == nil {
 		return 0
 	}
-	return uintptr(C.gn_call_va(t.rt.lib.va, t.h))
+	return cVA(t.rt.lib.va, t.h)
 }
 
 // Free releases the tensor. It is idempotent.
@@ -496,7 +386,7 @@ func (t *Tensor) freeLocked() {
 	if t.h == nil {
 		return
 	}
-	C.gn_call_free(t.rt.lib.free, t.h)
+	cFree(t.rt.lib.free, t.h)
 	t.h = nil
 	delete(t.rt.tensors, t)
 }
@@ -572,46 +462,6 @@ func (r *Runtime) transfer(read bool, batches []Batch) error {
 		}
 	}
 
-	cops := (*C.gn_op)(C.calloc(C.size_t(total), C.size_t(unsafe.Sizeof(C.gn_op{}))))
-	cbat := (*C.gn_batch)(C.calloc(C.size_t(len(batches)), C.size_t(unsafe.Sizeof(C.gn_batch{}))))
-	if cops == nil || cbat == nil {
-		C.free(unsafe.Pointer(cops))
-		C.free(unsafe.Pointer(cbat))
-		return refuse(refused, ErrResource, "out of C memory for %d transfer descriptors", total)
-	}
-	defer C.free(unsafe.Pointer(cops))
-	defer C.free(unsafe.Pointer(cbat))
-	ops := unsafe.Slice(cops, total)
-	bats := unsafe.Slice(cbat, len(batches))
-
-	// Buffers may be Go memory: pin them while C holds their addresses (no-op for mmap'd memory).
-	var pin runtime.Pinner
-	defer pin.Unpin()
-	k := 0
-	for i, b := range batches {
-		first := k
-		for _, op := range b.Ops {
-			if len(op.Buf) == 0 {
-				continue
-			}
-			base := unsafe.Pointer(unsafe.SliceData(op.Buf))
-			pin.Pin(base)
-			for done := uint64(0); done < uint64(len(op.Buf)); {
-				n := uint64(len(op.Buf)) - done
-				if r.maxTransfer > 0 && n > r.maxTransfer {
-					n = r.maxTransfer
-				}
-				ops[k] = C.gn_op{offset: C.uint64_t(op.Offset + done), size: C.uint64_t(n), buffer: unsafe.Add(base, done)}
-				k++
-				done += n
-			}
-		}
-		bats[i] = C.gn_batch{tensor: b.Tensor.h, ops: &ops[first], num_ops: C.uint32_t(k - first)}
-		if k == first {
-			bats[i].ops = nil
-		}
-	}
-
 	one, batchFn, op := r.lib.read, r.lib.readBatch, "nrt_tensor_read"
 	if !read {
 		one, batchFn, op = r.lib.write, r.lib.writeBatch, "nrt_tensor_write"
@@ -619,13 +469,15 @@ func (r *Runtime) transfer(read bool, batches []Batch) error {
 	if batchFn != nil {
 		op += "_batch"
 	}
-	var fb, fo C.int64_t
-	st := C.gn_xfer(one, batchFn, boolInt(read), cbat, C.uint64_t(len(batches)), &fb, &fo)
+	st, fb, fo, oom := cTransfer(one, batchFn, read, batches, total, r.maxTransfer)
+	if oom {
+		return refuse(refused, ErrResource, "out of C memory for %d transfer descriptors", total)
+	}
 	if st != 0 {
 		err := r.lib.err(op, st)
 		if fb >= 0 {
 			b := batches[fb]
-			return fmt.Errorf("%s tensor %q (piece %d of the batch): %w", verb, b.Tensor.name, int64(fo), err)
+			return fmt.Errorf("%s tensor %q (piece %d of the batch): %w", verb, b.Tensor.name, fo, err)
 		}
 		return fmt.Errorf("%s of %d pieces over %d tensors: %w", verb, total, len(batches), err)
 	}
@@ -642,24 +494,11 @@ func (r *Runtime) pieces(n uint64) int {
 	return int((n + r.maxTransfer - 1) / r.maxTransfer)
 }
 
-func boolInt(b bool) C.int {
-	if b {
-		return 1
-	}
-	return 0
-}
-
 // fakeCtl reads (and with set, first writes) a knob or counter of the fake libnrt (neurontest). ok is false
 // when the loaded library is not the fake.
 func (r *Runtime) fakeCtl(key string, value int64, set bool) (v int64, ok bool) {
 	if r.lib.fakeCtl == nil {
 		return 0, false
 	}
-	ck := C.CString(key)
-	defer C.free(unsafe.Pointer(ck))
-	s := C.int(0)
-	if set {
-		s = 1
-	}
-	return int64(C.gn_call_ctl(r.lib.fakeCtl, ck, C.int64_t(value), s)), true
+	return cCtl(r.lib.fakeCtl, key, value, set), true
 }

@@ -325,3 +325,18 @@ func TestOldRuntimeRefusesLargeTensors(t *testing.T) {
 	assert.False(t, r.Version().Less(2, 30, 50))
 	assert.True(t, r.Version().Less(2, 31, 25))
 }
+
+// A batch without ops after the last op of the call is passed with no ops (it once indexed past the end of the
+// op array and panicked).
+func TestBatchEmptyLast(t *testing.T) {
+	for _, lib := range []string{"", fakeOldLib} {
+		r := openFake(t, LoadOptions{Path: lib})
+		a, err := r.Allocate(PlacementDevice, 0, 4096, "a")
+		require.NoError(t, err)
+		require.NoError(t, a.Write(pattern(4096, 3), 0))
+		dst := make([]byte, 64)
+		require.NoError(t, r.ReadBatch([]Batch{{a, []Op{{0, dst}}}, {a, nil}, {a, []Op{{64, nil}}}}))
+		assert.Equal(t, pattern(4096, 3)[:64], dst)
+		require.NoError(t, r.Close())
+	}
+}

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gonixl/gonixl/internal/nixltest"
+	"github.com/gonixl/gonixl/internal/testenv"
 	"github.com/gonixl/gonixl/layout"
 	"github.com/gonixl/gonixl/nixl"
 )
@@ -187,12 +188,6 @@ func fillArena(s *Stager, v byte) {
 	}
 }
 
-func ctxT(tb testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	tb.Cleanup(cancel)
-	return ctx
-}
-
 // smallSpec: 4 layers, 3 source rows, 3 source heads (the rank holds heads 1..2), S' = 20, D = 8, bf16.
 func smallSpec(kTransposed bool) SourceSpec {
 	return SourceSpec{DType: layout.BF16, Shape: layout.Source{Batch: 3, Heads: 3, SeqLen: 20, HeadDim: 8}, KTransposed: kTransposed, NumLayers: 4}
@@ -267,7 +262,7 @@ func stageBatch(t *testing.T, s *Stager) []Request {
 	var wg sync.WaitGroup
 	errs := make([]error, len(reqs))
 	for i := range reqs {
-		wg.Go(func() { errs[i] = s.Stage(ctxT(t), reqs[i]) })
+		wg.Go(func() { errs[i] = s.Stage(testenv.Context(t, 30*time.Second), reqs[i]) })
 	}
 	wg.Wait()
 	for i, err := range errs {
@@ -308,7 +303,7 @@ func TestStageHostSourceMatchesDevice(t *testing.T) {
 	fillArena(sd, 0xAA)
 	reqs := stageBatch(t, sd)
 	for _, r := range reqs {
-		require.NoError(t, sh.Stage(ctxT(t), r))
+		require.NoError(t, sh.Stage(testenv.Context(t, 30*time.Second), r))
 	}
 	for r := range g.NumRegions() {
 		require.Equal(t, sd.Region(r), sh.Region(r), "region %d", r)
@@ -335,7 +330,7 @@ func TestStageValidation(t *testing.T) {
 		{"no id", Request{Tokens: 4, BlockIDs: ids}, ErrBadArgument},
 	}
 	for _, tc := range cases {
-		err := s.Stage(ctxT(t), tc.req)
+		err := s.Stage(testenv.Context(t, 30*time.Second), tc.req)
 		require.ErrorIs(t, err, tc.is, tc.name)
 	}
 	checkArena(t, s, c, 1, nil, 0xAA) // nothing written
@@ -352,12 +347,12 @@ func TestStageFaultThenRetry(t *testing.T) {
 			s := newStager(t, StagerConfig{Geometry: smallGeometry(layout.NHD, layout.PlanSplitKV), Source: c.device(t, rt), FirstHead: 1, Workers: workers})
 			req := Request{ID: "r", Row: 1, Tokens: 15, BlockIDs: blockRange(1, 4)}
 			setCtl(t, rt, "fail_read", ctl(t, rt, "reads")+7) // the 7th read of this Stage times out
-			err := s.Stage(ctxT(t), req)
+			err := s.Stage(testenv.Context(t, 30*time.Second), req)
 			require.ErrorIs(t, err, ErrTimeout)
 			assert.Contains(t, err.Error(), "NRT_TIMEOUT")
 			assert.Contains(t, err.Error(), `"r"`)
 			// A retry without the fault completes.
-			require.NoError(t, s.Stage(ctxT(t), req))
+			require.NoError(t, s.Stage(testenv.Context(t, 30*time.Second), req))
 			checkArena(t, s, c, 1, []Request{req}, 0)
 			staged, failed := s.Stats()
 			assert.EqualValues(t, 1, staged)
@@ -388,11 +383,11 @@ func TestFillCompleteOnReturn(t *testing.T) {
 	setCtl(t, rt, "read_delay_us", 200)
 	for i := range 5 {
 		req := Request{Row: i % 3, Tokens: 13 + i%4, BlockIDs: blockRange(1+4*i, 4)}
-		require.NoError(t, s.Fill(req.Row, req.Tokens)(ctxT(t), req.BlockIDs))
+		require.NoError(t, s.Fill(req.Row, req.Tokens)(testenv.Context(t, 30*time.Second), req.BlockIDs))
 		checkArena(t, s, c, 1, []Request{req}, 0)
 		fillArena(s, 0)
 	}
-	err := s.Fill(3, 4)(ctxT(t), blockRange(1, 1))
+	err := s.Fill(3, 4)(testenv.Context(t, 30*time.Second), blockRange(1, 1))
 	require.ErrorIs(t, err, ErrBadArgument)
 	assert.Contains(t, err.Error(), `"row 3"`)
 }
@@ -404,7 +399,7 @@ func TestStableBasesAcrossRequests(t *testing.T) {
 	for i := range 100 {
 		tokens := 1 + i%20
 		ids := blockRange(1+i%7, (tokens+3)/4+i%2)
-		require.NoError(t, s.Stage(ctxT(t), Request{ID: fmt.Sprint(i), Row: i % 3, Tokens: tokens, BlockIDs: ids}))
+		require.NoError(t, s.Stage(testenv.Context(t, 30*time.Second), Request{ID: fmt.Sprint(i), Row: i % 3, Tokens: tokens, BlockIDs: ids}))
 	}
 	assert.Equal(t, bases, s.RegionBases())
 	staged, failed := s.Stats()
@@ -467,9 +462,9 @@ func TestNIXLReadOfStagedBlocks(t *testing.T) {
 				require.NoError(t, err)
 				_, err = x.Post()
 				require.NoError(t, err)
-				require.NoError(t, x.Wait(ctxT(t)))
+				require.NoError(t, x.Wait(testenv.Context(t, 30*time.Second)))
 				require.NoError(t, x.Close())
-				n, err := prefill.WaitNotification(ctxT(t), func(n nixl.Notification) bool { return string(n.Msg) == req.ID+":1" }, nil)
+				n, err := prefill.WaitNotification(testenv.Context(t, 30*time.Second), func(n nixl.Notification) bool { return string(n.Msg) == req.ID+":1" }, nil)
 				require.NoError(t, err)
 				assert.Equal(t, decode.Name(), n.Agent)
 				blen := int(g.BlockLen())
@@ -510,7 +505,7 @@ func TestStagerConfigErrors(t *testing.T) {
 	assert.Equal(t, 9, s.Geometry().NumBlocks)
 	require.NoError(t, s.Close())
 	require.NoError(t, s.Close())
-	require.ErrorIs(t, s.Stage(ctxT(t), Request{ID: "x", Tokens: 1, BlockIDs: []int{1}}), ErrClosed)
+	require.ErrorIs(t, s.Stage(testenv.Context(t, 30*time.Second), Request{ID: "x", Tokens: 1, BlockIDs: []int{1}}), ErrClosed)
 
 	_, err = NewStager(StagerConfig{Geometry: g, Source: src, FirstHead: 2})
 	require.ErrorIs(t, err, ErrBadArgument, "heads 2..3 of 3")

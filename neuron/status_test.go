@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/gonixl/gonixl/internal/native/nativetest"
+	"github.com/gonixl/gonixl/internal/testenv"
 	"github.com/gonixl/gonixl/layout"
 )
 
@@ -80,13 +82,13 @@ func TestRefusalsAreErrors(t *testing.T) {
 	_, err = NewStager(StagerConfig{Geometry: g, Source: src, FirstHead: 1, MaxArenaBytes: g.TotalBytes() - 1})
 	add("arena", "new stager", err, ErrTooLarge)
 	s := newStager(t, StagerConfig{Geometry: g, Source: src, FirstHead: 1})
-	add("request", "stage", s.Stage(ctxT(t), Request{ID: "a", Tokens: 0}), ErrBadArgument)
-	add("block ids", "stage", s.Stage(ctxT(t), Request{ID: "a", Tokens: 4, BlockIDs: []int{0}}), ErrBadArgument, layout.ErrNullBlock)
-	cancelled, cancel := context.WithCancel(ctxT(t))
+	add("request", "stage", s.Stage(testenv.Context(t, 30*time.Second), Request{ID: "a", Tokens: 0}), ErrBadArgument)
+	add("block ids", "stage", s.Stage(testenv.Context(t, 30*time.Second), Request{ID: "a", Tokens: 4, BlockIDs: []int{0}}), ErrBadArgument, layout.ErrNullBlock)
+	cancelled, cancel := context.WithCancel(testenv.Context(t, 30*time.Second))
 	cancel()
 	add("stopped", "stage", s.Stage(cancelled, Request{ID: "a", Tokens: 4, BlockIDs: []int{1}}), context.Canceled)
 	require.NoError(t, s.Close())
-	add("closed stager", "stage", s.Stage(ctxT(t), Request{ID: "a", Tokens: 4, BlockIDs: []int{1}}), ErrClosed)
+	add("closed stager", "stage", s.Stage(testenv.Context(t, 30*time.Second), Request{ID: "a", Tokens: 4, BlockIDs: []int{1}}), ErrClosed)
 	require.NoError(t, r.Close())
 	_, err = r.Allocate(PlacementHost, 0, 64, "late")
 	add("closed runtime", "allocate", err, ErrClosed)

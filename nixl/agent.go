@@ -1,11 +1,5 @@
 package nixl
 
-/*
-#include <stdlib.h>
-#include "gx.h"
-*/
-import "C"
-
 import (
 	"fmt"
 	"runtime"
@@ -14,7 +8,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unsafe"
 
 	"go.uber.org/zap"
 
@@ -31,16 +24,6 @@ const (
 	SyncStrict             // one mutex serializes every agent call
 	SyncRW                 // transfer calls share a lock; registration and metadata changes take it exclusively
 )
-
-func (s ThreadSync) capi() C.int {
-	switch s {
-	case SyncNone:
-		return 0
-	case SyncStrict:
-		return 1
-	}
-	return 2
-}
 
 // AgentConfig configures NewAgent. The zero value is a good default for Go programs: progress thread on,
 // RW locking, no telemetry, no backends (create them with CreateBackend or list them in Backends).
@@ -88,7 +71,7 @@ type Agent struct {
 	log  *zap.Logger
 
 	mu       sync.RWMutex // RLock: native calls; Lock: Close
-	h        C.gx_h
+	h        agentHandle
 	closed   bool
 	closedAt *atomic.Bool // shared with the leak cleanup
 
@@ -100,7 +83,7 @@ type Agent struct {
 	backends  []*Backend
 
 	notifMu  sync.Mutex
-	notifMap C.gx_h
+	notifMap notifMapHandle
 }
 
 type childKind int
@@ -111,12 +94,15 @@ const (
 	kindRegistration                  // memory registration
 )
 
-// child is the native side of a handle owned by the agent. It holds no reference to the Go wrapper, so a
-// wrapper that is dropped without Close can be collected, and its cleanup reports the leak.
+// child is the native side of a handle owned by the agent: one of xfer, prepped and reg, by kind. It holds no
+// reference to the Go wrapper, so a wrapper that is dropped without Close can be collected, and its cleanup
+// reports the leak.
 type child struct {
-	kind childKind
-	h    C.gx_h // request, prepped list, or registration list
-	desc string
+	kind    childKind
+	xfer    xferHandle    // kindXfer
+	prepped preppedHandle // kindPrepped
+	reg     regList       // kindRegistration
+	desc    string
 }
 
 // NewAgent creates a NIXL agent. The name must be non-empty and unique among the agents that exchange
@@ -132,18 +118,9 @@ func (l *Library) NewAgent(name string, cfg AgentConfig) (*Agent, error) {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	ccfg := C.gx_agent_config{
-		enable_prog_thread: C.bool(!cfg.NoProgressThread),
-		listen_port:        8888,
-		thread_sync:        cfg.Sync.capi(),
-		pthr_delay_us:      C.uint64_t(progressDelay(cfg.ProgressDelay) / time.Microsecond),
-		lthr_delay_us:      100000,
-		capture_telemetry:  C.bool(cfg.CaptureTelemetry),
-	}
-	cname := C.CString(name)
-	defer C.free(unsafe.Pointer(cname))
-	var h C.gx_h
-	if err := check("create agent", C.gx_create_agent(cname, &ccfg, &h), "agent "+name); err != nil {
+	h, st := cCreateAgent(name, agentConfig{progressThread: !cfg.NoProgressThread, threadSync: cfg.Sync,
+		progressDelay: progressDelay(cfg.ProgressDelay), captureTelemetry: cfg.CaptureTelemetry})
+	if err := check("create agent", st, "agent "+name); err != nil {
 		return nil, err
 	}
 	a := &Agent{name: name, lib: l, log: log.With(zap.String("nixl_agent", name)), h: h, children: map[uint64]*child{}, closedAt: new(atomic.Bool)}
@@ -178,7 +155,7 @@ func (a *Agent) use(op string) (func(), error) {
 }
 
 // useOpts is use plus the call's options converted for C (nil when there are none); end releases both.
-func (a *Agent) useOpts(op string, opts []Option) (o C.gx_h, end func(), err error) {
+func (a *Agent) useOpts(op string, opts []Option) (o optHandle, end func(), err error) {
 	done, err := a.use(op)
 	if err != nil {
 		return nil, nil, err
@@ -213,16 +190,16 @@ func (a *Agent) teardown() error {
 	}
 	a.backendMu.Lock()
 	for _, b := range a.backends {
-		C.gx_destroy_backend(b.h)
+		cDestroyBackend(b.h)
 		b.h = nil
 	}
 	a.backends = nil
 	a.backendMu.Unlock()
 	if a.notifMap != nil {
-		C.gx_destroy_notif_map(a.notifMap)
+		cDestroyNotifMap(a.notifMap)
 		a.notifMap = nil
 	}
-	if err := check("destroy agent", C.gx_destroy_agent(a.h), a.name); err != nil && firstErr == nil {
+	if err := check("destroy agent", cDestroyAgent(a.h), a.name); err != nil && firstErr == nil {
 		firstErr = err
 	}
 	a.h = nil
@@ -234,12 +211,12 @@ func (a *Agent) teardown() error {
 func (a *Agent) releaseChild(c *child) error {
 	switch c.kind {
 	case kindXfer:
-		return check("release transfer request", C.gx_release_xfer(a.h, c.h), c.desc)
+		return check("release transfer request", cReleaseXfer(a.h, c.xfer), c.desc)
 	case kindPrepped:
-		return check("release prepared descriptor list", C.gx_release_xfer_dlist_handle(a.h, c.h), c.desc)
+		return check("release prepared descriptor list", cReleasePrepped(a.h, c.prepped), c.desc)
 	case kindRegistration:
-		err := check("deregister memory", C.gx_deregister_mem(a.h, c.h, nil), c.desc)
-		C.gx_destroy_reg_dlist(c.h)
+		err := check("deregister memory", cDeregisterMem(a.h, c.reg), c.desc)
+		cDestroyRegList(c.reg)
 		return err
 	}
 	return nil
@@ -275,15 +252,15 @@ func (a *Agent) closeChild(id uint64, op string) error {
 	return nil
 }
 
-// childAlive returns the native handle of child id, or an ErrClosed error.
-func (a *Agent) childHandle(id uint64, op string) (C.gx_h, error) {
+// child returns child id, or an ErrClosed error.
+func (a *Agent) child(id uint64, op string) (*child, error) {
 	a.childMu.Lock()
 	c, ok := a.children[id]
 	a.childMu.Unlock()
 	if !ok {
 		return nil, goErr(op, ErrClosed, "handle already closed")
 	}
-	return c.h, nil
+	return c, nil
 }
 
 type childRef struct {
@@ -334,7 +311,7 @@ func reportLeak(l Leak) {
 type Backend struct {
 	agent  *Agent
 	plugin string
-	h      C.gx_h
+	h      backendHandle
 }
 
 // Plugin returns the plugin name ("UCX", ...).
@@ -349,29 +326,23 @@ func (a *Agent) CreateBackend(plugin string, params map[string]string) (*Backend
 		return nil, err
 	}
 	defer done()
-	var p C.gx_h
-	if err := check(op, C.gx_create_params(&p), ""); err != nil {
+	p, st := cCreateParams()
+	if err := check(op, st, ""); err != nil {
 		return nil, err
 	}
-	defer C.gx_destroy_params(p)
+	defer cDestroyParams(p)
 	keys := make([]string, 0, len(params))
 	for k := range params {
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)
 	for _, k := range keys {
-		ck, cv := C.CString(k), C.CString(params[k])
-		st := C.gx_params_add(p, ck, cv)
-		C.free(unsafe.Pointer(ck))
-		C.free(unsafe.Pointer(cv))
-		if err := check(op, st, "param "+k); err != nil {
+		if err := check(op, cParamsAdd(p, k, params[k]), "param "+k); err != nil {
 			return nil, err
 		}
 	}
-	cp := C.CString(plugin)
-	defer C.free(unsafe.Pointer(cp))
-	var h C.gx_h
-	if err := check(op, C.gx_create_backend(a.h, cp, p, &h), fmt.Sprintf(
+	h, st := cCreateBackend(a.h, plugin, p)
+	if err := check(op, st, fmt.Sprintf(
 		"agent %s; check the plugin name (AvailablePlugins), its params (PluginParams) and that no %s backend exists yet", a.name, plugin)); err != nil {
 		return nil, err
 	}
@@ -408,12 +379,10 @@ func (a *Agent) AvailablePlugins() ([]string, error) {
 		return nil, err
 	}
 	defer done()
-	var out *C.char
-	var n C.size_t
-	if err := check("list plugins", C.gx_plugins(a.h, &out, &n), ""); err != nil {
+	s, st := cPlugins(a.h)
+	if err := check("list plugins", st, ""); err != nil {
 		return nil, err
 	}
-	s := string(goBytesFree(unsafe.Pointer(out), n))
 	return strings.Fields(s), nil
 }
 
@@ -425,16 +394,11 @@ func (a *Agent) PluginParams(plugin string) ([]MemType, map[string]string, error
 		return nil, nil, err
 	}
 	defer done()
-	cp := C.CString(plugin)
-	defer C.free(unsafe.Pointer(cp))
-	var mems [8]C.int
-	var nm C.size_t
-	var out *C.char
-	var n C.size_t
-	if err := check(op, C.gx_plugin_params(a.h, cp, &mems[0], 8, &nm, &out, &n), "is the plugin in AvailablePlugins?"); err != nil {
+	mems, params, st := cPluginParams(a.h, plugin)
+	if err := check(op, st, "is the plugin in AvailablePlugins?"); err != nil {
 		return nil, nil, err
 	}
-	return memTypes(mems[:], nm), parseParams(goBytesFree(unsafe.Pointer(out), n)), nil
+	return mems, params, nil
 }
 
 // Params returns the memory types the backend serves and its effective parameters.
@@ -445,14 +409,11 @@ func (b *Backend) Params() ([]MemType, map[string]string, error) {
 		return nil, nil, err
 	}
 	defer done()
-	var mems [8]C.int
-	var nm C.size_t
-	var out *C.char
-	var n C.size_t
-	if err := check(op, C.gx_backend_params(b.agent.h, b.h, &mems[0], 8, &nm, &out, &n), ""); err != nil {
+	mems, params, st := cBackendParams(b.agent.h, b.h)
+	if err := check(op, st, ""); err != nil {
 		return nil, nil, err
 	}
-	return memTypes(mems[:], nm), parseParams(goBytesFree(unsafe.Pointer(out), n)), nil
+	return mems, params, nil
 }
 
 // Option adjusts one call (backends to use, a notification to send).
@@ -492,7 +453,7 @@ func WithoutDescMerge() Option {
 }
 
 // buildOpts makes the C optional-args object (nil when no option is set); free it with freeOpts.
-func buildOpts(op string, opts []Option) (C.gx_h, error) {
+func buildOpts(op string, opts []Option) (optHandle, error) {
 	if len(opts) == 0 {
 		return nil, nil
 	}
@@ -500,43 +461,23 @@ func buildOpts(op string, opts []Option) (C.gx_h, error) {
 	for _, f := range opts {
 		f(&o)
 	}
-	var bs []C.gx_h
+	var bs []backendHandle
 	for _, b := range o.backends {
 		if b == nil || b.h == nil {
 			return nil, goErr(op, ErrInvalidParam, "nil or closed backend in WithBackends")
 		}
 		bs = append(bs, b.h)
 	}
-	var bp *C.gx_h
-	if len(bs) > 0 {
-		bp = &bs[0]
-	}
-	var np, cp unsafe.Pointer
-	if len(o.notif) > 0 {
-		np = unsafe.Pointer(&o.notif[0])
-	}
-	if len(o.custom) > 0 {
-		cp = unsafe.Pointer(&o.custom[0])
-	}
-	hn := C.int(0)
-	if o.hasNotif {
-		hn = 1
-	}
-	nm := C.int(0)
-	if o.noMerge {
-		nm = 1
-	}
-	var h C.gx_h
-	if err := check(op, C.gx_build_opt(&h, bp, C.size_t(len(bs)), np, C.size_t(len(o.notif)), hn, cp, C.size_t(len(o.custom)), nm), "building call options (WithCustomParam / WithoutDescMerge need a NIXL whose C API has them)"); err != nil {
+	h, st := cBuildOpt(bs, o.notif, o.hasNotif, o.custom, o.noMerge)
+	if err := check(op, st, "building call options (WithCustomParam / WithoutDescMerge need a NIXL whose C API has them)"); err != nil {
 		return nil, err
 	}
-	runtime.KeepAlive(o)
 	return h, nil
 }
 
-func freeOpts(h C.gx_h) {
+func freeOpts(h optHandle) {
 	if h != nil {
-		C.gx_destroy_opt_args(h)
+		cDestroyOpt(h)
 	}
 }
 

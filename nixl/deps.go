@@ -1,17 +1,10 @@
 package nixl
 
-/*
-#include <stdlib.h>
-#include "gx.h"
-*/
-import "C"
-
 import (
 	"os"
 	"path/filepath"
 	"sort"
 	"strings"
-	"unsafe"
 )
 
 // EnvDepDirs names the environment variable listing (colon-separated) folders of plugin dependencies that
@@ -103,12 +96,9 @@ func preloadDeps(dirs []string) []Dep {
 	for len(files) > 0 {
 		var left []string
 		for _, p := range files {
-			var errBuf [1024]C.char
-			cp := C.CString(p)
-			rc := C.gx_preload(cp, &errBuf[0], C.size_t(len(errBuf)))
-			C.free(unsafe.Pointer(cp))
-			if rc != 0 {
-				why[p] = C.GoString(&errBuf[0])
+			reason, ok := cPreload(p)
+			if !ok {
+				why[p] = reason
 				left = append(left, p)
 				continue
 			}

@@ -53,4 +53,4 @@
 // target side. Xfer.Wait polls with backoff and honours its context.
 package nixl
 
-//go:generate go run golang.org/x/tools/cmd/stringer@v0.52.0 -linecomment -output=string.go -type=Op,State,MemType,childKind
+//go:generate go tool stringer -linecomment -output=string.go -type=Op,State,MemType,childKind

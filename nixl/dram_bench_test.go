@@ -11,6 +11,7 @@ import (
 
 	"github.com/gonixl/gonixl/internal/benchpeer"
 	"github.com/gonixl/gonixl/internal/nixltest"
+	"github.com/gonixl/gonixl/internal/testenv"
 	"github.com/gonixl/gonixl/nixl"
 )
 
@@ -79,7 +80,7 @@ func BenchmarkDRAMToDRAM(b *testing.B) {
 							if _, err := x.Post(); err != nil {
 								b.Fatal(err)
 							}
-							if err := x.Wait(ctxT(b)); err != nil {
+							if err := x.Wait(testenv.Context(b, 30*time.Second)); err != nil {
 								b.Fatal(err)
 							}
 						}
@@ -125,7 +126,7 @@ func TestBenchPeer(t *testing.T) {
 		[]nixl.Desc{{Addr: peer.Addr + off, Len: uint64(m.Len())}}, peer.Agent)
 	require.NoError(t, err)
 	defer x.Close()
-	postWait(t, ctxT(t), x)
+	postWait(t, testenv.Context(t, 30*time.Second), x)
 	for i, v := range m.Bytes() {
 		if v != benchpeer.Pattern(uint64(off+i)) {
 			t.Fatalf("byte %d: %#x, want %#x", i, v, benchpeer.Pattern(uint64(off+i)))

@@ -1,18 +1,11 @@
 package nixl
 
-/*
-#include <stdlib.h>
-#include "gx.h"
-*/
-import "C"
-
 import (
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
-	"unsafe"
 
 	"go.uber.org/zap"
 
@@ -175,12 +168,9 @@ func Load(opts LoadOptions) (*Library, error) {
 				return nil, goErr("load", ErrInvalidParam, "setting NIXL_PLUGIN_DIR: %w", err)
 			}
 		}
-		var errBuf [1024]C.char
-		cpath := C.CString(path)
-		rc := C.gx_open(cpath, &errBuf[0], C.size_t(len(errBuf)))
-		C.free(unsafe.Pointer(cpath))
-		if rc != 0 {
-			le.Add(fmt.Sprintf("%s (%s)", path, cand.Source), C.GoString(&errBuf[0]))
+		why, ok := cOpen(path)
+		if !ok {
+			le.Add(fmt.Sprintf("%s (%s)", path, cand.Source), why)
 			continue
 		}
 		abs := path
@@ -191,8 +181,8 @@ func Load(opts LoadOptions) (*Library, error) {
 		} else if p := resolvedPath(); p != "" {
 			abs = p
 		}
-		loaded = &Library{path: abs, pluginDir: os.Getenv("NIXL_PLUGIN_DIR"), custom: C.gx_has_custom_param() != 0,
-			skipMerge: C.gx_has_skip_desc_merge() != 0, deps: deps, depDirs: dirs, log: log}
+		loaded = &Library{path: abs, pluginDir: os.Getenv("NIXL_PLUGIN_DIR"), custom: cHasCustomParam(),
+			skipMerge: cHasSkipDescMerge(), deps: deps, depDirs: dirs, log: log}
 		log.Info("NIXL loaded", zap.String("path", abs), zap.String("source", cand.Source), zap.String("plugin_dir", loaded.pluginDir))
 		loadErr = nil
 		return loaded, nil

@@ -1,16 +1,9 @@
 package nixl
 
-/*
-#include <stdlib.h>
-#include "gx.h"
-*/
-import "C"
-
 import (
 	"fmt"
 	"runtime"
 	"strings"
-	"unsafe"
 )
 
 // MemType is NIXL's memory type (nixl_mem_t).
@@ -69,14 +62,6 @@ type RegDesc struct {
 	Meta []byte
 }
 
-// descPtr views descs as the (addr, len, devID) triples the C helpers take; no copy.
-func descPtr(descs []Desc) *C.uint64_t {
-	if len(descs) == 0 {
-		return nil
-	}
-	return (*C.uint64_t)(unsafe.Pointer(&descs[0]))
-}
-
 func checkDescs(op string, mem MemType, descs []Desc) error {
 	if !mem.valid() {
 		return goErr(op, ErrInvalidParam, "invalid memory type %d", int(mem))
@@ -93,7 +78,7 @@ func checkDescs(op string, mem MemType, descs []Desc) error {
 }
 
 // buildRegList makes a C registration list; the caller destroys it.
-func buildRegList(op string, mem MemType, descs []RegDesc) (C.gx_h, error) {
+func buildRegList(op string, mem MemType, descs []RegDesc) (regList, error) {
 	plain := make([]Desc, len(descs))
 	var meta []byte
 	var ends []uint64
@@ -105,25 +90,16 @@ func buildRegList(op string, mem MemType, descs []RegDesc) (C.gx_h, error) {
 	if err := checkDescs(op, mem, plain); err != nil {
 		return nil, err
 	}
-	var mp *C.char
-	var ep *C.uint64_t
-	if len(meta) > 0 {
-		mp = (*C.char)(unsafe.Pointer(&meta[0]))
-		ep = (*C.uint64_t)(unsafe.Pointer(&ends[0]))
-	}
-	var h C.gx_h
-	var bad C.size_t
-	if err := check(op, C.gx_reg_dlist(C.int(mem), descPtr(plain), C.size_t(len(plain)), mp, ep, &h, &bad), fmt.Sprintf("descriptor %d", int(bad))); err != nil {
+	h, bad, st := cRegList(mem, plain, meta, ends)
+	if err := check(op, st, fmt.Sprintf("descriptor %d", bad)); err != nil {
 		return nil, err
 	}
-	runtime.KeepAlive(meta)
-	runtime.KeepAlive(plain)
 	return h, nil
 }
 
 // useRegList is useOpts plus descs as a C registration list (buildRegList), which the caller destroys or
 // hands on; end releases the agent and the options.
-func (a *Agent) useRegList(op string, mem MemType, descs []RegDesc, opts []Option) (l, o C.gx_h, end func(), err error) {
+func (a *Agent) useRegList(op string, mem MemType, descs []RegDesc, opts []Option) (l regList, o optHandle, end func(), err error) {
 	if o, end, err = a.useOpts(op, opts); err != nil {
 		return nil, nil, nil, err
 	}
@@ -174,15 +150,15 @@ func (a *Agent) RegisterMemMeta(mem MemType, descs []RegDesc, opts ...Option) (*
 	}
 	defer end()
 	detail := fmt.Sprintf("%d %s descriptor(s) on agent %s; is a backend serving %s created (CreateBackend)?", len(descs), mem, a.name, mem)
-	if err := check(op, C.gx_register_mem(a.h, l, o), detail); err != nil {
-		C.gx_destroy_reg_dlist(l)
+	if err := check(op, cRegisterMem(a.h, l, o), detail); err != nil {
+		cDestroyRegList(l)
 		return nil, err
 	}
 	plain := make([]Desc, len(descs))
 	for i := range descs {
 		plain[i] = descs[i].Desc
 	}
-	id := a.addChild(&child{kind: kindRegistration, h: l, desc: fmt.Sprintf("%d %s region(s)", len(descs), mem)})
+	id := a.addChild(&child{kind: kindRegistration, reg: l, desc: fmt.Sprintf("%d %s region(s)", len(descs), mem)})
 	r := &Registration{ref: childRef{a, id}, mem: mem, descs: plain}
 	runtime.AddCleanup(r, func(ref childRef) { ref.leaked() }, r.ref)
 	return r, nil
@@ -197,24 +173,10 @@ func (a *Agent) QueryMem(mem MemType, descs []RegDesc, opts ...Option) ([]map[st
 		return nil, err
 	}
 	defer end()
-	defer C.gx_destroy_reg_dlist(l)
-	n := len(descs)
-	has := make([]C.char, n+1)
-	ends := make([]C.uint64_t, n+1)
-	var out *C.char
-	var outLen C.size_t
-	if err := check(op, C.gx_query_mem(a.h, l, o, C.size_t(n), &has[0], &ends[0], &out, &outLen), "WithBackends must name exactly one backend"); err != nil {
+	defer cDestroyRegList(l)
+	res, st := cQueryMem(a.h, l, o, len(descs))
+	if err := check(op, st, "WithBackends must name exactly one backend"); err != nil {
 		return nil, err
-	}
-	flat := goBytesFree(unsafe.Pointer(out), outLen)
-	res := make([]map[string]string, n)
-	start := uint64(0)
-	for i := 0; i < n; i++ {
-		end := uint64(ends[i])
-		if has[i] != 0 {
-			res[i] = parseParams(flat[start:end])
-		}
-		start = end
 	}
 	return res, nil
 }
@@ -227,12 +189,11 @@ func (a *Agent) LocalMetadata() ([]byte, error) {
 		return nil, err
 	}
 	defer done()
-	var p unsafe.Pointer
-	var n C.size_t
-	if err := check("get local metadata", C.gx_get_local_md(a.h, &p, &n), a.name); err != nil {
+	md, st := cLocalMD(a.h)
+	if err := check("get local metadata", st, a.name); err != nil {
 		return nil, err
 	}
-	return goBytesFree(p, n), nil
+	return md, nil
 }
 
 // LocalPartialMetadata returns metadata for only the given registered descriptors (none: connection info
@@ -248,22 +209,22 @@ func (a *Agent) LocalPartialMetadata(mem MemType, descs []Desc, opts ...Option) 
 	for i, d := range descs {
 		rd[i].Desc = d
 	}
-	var l C.gx_h
+	var l regList
 	if len(rd) == 0 {
-		var bad C.size_t
-		if err := check(op, C.gx_reg_dlist(C.int(mem), nil, 0, nil, nil, &l, &bad), ""); err != nil {
+		var st status
+		l, _, st = cRegList(mem, nil, nil, nil)
+		if err := check(op, st, ""); err != nil {
 			return nil, err
 		}
 	} else if l, err = buildRegList(op, mem, rd); err != nil {
 		return nil, err
 	}
-	defer C.gx_destroy_reg_dlist(l)
-	var p unsafe.Pointer
-	var n C.size_t
-	if err := check(op, C.gx_get_local_partial_md(a.h, l, &p, &n, o), "are the descriptors registered?"); err != nil {
+	defer cDestroyRegList(l)
+	md, st := cLocalPartialMD(a.h, l, o)
+	if err := check(op, st, "are the descriptors registered?"); err != nil {
 		return nil, err
 	}
-	return goBytesFree(p, n), nil
+	return md, nil
 }
 
 // LoadRemoteMetadata loads a peer's metadata blob and returns the peer agent's name.
@@ -277,21 +238,19 @@ func (a *Agent) LoadRemoteMetadata(md []byte) (string, error) {
 		return "", err
 	}
 	defer done()
-	var name *C.char
-	if err := check(op, C.gx_load_remote_md(a.h, unsafe.Pointer(&md[0]), C.size_t(len(md)), &name),
+	name, st := cLoadRemoteMD(a.h, md)
+	if err := check(op, st,
 		fmt.Sprintf("%d-byte blob: is it another NIXL agent's LocalMetadata from the same NIXL version, with a backend in common?", len(md))); err != nil {
 		return "", err
 	}
-	runtime.KeepAlive(md)
-	defer C.free(unsafe.Pointer(name))
-	return C.GoString(name), nil
+	return name, nil
 }
 
 // InvalidateRemoteMetadata forgets a peer's metadata and disconnects from it.
 func (a *Agent) InvalidateRemoteMetadata(remote string) error {
 	op := "invalidate remote metadata"
-	return a.withRemote(op, remote, nil, func(cr *C.char, _ C.gx_h) error {
-		return check(op, C.gx_invalidate_remote_md(a.h, cr), "agent "+remote)
+	return a.withRemote(op, remote, nil, func(cr cString, _ optHandle) error {
+		return check(op, cInvalidateRemoteMD(a.h, cr), "agent "+remote)
 	})
 }
 
@@ -299,50 +258,48 @@ func (a *Agent) InvalidateRemoteMetadata(remote string) error {
 // them, else an ErrNotFound error.
 func (a *Agent) CheckRemoteMetadata(remote string, mem MemType, descs []Desc) error {
 	op := "check remote metadata"
-	return a.withRemote(op, remote, nil, func(cr *C.char, _ C.gx_h) error {
+	return a.withRemote(op, remote, nil, func(cr cString, _ optHandle) error {
 		l, err := buildXferList(op, mem, descs, true)
 		if err != nil {
 			return err
 		}
-		defer C.gx_destroy_xfer_dlist(l)
-		return check(op, C.gx_check_remote_md(a.h, cr, l), "agent "+remote)
+		defer cDestroyXferList(l)
+		return check(op, cCheckRemoteMD(a.h, cr, l), "agent "+remote)
 	})
 }
 
 // MakeConnection connects to a peer now instead of at its first transfer.
 func (a *Agent) MakeConnection(remote string, opts ...Option) error {
 	op := "make connection"
-	return a.withRemote(op, remote, opts, func(cr *C.char, o C.gx_h) error {
-		return check(op, C.gx_make_connection(a.h, cr, o), "agent "+remote+": load its metadata first")
+	return a.withRemote(op, remote, opts, func(cr cString, o optHandle) error {
+		return check(op, cMakeConnection(a.h, cr, o), "agent "+remote+": load its metadata first")
 	})
 }
 
 // withRemote runs fn with the agent in use, opts converted for C and remote as a C string, and releases them
 // after fn.
-func (a *Agent) withRemote(op, remote string, opts []Option, fn func(cr *C.char, o C.gx_h) error) error {
+func (a *Agent) withRemote(op, remote string, opts []Option, fn func(cr cString, o optHandle) error) error {
 	o, end, err := a.useOpts(op, opts)
 	if err != nil {
 		return err
 	}
 	defer end()
-	cr := C.CString(remote)
-	defer C.free(unsafe.Pointer(cr))
+	cr := newCString(remote)
+	defer cr.free()
 	return fn(cr, o)
 }
 
 // buildXferList makes a C transfer descriptor list in one cgo call; the caller destroys it.
-func buildXferList(op string, mem MemType, descs []Desc, allowEmpty bool) (C.gx_h, error) {
+func buildXferList(op string, mem MemType, descs []Desc, allowEmpty bool) (xferList, error) {
 	if len(descs) == 0 && !allowEmpty {
 		return nil, goErr(op, ErrInvalidParam, "no descriptors")
 	}
 	if err := checkDescs(op, mem, descs); err != nil {
 		return nil, err
 	}
-	var h C.gx_h
-	var bad C.size_t
-	if err := check(op, C.gx_xfer_dlist(C.int(mem), descPtr(descs), C.size_t(len(descs)), &h, &bad), fmt.Sprintf("descriptor %d", int(bad))); err != nil {
+	h, bad, st := cXferList(mem, descs)
+	if err := check(op, st, fmt.Sprintf("descriptor %d", bad)); err != nil {
 		return nil, err
 	}
-	runtime.KeepAlive(descs)
 	return h, nil
 }

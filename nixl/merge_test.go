@@ -2,11 +2,13 @@ package nixl_test
 
 import (
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/gonixl/gonixl/internal/descmerge"
 	"github.com/gonixl/gonixl/internal/nixltest"
+	"github.com/gonixl/gonixl/internal/testenv"
 	"github.com/gonixl/gonixl/layout"
 	"github.com/gonixl/gonixl/nixl"
 )
@@ -34,7 +36,7 @@ func TestDescMerge(t *testing.T) {
 		defer x.Close()
 		_, err := x.Post()
 		require.NoError(t, err)
-		require.NoError(t, x.Wait(ctxT(t)))
+		require.NoError(t, x.Wait(testenv.Context(t, 30*time.Second)))
 		tel, err := x.Telemetry()
 		require.NoError(t, err)
 		return tel.Descs
@@ -118,7 +120,7 @@ func TestLayoutPlansPostedDescs(t *testing.T) {
 				want := descmerge.Posted(ld, rd, li, ri)
 				x, err := a.MakeXfer(nixl.Read, lp, li, rp, ri)
 				require.NoError(t, err)
-				postWait(t, ctxT(t), x)
+				postWait(t, testenv.Context(t, 30*time.Second), x)
 				tel, err := x.Telemetry()
 				require.NoError(t, err)
 				require.NoError(t, x.Close())

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -27,14 +26,9 @@ import (
 var leaks atomic.Int64
 
 func TestMain(m *testing.M) {
-	benchpeer.MaybeServe(nil) // BenchmarkDRAMToDRAM's peer process
-	// The two-process tests re-run this binary as the peer process.
-	if os.Getenv("GONIXL_NIXL_PEER") != "" {
-		os.Exit(peerMain())
-	}
-	if os.Getenv("GONIXL_NIXL_LOADFAIL") != "" {
-		os.Exit(loadFailMain())
-	}
+	// Peers: BenchmarkDRAMToDRAM's DRAM peer, TestTwoProcesses' other process, TestLoadFailureListsWhatWasTried's
+	// failing load.
+	testenv.ServePeer(testenv.Peers{benchpeer.Role: benchpeer.Main(nil), "peer": peerMain, "loadfail": loadFailMain})
 	testenv.ExportNIXLLibDir()
 	nixl.OnLeak(func(l nixl.Leak) {
 		if l.What != "deliberately leaked" {
@@ -110,12 +104,6 @@ func newPair(t testing.TB, size int64) *pair {
 	return p
 }
 
-func ctxT(t testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
-
 // postWait posts x and waits until it is done (bounded by ctx).
 func postWait(t testing.TB, ctx context.Context, x *nixl.Xfer) {
 	t.Helper()
@@ -157,8 +145,8 @@ func TestWriteAndReadWithNotifications(t *testing.T) {
 	notif := []byte("req-1\x00:tp=2\x00")
 	x, err := p.init.CreateXfer(nixl.Write, nixl.DRAM, []nixl.Desc{p.initMem.Desc()}, nixl.DRAM, []nixl.Desc{p.targetMem.Desc()}, p.target.Name(), nixl.WithNotification(notif))
 	require.NoError(t, err)
-	postWait(t, ctxT(t), x)
-	n, err := p.target.WaitNotification(ctxT(t), func(n nixl.Notification) bool { return true }, nil)
+	postWait(t, testenv.Context(t, 30*time.Second), x)
+	n, err := p.target.WaitNotification(testenv.Context(t, 30*time.Second), func(n nixl.Notification) bool { return true }, nil)
 	require.NoError(t, err)
 	require.Equal(t, p.init.Name(), n.Agent)
 	require.Equal(t, notif, n.Msg)
@@ -177,9 +165,9 @@ func TestWriteAndReadWithNotifications(t *testing.T) {
 	r, err := p.init.MakeXfer(nixl.Read, local, []int{0}, remote, []int{0}, nixl.WithNotification([]byte("read-done")))
 	require.NoError(t, err)
 	defer r.Close()
-	postWait(t, ctxT(t), r)
+	postWait(t, testenv.Context(t, 30*time.Second), r)
 	require.True(t, bytes.Equal(src, dst), "READ moved the wrong bytes")
-	n, err = p.target.WaitNotification(ctxT(t), func(n nixl.Notification) bool { return string(n.Msg) == "read-done" }, nil)
+	n, err = p.target.WaitNotification(testenv.Context(t, 30*time.Second), func(n nixl.Notification) bool { return string(n.Msg) == "read-done" }, nil)
 	require.NoError(t, err)
 	require.Equal(t, p.init.Name(), n.Agent)
 
@@ -187,9 +175,9 @@ func TestWriteAndReadWithNotifications(t *testing.T) {
 	fill(dst, 5)
 	_, err = r.Post(nixl.WithNotification([]byte("again")))
 	require.NoError(t, err)
-	require.NoError(t, r.Wait(ctxT(t)))
+	require.NoError(t, r.Wait(testenv.Context(t, 30*time.Second)))
 	require.True(t, bytes.Equal(src, dst), "reposted READ moved the wrong bytes")
-	_, err = p.target.WaitNotification(ctxT(t), func(n nixl.Notification) bool { return string(n.Msg) == "again" }, nil)
+	_, err = p.target.WaitNotification(testenv.Context(t, 30*time.Second), func(n nixl.Notification) bool { return string(n.Msg) == "again" }, nil)
 	require.NoError(t, err)
 
 	be, err := r.Backend()
@@ -202,7 +190,7 @@ func TestStandaloneNotificationAndEmpty(t *testing.T) {
 	require.NoError(t, p.init.SendNotification(p.target.Name(), []byte{0, 1, 2, 0}))
 	require.NoError(t, p.init.SendNotification(p.target.Name(), nil))
 	var got [][]byte
-	ctx := ctxT(t)
+	ctx := testenv.Context(t, 30*time.Second)
 	for len(got) < 2 {
 		ns, err := p.target.GetNotifications()
 		require.NoError(t, err)
@@ -232,7 +220,7 @@ func TestManyDescriptorsOneRequest(t *testing.T) {
 	require.NoError(t, err)
 	defer x.Close()
 	require.Equal(t, n, x.Len())
-	postWait(t, ctxT(t), x)
+	postWait(t, testenv.Context(t, 30*time.Second), x)
 	for i := 0; i < n; i++ {
 		if !bytes.Equal(src[i*dlen:(i+1)*dlen], dst[(n-1-i)*dlen:(n-i)*dlen]) {
 			t.Fatalf("descriptor %d moved the wrong bytes", i)
@@ -338,7 +326,7 @@ func TestAgentCloseReleasesChildren(t *testing.T) {
 	// Loopback: the agent reads its own memory (no metadata to load).
 	x, err := a.CreateXfer(nixl.Read, nixl.DRAM, []nixl.Desc{{Addr: m.Addr(), Len: 4096}}, nixl.DRAM, []nixl.Desc{{Addr: m.Addr() + 8192, Len: 4096}}, a.Name())
 	require.NoError(t, err)
-	postWait(t, ctxT(t), x)
+	postWait(t, testenv.Context(t, 30*time.Second), x)
 
 	require.NoError(t, a.Close())
 	require.NoError(t, a.Close(), "Close is idempotent")
@@ -384,7 +372,7 @@ func TestTelemetryAndCost(t *testing.T) {
 	} else {
 		require.True(t, errors.Is(err, nixl.ErrBackend) || errors.Is(err, nixl.ErrInvalidParam), "unexpected error %v", err)
 	}
-	postWait(t, ctxT(t), x)
+	postWait(t, testenv.Context(t, 30*time.Second), x)
 	tel, err := x.Telemetry()
 	require.NoError(t, err)
 	require.EqualValues(t, 1<<20, tel.Bytes)
@@ -395,7 +383,7 @@ func TestTelemetryAndCost(t *testing.T) {
 	y, err := p.init.CreateXfer(nixl.Read, nixl.DRAM, []nixl.Desc{p.initMem.Desc()}, nixl.DRAM, []nixl.Desc{p.targetMem.Desc()}, p.target.Name())
 	require.NoError(t, err)
 	defer y.Close()
-	postWait(t, ctxT(t), y)
+	postWait(t, testenv.Context(t, 30*time.Second), y)
 	_, err = y.Telemetry()
 	require.ErrorIs(t, err, nixl.ErrNoTelemetry)
 }
@@ -416,7 +404,7 @@ func TestWaitHonoursContext(t *testing.T) {
 		require.ErrorAs(t, err, &e, "a wait ended by its context is the package's error too")
 		require.Equal(t, "wait for transfer", e.Op)
 	}
-	require.NoError(t, x.Wait(ctxT(t)))
+	require.NoError(t, x.Wait(testenv.Context(t, 30*time.Second)))
 }
 
 func TestConcurrentTransfers(t *testing.T) {
@@ -465,8 +453,8 @@ func TestTwoProcesses(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), "GONIXL_NIXL_PEER=1", "NIXL_LIB_DIR="+dir)
+	cmd := testenv.PeerCommand(ctx, "peer", nil)
+	cmd.Env = append(cmd.Env, "NIXL_LIB_DIR="+dir)
 	stdin, err := cmd.StdinPipe()
 	require.NoError(t, err)
 	stdout, err := cmd.StdoutPipe()
@@ -562,8 +550,8 @@ func peerMain() int {
 }
 
 func TestLoadFailureListsWhatWasTried(t *testing.T) {
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), "GONIXL_NIXL_LOADFAIL=1", "NIXL_LIB_DIR=/nonexistent/nixl/lib", "LD_LIBRARY_PATH=")
+	cmd := testenv.PeerCommand(testenv.Context(t, time.Minute), "loadfail", nil)
+	cmd.Env = append(cmd.Env, "NIXL_LIB_DIR=/nonexistent/nixl/lib", "LD_LIBRARY_PATH=")
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, string(out))
 	s := string(out)

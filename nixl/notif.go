@@ -1,18 +1,10 @@
 package nixl
 
-/*
-#include <stdlib.h>
-#include "gx.h"
-*/
-import "C"
-
 import (
 	"context"
 	"encoding/binary"
 	"fmt"
-	"runtime"
 	"time"
-	"unsafe"
 
 	"github.com/gonixl/gonixl/internal/poll"
 )
@@ -37,20 +29,20 @@ func (a *Agent) GetNotifications(opts ...Option) ([]Notification, error) {
 	a.notifMu.Lock()
 	defer a.notifMu.Unlock()
 	if a.notifMap == nil {
-		if err := check(op, C.gx_create_notif_map(&a.notifMap), ""); err != nil {
+		m, st := cCreateNotifMap()
+		if err := check(op, st, ""); err != nil {
 			return nil, err
 		}
+		a.notifMap = m
 	}
-	var buf *C.char
-	var n, count C.size_t
-	if err := check(op, C.gx_get_notifs(a.h, a.notifMap, o, &buf, &n, &count), a.name); err != nil {
+	raw, count, st := cGetNotifs(a.h, a.notifMap, o)
+	if err := check(op, st, a.name); err != nil {
 		return nil, err
 	}
 	if count == 0 {
 		return nil, nil
 	}
-	raw := goBytesFree(unsafe.Pointer(buf), n)
-	return parseNotifs(raw, int(count))
+	return parseNotifs(raw, count)
 }
 
 // parseNotifs decodes gx_get_notifs' records: [u32 agent_len][agent][u32 msg_len][msg].
@@ -83,17 +75,8 @@ func parseNotifs(raw []byte, count int) ([]Notification, error) {
 // SendNotification sends msg (arbitrary bytes) to a peer whose metadata is loaded, outside any transfer.
 func (a *Agent) SendNotification(remote string, msg []byte, opts ...Option) error {
 	op := "send notification"
-	return a.withRemote(op, remote, opts, func(cr *C.char, o C.gx_h) error {
-		var p unsafe.Pointer
-		var empty [1]byte
-		if len(msg) > 0 {
-			p = unsafe.Pointer(&msg[0])
-		} else {
-			p = unsafe.Pointer(&empty[0])
-		}
-		err := check(op, C.gx_gen_notif(a.h, cr, p, C.size_t(len(msg)), o), fmt.Sprintf("to %s: is its metadata loaded?", remote))
-		runtime.KeepAlive(msg)
-		return err
+	return a.withRemote(op, remote, opts, func(cr cString, o optHandle) error {
+		return check(op, cGenNotif(a.h, cr, msg, o), fmt.Sprintf("to %s: is its metadata loaded?", remote))
 	})
 }
 

@@ -5,10 +5,12 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/gonixl/gonixl/internal/nixltest"
+	"github.com/gonixl/gonixl/internal/testenv"
 	"github.com/gonixl/gonixl/nixl"
 )
 
@@ -55,7 +57,7 @@ func TestFileMemoryWithPOSIX(t *testing.T) {
 	w, err := a.CreateXfer(nixl.Write, nixl.DRAM, []nixl.Desc{m.Desc()}, nixl.File, []nixl.Desc{fileDesc}, a.Name(), nixl.WithBackends(posix))
 	require.NoError(t, err)
 	defer w.Close()
-	postWait(t, ctxT(t), w)
+	postWait(t, testenv.Context(t, 30*time.Second), w)
 	onDisk, err := os.ReadFile(path)
 	require.NoError(t, err)
 	require.True(t, bytes.Equal(onDisk, m.Bytes()), "the file does not hold what was written")
@@ -64,6 +66,6 @@ func TestFileMemoryWithPOSIX(t *testing.T) {
 	r, err := a.CreateXfer(nixl.Read, nixl.DRAM, []nixl.Desc{m.Desc()}, nixl.File, []nixl.Desc{fileDesc}, a.Name(), nixl.WithBackends(posix))
 	require.NoError(t, err)
 	defer r.Close()
-	postWait(t, ctxT(t), r)
+	postWait(t, testenv.Context(t, 30*time.Second), r)
 	require.True(t, bytes.Equal(onDisk, m.Bytes()), "READ from the file moved the wrong bytes")
 }

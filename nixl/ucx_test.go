@@ -4,10 +4,12 @@ import (
 	"fmt"
 	"os"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/gonixl/gonixl/internal/nixltest"
+	"github.com/gonixl/gonixl/internal/testenv"
 	"github.com/gonixl/gonixl/nixl"
 )
 
@@ -69,7 +71,7 @@ func TestUCXOptionsTransfer(t *testing.T) {
 			x, err := a.CreateXfer(nixl.Read, nixl.DRAM, ld, nixl.DRAM, rd, b.Name())
 			require.NoError(t, err)
 			defer x.Close()
-			postWait(t, ctxT(t), x)
+			postWait(t, testenv.Context(t, 30*time.Second), x)
 			require.Equal(t, mb.Bytes(), ma.Bytes())
 		})
 	}

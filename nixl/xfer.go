@@ -1,18 +1,11 @@
 package nixl
 
-/*
-#include <stdlib.h>
-#include "gx.h"
-*/
-import "C"
-
 import (
 	"context"
 	"fmt"
 	"runtime"
 	"sync"
 	"time"
-	"unsafe"
 
 	"github.com/gonixl/gonixl/internal/poll"
 )
@@ -60,19 +53,19 @@ func (a *Agent) Prep(remote string, mem MemType, descs []Desc, opts ...Option) (
 		side = "remote agent " + remote
 	}
 	var p *Prepped
-	if err := a.withRemote(op, remote, opts, func(cr *C.char, o C.gx_h) error {
+	if err := a.withRemote(op, remote, opts, func(cr cString, o optHandle) error {
 		l, err := buildXferList(op, mem, descs, false)
 		if err != nil {
 			return err
 		}
-		defer C.gx_destroy_xfer_dlist(l)
-		var h C.gx_h
-		if err := check(op, C.gx_prep_xfer_dlist(a.h, cr, l, &h, o),
+		defer cDestroyXferList(l)
+		h, st := cPrepXferDlist(a.h, cr, l, o)
+		if err := check(op, st,
 			fmt.Sprintf("%d %s descriptors for %s: is the memory registered (and the remote metadata loaded)?", len(descs), mem, side)); err != nil {
 			return err
 		}
 		// Owned by the agent before its lock is released, so that a concurrent Close releases it.
-		id := a.addChild(&child{kind: kindPrepped, h: h, desc: fmt.Sprintf("%d %s descriptors (%s)", len(descs), mem, side)})
+		id := a.addChild(&child{kind: kindPrepped, prepped: h, desc: fmt.Sprintf("%d %s descriptors (%s)", len(descs), mem, side)})
 		p = &Prepped{ref: childRef{a, id}, agent: remote, mem: mem, n: len(descs), remote: remote != ""}
 		return nil
 	}); err != nil {
@@ -112,16 +105,16 @@ func (x *Xfer) Remote() string { return x.remote }
 // Len returns the number of descriptor pairs.
 func (x *Xfer) Len() int { return x.count }
 
-var idxPool = sync.Pool{New: func() any { s := make([]C.int, 0, 1024); return &s }}
+var idxPool = sync.Pool{New: func() any { s := make([]cIndex, 0, 1024); return &s }}
 
 // toCIndices validates indices against a list length and converts them to C ints in a pooled buffer.
-func toCIndices(op, side string, idx []int, n int, buf *[]C.int) error {
+func toCIndices(op, side string, idx []int, n int, buf *[]cIndex) error {
 	out := (*buf)[:0]
 	for i, v := range idx {
 		if v < 0 || v >= n {
 			return goErr(op, ErrIndexOutOfRange, "%s index %d at position %d is outside the prepared list of %d descriptors", side, v, i, n)
 		}
-		out = append(out, C.int(v))
+		out = append(out, cIndex(v))
 	}
 	*buf = out
 	return nil
@@ -141,7 +134,7 @@ func (a *Agent) MakeXfer(op Op, local *Prepped, localIdx []int, remote *Prepped,
 	if len(localIdx) != len(remoteIdx) || len(localIdx) == 0 {
 		return nil, goErr(name, ErrInvalidParam, "need as many local as remote indices, at least one (got %d and %d)", len(localIdx), len(remoteIdx))
 	}
-	lb, rb := idxPool.Get().(*[]C.int), idxPool.Get().(*[]C.int)
+	lb, rb := idxPool.Get().(*[]cIndex), idxPool.Get().(*[]cIndex)
 	defer idxPool.Put(lb)
 	defer idxPool.Put(rb)
 	if err := toCIndices(name, "local", localIdx, local.n, lb); err != nil {
@@ -155,16 +148,16 @@ func (a *Agent) MakeXfer(op Op, local *Prepped, localIdx []int, remote *Prepped,
 		return nil, err
 	}
 	defer end()
-	lh, err := a.childHandle(local.ref.id, name)
+	lc, err := a.child(local.ref.id, name)
 	if err != nil {
 		return nil, err
 	}
-	rh, err := a.childHandle(remote.ref.id, name)
+	rc, err := a.child(remote.ref.id, name)
 	if err != nil {
 		return nil, err
 	}
-	var h C.gx_h
-	if err := check(name, C.gx_make_xfer_req(a.h, C.int(op), lh, &(*lb)[0], C.size_t(len(*lb)), rh, &(*rb)[0], C.size_t(len(*rb)), &h, o),
+	h, st := cMakeXferReq(a.h, op, lc.prepped, *lb, rc.prepped, *rb, o)
+	if err := check(name, st,
 		fmt.Sprintf("%s of %d descriptors from %s: do the paired lengths match?", op, len(localIdx), remote.agent)); err != nil {
 		return nil, err
 	}
@@ -184,19 +177,19 @@ func (a *Agent) CreateXfer(op Op, localMem MemType, local []Desc, remoteMem MemT
 		}
 	}
 	var x *Xfer
-	if err := a.withRemote(name, remoteAgent, opts, func(cr *C.char, o C.gx_h) error {
+	if err := a.withRemote(name, remoteAgent, opts, func(cr cString, o optHandle) error {
 		lh, err := buildXferList(name, localMem, local, false)
 		if err != nil {
 			return err
 		}
-		defer C.gx_destroy_xfer_dlist(lh)
+		defer cDestroyXferList(lh)
 		rh, err := buildXferList(name, remoteMem, remote, false)
 		if err != nil {
 			return err
 		}
-		defer C.gx_destroy_xfer_dlist(rh)
-		var h C.gx_h
-		if err := check(name, C.gx_create_xfer_req(a.h, C.int(op), lh, rh, cr, &h, o),
+		defer cDestroyXferList(rh)
+		h, st := cCreateXferReq(a.h, op, lh, rh, cr, o)
+		if err := check(name, st,
 			fmt.Sprintf("%s of %d descriptors with %s: is its metadata loaded and are both sides registered?", op, len(local), remoteAgent)); err != nil {
 			return err
 		}
@@ -208,24 +201,24 @@ func (a *Agent) CreateXfer(op Op, localMem MemType, local []Desc, remoteMem MemT
 	return x, nil
 }
 
-func (a *Agent) newXfer(h C.gx_h, op Op, remote string, n int) *Xfer {
-	id := a.addChild(&child{kind: kindXfer, h: h, desc: fmt.Sprintf("%s of %d descriptors with %s", op, n, remote)})
+func (a *Agent) newXfer(h xferHandle, op Op, remote string, n int) *Xfer {
+	id := a.addChild(&child{kind: kindXfer, xfer: h, desc: fmt.Sprintf("%s of %d descriptors with %s", op, n, remote)})
 	x := &Xfer{ref: childRef{a, id}, op: op, remote: remote, count: n}
 	runtime.AddCleanup(x, func(ref childRef) { ref.leaked() }, x.ref)
 	return x
 }
 
-func (x *Xfer) handle(op string) (C.gx_h, func(), error) {
+func (x *Xfer) handle(op string) (xferHandle, func(), error) {
 	done, err := x.ref.a.use(op)
 	if err != nil {
 		return nil, nil, err
 	}
-	h, err := x.ref.a.childHandle(x.ref.id, op)
+	c, err := x.ref.a.child(x.ref.id, op)
 	if err != nil {
 		done()
 		return nil, nil, err
 	}
-	return h, done, nil
+	return c.xfer, done, nil
 }
 
 // Post starts (or restarts, once complete) the transfer. A notification given here replaces the one given
@@ -244,7 +237,7 @@ func (x *Xfer) Post(opts ...Option) (State, error) {
 		return InProgress, err
 	}
 	defer freeOpts(o)
-	st := C.gx_post_xfer_req(x.ref.a.h, h, o)
+	st := cPostXfer(x.ref.a.h, h, o)
 	if err := check(op, st, fmt.Sprintf("%s with %s: either the request is still in progress (it cannot be reposted until Status says Done) or the peer went away (load its metadata again after it restarts)", x.op, x.remote)); err != nil {
 		return InProgress, err
 	}
@@ -262,7 +255,7 @@ func (x *Xfer) Status() (State, error) {
 		return InProgress, err
 	}
 	defer done()
-	st := C.gx_get_xfer_status(x.ref.a.h, h)
+	st := cXferStatus(x.ref.a.h, h)
 	if err := check(op, st, fmt.Sprintf("%s with %s", x.op, x.remote)); err != nil {
 		return InProgress, err
 	}
@@ -301,12 +294,11 @@ func (x *Xfer) EstimateCost() (duration, margin time.Duration, err error) {
 		return 0, 0, err
 	}
 	defer done()
-	var d, e C.int64_t
-	var m C.int
-	if err := check(op, C.gx_estimate_xfer_cost(x.ref.a.h, h, nil, &d, &e, &m), ""); err != nil {
+	d, e, st := cEstimateXferCost(x.ref.a.h, h)
+	if err := check(op, st, ""); err != nil {
 		return 0, 0, err
 	}
-	return time.Duration(d) * time.Microsecond, time.Duration(e) * time.Microsecond, nil
+	return d, e, nil
 }
 
 // Telemetry is NIXL's per-request telemetry (AgentConfig.CaptureTelemetry must be set).
@@ -326,17 +318,11 @@ func (x *Xfer) Telemetry() (Telemetry, error) {
 		return Telemetry{}, err
 	}
 	defer done()
-	var t C.gx_telemetry
-	if err := check(op, C.gx_get_xfer_telemetry(x.ref.a.h, h, &t), ""); err != nil {
+	t, st := cXferTelemetry(x.ref.a.h, h)
+	if err := check(op, st, ""); err != nil {
 		return Telemetry{}, err
 	}
-	return Telemetry{
-		Start:        time.UnixMicro(int64(t.start_time_us)),
-		PostDuration: time.Duration(t.post_duration_us) * time.Microsecond,
-		XferDuration: time.Duration(t.xfer_duration_us) * time.Microsecond,
-		Bytes:        uint64(t.total_bytes),
-		Descs:        uint64(t.desc_count),
-	}, nil
+	return t, nil
 }
 
 // Backend returns the backend NIXL chose for the request.
@@ -347,12 +333,12 @@ func (x *Xfer) Backend() (*Backend, error) {
 		return nil, err
 	}
 	defer done()
-	var inner unsafe.Pointer
-	if err := check(op, C.gx_query_xfer_backend(x.ref.a.h, h, &inner), ""); err != nil {
+	inner, st := cQueryXferBackend(x.ref.a.h, h)
+	if err := check(op, st, ""); err != nil {
 		return nil, err
 	}
 	for _, b := range x.ref.a.Backends() {
-		if C.gx_backend_inner(b.h) == inner {
+		if cBackendEngine(b.h) == inner {
 			return b, nil
 		}
 	}

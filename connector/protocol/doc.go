@@ -56,4 +56,4 @@
 // The package builds with CGO_ENABLED=0.
 package protocol
 
-//go:generate go run golang.org/x/tools/cmd/stringer@v0.52.0 -linecomment -output=string.go -type=Framing,LayoutEra
+//go:generate go tool stringer -linecomment -output=string.go -type=Framing,LayoutEra

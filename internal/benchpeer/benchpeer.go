@@ -1,6 +1,7 @@
 // Package benchpeer runs the DRAM side of a NIXL benchmark in its own process, as a prefill worker's agent
 // is in production (two agents of one process talk through shared memory and hide what the network path
-// costs). The test binary re-executes itself: TestMain calls MaybeServe first, and Start launches the peer.
+// costs). The test binary re-executes itself as the peer role Role (internal/testenv's convention): TestMain serves
+// Main under Role, and Start launches the peer.
 package benchpeer
 
 import (
@@ -17,27 +18,32 @@ import (
 	"time"
 
 	"github.com/gonixl/gonixl/internal/poll"
+	"github.com/gonixl/gonixl/internal/testenv"
 	"github.com/gonixl/gonixl/nixl"
 )
 
 // helloPrefix starts the peer's hello line (UCX may print to stdout too, e.g. with UCX_PROTO_INFO=y).
 const helloPrefix = "GONIXL_BENCH_PEER "
 
+// Role is the peer role (testenv.Peers) under which a test binary serves Main.
+const Role = "benchpeer"
+
+// The peer's parameters (testenv.PeerParam).
 const (
-	envDevice = "GONIXL_BENCH_PEER_DEVICE"
-	envSize   = "GONIXL_BENCH_PEER_BYTES"
-	envParams = "GONIXL_BENCH_PEER_UCX"
-	envPin    = "GONIXL_BENCH_PEER_PIN"
+	paramDevice = "DEVICE"
+	paramSize   = "BYTES"
+	paramUCX    = "UCX"
+	paramPin    = "PIN"
 )
 
-// PinHost, when set (by a package with a GPU, before MaybeServe), page-locks the peer's DRAM buffer for CUDA
+// PinHost, when set (by a package with a GPU, before Main runs), page-locks the peer's DRAM buffer for CUDA
 // when Start asked for it (Options.Pin), as a prefill worker holding a CUDA context can do with its staging
 // arena. It returns the function that unpins it.
 var PinHost func(addr uintptr, size uint64) (unpin func() error, err error)
 
 // Options are Start's choices for the peer.
 type Options struct {
-	// Device runs the peer inside MaybeServe's device function (a CUDA context current).
+	// Device runs the peer inside Main's device function (a CUDA context current).
 	Device bool
 	// Pin page-locks the peer's buffer for CUDA (PinHost; needs Device).
 	Pin bool
@@ -55,33 +61,32 @@ type Hello struct {
 // Pattern is the byte the peer writes at offset i of its buffer.
 func Pattern(i uint64) byte { return byte(i*131 + i>>12 + 7) }
 
-// MaybeServe runs the peer and exits when this process was started by Start; otherwise it returns at once.
+// Main is the peer process's main (testenv.Peers{Role: Main(device)}): it serves one Start and returns the exit
+// status.
 // device, when not nil, runs the peer's whole life (agent, registration, progress loop) inside it when Start
 // asked for a device context (WithDevice): a package with a GPU passes a function that binds the GPU's context
 // to the calling OS thread, as a prefill worker holding a CUDA context would have it.
-func MaybeServe(device func(run func() error) error) {
-	size := os.Getenv(envSize)
-	if size == "" {
-		return
+func Main(device func(run func() error) error) func() int {
+	return func() int {
+		run := func() error { return serve(testenv.PeerParam(paramSize), testenv.PeerParam(paramUCX)) }
+		var err error
+		if device != nil && testenv.PeerParam(paramDevice) != "" {
+			err = device(run)
+		} else {
+			err = run()
+		}
+		if err != nil {
+			_ = writeHello(Hello{Error: err.Error()})
+			return 1
+		}
+		return 0
 	}
-	run := func() error { return serve(size, os.Getenv(envParams)) }
-	var err error
-	if device != nil && os.Getenv(envDevice) != "" {
-		err = device(run)
-	} else {
-		err = run()
-	}
-	if err != nil {
-		writeHello(Hello{Error: err.Error()})
-		os.Exit(1)
-	}
-	os.Exit(0)
 }
 
 func serve(sizeS, paramsS string) error {
 	n, err := strconv.ParseInt(sizeS, 10, 64)
 	if err != nil || n <= 0 {
-		return fmt.Errorf("bad %s %q", envSize, sizeS)
+		return fmt.Errorf("bad peer parameter %s %q", paramSize, sizeS)
 	}
 	var params map[string]string
 	if paramsS != "" {
@@ -106,9 +111,9 @@ func serve(sizeS, paramsS string) error {
 		return err
 	}
 	defer m.Close()
-	if os.Getenv(envPin) != "" {
+	if testenv.PeerParam(paramPin) != "" {
 		if PinHost == nil {
-			return fmt.Errorf("%s set but this binary has no benchpeer.PinHost", envPin)
+			return fmt.Errorf("peer parameter %s set but this binary has no benchpeer.PinHost", paramPin)
 		}
 		unpin, err := PinHost(uintptr(m.Addr()), uint64(n))
 		if err != nil {
@@ -165,7 +170,7 @@ type Peer struct {
 
 // Start launches the peer (this test binary, re-executed) with a DRAM buffer of size bytes and the UCX
 // backend params, loading NIXL from lib's folder; it is stopped by tb's cleanup. withDevice makes the peer
-// run inside MaybeServe's device function.
+// run inside Main's device function.
 func Start(tb testing.TB, lib *nixl.Library, size int64, ucxParams map[string]string, withDevice bool) *Peer {
 	tb.Helper()
 	return StartWith(tb, lib, size, ucxParams, Options{Device: withDevice})
@@ -180,15 +185,15 @@ func StartWith(tb testing.TB, lib *nixl.Library, size int64, ucxParams map[strin
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	cmd := exec.Command(os.Args[0], "-test.run=^$", "-test.bench=^$")
-	cmd.Env = append(os.Environ(), envSize+"="+strconv.FormatInt(size, 10), envParams+"="+string(pj),
-		"NIXL_LIB_DIR="+lib.Dir(), "NIXL_PLUGIN_DIR="+lib.PluginDir())
+	params := map[string]string{paramSize: strconv.FormatInt(size, 10), paramUCX: string(pj)}
 	if o.Device {
-		cmd.Env = append(cmd.Env, envDevice+"=1")
+		params[paramDevice] = "1"
 	}
 	if o.Pin {
-		cmd.Env = append(cmd.Env, envPin+"=1")
+		params[paramPin] = "1"
 	}
+	cmd := testenv.PeerCommand(context.Background(), Role, params)
+	cmd.Env = append(cmd.Env, "NIXL_LIB_DIR="+lib.Dir(), "NIXL_PLUGIN_DIR="+lib.PluginDir())
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()
 	if err != nil {

@@ -22,12 +22,6 @@ import (
 	"github.com/gonixl/gonixl/layout"
 )
 
-func ctxT(t *testing.T, d time.Duration) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	t.Cleanup(cancel)
-	return ctx
-}
-
 // prompt returns a prompt of n tokens (the demo's tokenizer splits on whitespace).
 func prompt(n int, word string) string { return strings.TrimSpace(strings.Repeat(word+" ", n)) }
 
@@ -36,7 +30,7 @@ func post(t *testing.T, url, id string, req CompletionRequest) (int, string, []b
 	t.Helper()
 	raw, err := json.Marshal(req)
 	require.NoError(t, err)
-	r, err := http.NewRequestWithContext(ctxT(t, 2*time.Minute), http.MethodPost, url+"/v1/completions", bytes.NewReader(raw))
+	r, err := http.NewRequestWithContext(testenv.Context(t, 2*time.Minute), http.MethodPost, url+"/v1/completions", bytes.NewReader(raw))
 	require.NoError(t, err)
 	if id != "" {
 		r.Header.Set("X-Request-Id", id)
@@ -56,7 +50,7 @@ const prefillParams = `{"do_remote_decode":true,"do_remote_prefill":false}`
 // through instead of turning them into 502.
 func TestWorkerStatuses(t *testing.T) {
 	l := nixltest.Lib(t)
-	ctx := ctxT(t, 3*time.Minute)
+	ctx := testenv.Context(t, 3*time.Minute)
 	pre, err := NewPrefillServer(ctx, PrefillConfig{VLLMVersion: "0.33.0", Model: Qwen3_0_6B, NumBlocks: 8, BatchRows: 2, MaxSeq: 128,
 		Order: layout.HND, HoldTimeout: 10 * time.Minute, Library: l})
 	require.NoError(t, err)
