@@ -161,6 +161,7 @@ test-pure:
 
 test-go:
 	$(GO) vet ./...
+	@NIXL_VERSION=$(NIXL_VERSION) PYTHON=$(PYTHON) bash scripts/check-nixl-capi.sh
 	$(GO) test $(TEST_FLAGS) ./...
 
 test: deps test-pure test-go

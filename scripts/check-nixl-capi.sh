@@ -2,7 +2,7 @@
 # Compiles nixl/testdata/capi_check.c against NIXL's own C API header (wrapper.h of NIXL's Rust binding) so
 # that a gx.h prototype, struct or enum value that differs from NIXL's fails `make lint`. The header is not
 # in NIXL's wheels: it is taken from $NIXL_CAPI_HEADER (a wrapper.h, e.g. of a NIXL source tree) or from the
-# nixl-sys crate of the pinned NIXL version (crates.io, fetched with cargo into cargo's own cache; nothing of
+# nixl-sys crate of the pinned NIXL version (downloaded from static.crates.io into ~/.cache/gonixl; nothing of
 # NIXL is copied into this repository).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,15 +19,22 @@ missing() {
 
 header=${NIXL_CAPI_HEADER:-}
 if [ -z "$header" ]; then
-	cargo_home=${CARGO_HOME:-$HOME/.cargo}
-	find_header() { ls "$cargo_home"/registry/src/*/nixl-sys-"$NIXL_VERSION"/wrapper.h 2>/dev/null | head -n1; }
-	header=$(find_header)
-	if [ -z "$header" ]; then
-		command -v cargo >/dev/null || missing "no NIXL C API header: set NIXL_CAPI_HEADER to NIXL's src/bindings/rust/wrapper.h, or install cargo to fetch the nixl-sys $NIXL_VERSION crate"
-		# cargo info downloads and unpacks the crate into cargo's registry cache.
-		cargo info --quiet "nixl-sys@$NIXL_VERSION" >/dev/null || missing "cargo could not fetch nixl-sys $NIXL_VERSION"
-		header=$(find_header)
-		[ -n "$header" ] || missing "nixl-sys $NIXL_VERSION has no wrapper.h"
+	# The crate is a gzipped tar from crates.io's static host; only wrapper.h is kept, outside the repo.
+	cache=${GONIXL_CACHE:-$HOME/.cache/gonixl}/nixl-sys-$NIXL_VERSION
+	header=$cache/wrapper.h
+	if [ ! -f "$header" ]; then
+		mkdir -p "$cache"
+		${PYTHON:-python3} - "$NIXL_VERSION" "$header" <<'PY' || missing "could not fetch wrapper.h of the nixl-sys $NIXL_VERSION crate from static.crates.io (or set NIXL_CAPI_HEADER)"
+import io, os, sys, tarfile, urllib.request
+version, out = sys.argv[1], sys.argv[2]
+url = f"https://static.crates.io/crates/nixl-sys/nixl-sys-{version}.crate"
+data = urllib.request.urlopen(urllib.request.Request(url, headers={"User-Agent": "gonixl check-nixl-capi"}), timeout=60).read()
+member = tarfile.open(fileobj=io.BytesIO(data)).extractfile(f"nixl-sys-{version}/wrapper.h")
+tmp = out + ".tmp"
+with open(tmp, "wb") as f:
+    f.write(member.read())
+os.replace(tmp, out)
+PY
 	fi
 fi
 [ -f "$header" ] || missing "NIXL_CAPI_HEADER=$header is not a file"

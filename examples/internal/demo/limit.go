@@ -93,10 +93,3 @@ func (l *connLimiter) connState(c net.Conn, st http.ConnState) {
 		delete(l.open, c)
 	}
 }
-
-// stats returns the open, evicted and refused connection counts.
-func (l *connLimiter) stats() (open, evicted, refused int) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return len(l.open), l.evicted, l.refused
-}
