@@ -20,7 +20,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"math"
 	"net/http"
 	"os"
@@ -113,6 +112,8 @@ type request struct {
 	dec    engine.Completion // the engine's decode of gonixl's KV
 	ttft   time.Duration     // proxy: prefill request sent → first token of the decode
 	freed  bool              // the prefill's blocks were freed (vLLM's notification)
+	vread  float64           // bytes vLLM's NixlConnector counted as read (vllm:nixl_bytes_transferred), -1: not exported
+	vfail  float64           // its failed transfers during the request (vllm:nixl_num_failed_transfers)
 	equal  int               // leading tokens equal to the engine's own
 	worst  float64           // max |Δlogprob|
 	err    error
@@ -237,6 +238,16 @@ func run() error {
 	defer eng.Stop()
 	fmt.Printf("ready %.1f s after its start (HTTP on a Unix socket, NIXL side channel 127.0.0.1:%d)\n", eng.Ready.Sub(eng.Started).Seconds(), eng.SidePort)
 
+	// vLLM's first forward passes are slow (its CPU kernels' first calls): one request of its own first, so
+	// that the TTFTs below compare like with like.
+	t0 = time.Now()
+	wctx, wcancel := context.WithTimeout(ctx, 10*time.Minute)
+	_, err = engine.Stream(wctx, eng.Client(), engine.BaseURL, engine.Request{Model: model, Prompt: engine.MakePrompt(8, 99).Text, MaxTokens: 2})
+	wcancel()
+	if err != nil {
+		return fmt.Errorf("warm-up request: %w", err)
+	}
+	fmt.Printf("warm-up request (the engine's first forward passes): %.1f s\n", time.Since(t0).Seconds())
 	fmt.Printf("running %d requests, one after another: the engine alone (reference), then the proxy: gonixl prefill (max_tokens 1, do_remote_decode) → vLLM decode (its kv_transfer_params, streamed)\n", len(reqs))
 	for i, r := range reqs {
 		r.err = proxy(ctx, eng, preURL, model, *maxTokens, r)
@@ -278,6 +289,14 @@ func proxy(ctx context.Context, eng *engine.Engine, preURL, model string, maxTok
 	if len(r.alone.Tokens) != maxTokens {
 		return fmt.Errorf("the engine alone generated %d tokens, want %d", len(r.alone.Tokens), maxTokens)
 	}
+	read0, readOK, err := engine.Scrape(ctx, eng.Client(), engine.BaseURL, "vllm:nixl_bytes_transferred_sum")
+	if err != nil {
+		return err
+	}
+	fail0, _, err := engine.Scrape(ctx, eng.Client(), engine.BaseURL, "vllm:nixl_num_failed_transfers_total")
+	if err != nil {
+		return err
+	}
 	start := time.Now()
 	pr := req
 	pr.MaxTokens, pr.KVTransferParams, pr.RequestID = 1, engine.RemoteDecodeParams, r.id
@@ -296,22 +315,33 @@ func proxy(ctx context.Context, eng *engine.Engine, preURL, model string, maxTok
 		return fmt.Errorf("vLLM decode: %w", err)
 	}
 	r.ttft = r.dec.First.Sub(start)
-	// vLLM's decode notifies the prefill once it has read the blocks; the prefill frees them then.
+	// vLLM's decode notifies the prefill once it has read the blocks; the prefill frees them then. The engine
+	// counts what it read in its KV connector's stats, which reach /metrics with a later scheduler step.
 	deadline := time.Now().Add(30 * time.Second)
+	r.vread = -1
 	for {
-		held, err := metric(ctx, preURL, "gonixl_blocks_held")
+		held, _, err := engine.Scrape(ctx, http.DefaultClient, preURL, "gonixl_blocks_held")
 		if err != nil {
 			return err
 		}
-		if held == 0 {
-			r.freed = true
+		r.freed = held == 0
+		if readOK {
+			read, _, err := engine.Scrape(ctx, eng.Client(), engine.BaseURL, "vllm:nixl_bytes_transferred_sum")
+			if err != nil {
+				return err
+			}
+			r.vread = read - read0
+		}
+		if (r.freed && (!readOK || r.vread > 0)) || time.Now().After(deadline) {
 			break
 		}
-		if time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond)
 	}
+	fail, _, err := engine.Scrape(ctx, eng.Client(), engine.BaseURL, "vllm:nixl_num_failed_transfers_total")
+	if err != nil {
+		return err
+	}
+	r.vfail = fail - fail0
 	for r.equal < min(len(r.dec.Tokens), len(r.alone.Tokens)) && r.dec.Tokens[r.equal] == r.alone.Tokens[r.equal] {
 		r.equal++
 	}
@@ -321,49 +351,33 @@ func proxy(ctx context.Context, eng *engine.Engine, preURL, model string, maxTok
 	return nil
 }
 
-// metric reads one sample of a worker's /metrics (Prometheus' text format).
-func metric(ctx context.Context, base, name string) (float64, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/metrics", nil)
-	if err != nil {
-		return 0, err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return 0, err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	if err != nil {
-		return 0, err
-	}
-	for _, line := range strings.Split(string(body), "\n") {
-		if v, ok := strings.CutPrefix(line, name+" "); ok {
-			return strconv.ParseFloat(strings.TrimSpace(v), 64)
-		}
-	}
-	return 0, fmt.Errorf("%s/metrics has no %s", base, name)
-}
-
 // summary prints the table and the texts; it returns the requests that failed.
 func summary(reqs []*request, maxTokens int) int {
 	fmt.Println()
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "request\ttokens\tblocks\tbytes moved\tKV bytes verified\tprefill ms\tdecode TTFT ms\tTTFT ms\talone TTFT ms\tfreed\ttokens equal\tmax |Δlogprob|\t")
+	fmt.Fprintln(tw, "request\ttokens\tblocks\tbytes held\tKV bytes verified\tvLLM read\tfreed\tprefill ms\tdecode TTFT ms\tTTFT ms\talone TTFT ms\ttokens equal\tmax |Δlogprob|\t")
 	failed := 0
 	for _, r := range reqs {
 		if r.err != nil {
 			failed++
-			fmt.Fprintf(tw, "%s\t%d\t%sFAILED\t\n", r.id, len(r.prompt.IDs), strings.Repeat("-\t", 10))
+			fmt.Fprintf(tw, "%s\t%d\t%sFAILED\t\n", r.id, len(r.prompt.IDs), strings.Repeat("-\t", 11))
 			continue
 		}
 		ok := r.pre.Verified && r.pre.VerifiedBytes == r.kvLen
 		same := r.equal == maxTokens && len(r.dec.Tokens) == maxTokens && r.worst <= logprobTol
-		if !ok || !same || !r.freed {
+		// vLLM's count, where it exports one, must be what gonixl held: every block of every region.
+		read := "-"
+		readOK := true
+		if r.vread >= 0 {
+			readOK = int64(r.vread) == r.pre.Bytes && r.vfail == 0
+			read = fmt.Sprintf("%d %s", int64(r.vread), yes(readOK))
+		}
+		if !ok || !same || !r.freed || !readOK {
 			failed++
 		}
 		verified := fmt.Sprintf("%d %s", r.pre.VerifiedBytes, yes(ok))
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%.1f\t%.1f\t%.1f\t%.1f\t%s\t%d/%d\t%.1e\t\n", r.id, len(r.prompt.IDs), r.pre.Blocks, r.pre.Bytes,
-			verified, ms(r.preT), ms(r.dec.TTFT), ms(r.ttft), ms(r.alone.TTFT), yes(r.freed), r.equal, maxTokens, r.worst)
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%s\t%s\t%.1f\t%.1f\t%.1f\t%.1f\t%d/%d\t%.1e\t\n", r.id, len(r.prompt.IDs), r.pre.Blocks, r.pre.Bytes,
+			verified, read, yes(r.freed), ms(r.preT), ms(r.dec.TTFT), ms(r.ttft), ms(r.alone.TTFT), r.equal, maxTokens, r.worst)
 	}
 	tw.Flush()
 	fmt.Println("\ngenerated text (greedy; the engine alone's where it differs):")

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -34,7 +35,7 @@ type Completion struct {
 	// Raw is a non-streamed answer's body (the gonixl workers add their timings there).
 	Raw json.RawMessage
 	// TTFT is the time from sending the request to the first generated token (streamed: the first chunk
-	// carrying text; not streamed: the whole answer); Total to the end of the answer.
+	// carrying a token; not streamed: the whole answer); Total to the end of the answer.
 	TTFT, Total time.Duration
 	// First is when the first generated token arrived.
 	First time.Time
@@ -122,7 +123,7 @@ func Complete(ctx context.Context, client *http.Client, url string, r Request) (
 }
 
 // Stream posts r to url with stream=true (vLLM's server-sent events: "data: {chunk}" lines, then
-// "data: [DONE]") and gathers the chunks; TTFT is taken at the first chunk that carries text.
+// "data: [DONE]") and gathers the chunks; TTFT is taken at the first chunk that carries a token.
 func Stream(ctx context.Context, client *http.Client, url string, r Request) (Completion, error) {
 	resp, start, err := post(ctx, client, url, r, true)
 	if err != nil {
@@ -147,7 +148,8 @@ func Stream(ctx context.Context, client *http.Client, url string, r Request) (Co
 			return c, fmt.Errorf("%s: a stream chunk: %w: %.300s", url, err, data)
 		}
 		for _, ch := range a.Choices {
-			if ch.Text != "" && c.TTFT == 0 {
+			// A token may decode to no text (a special token, with ignore_eos): its logprob entry counts.
+			if c.TTFT == 0 && (ch.Text != "" || ch.Logprobs != nil && len(ch.Logprobs.Tokens) > 0) {
 				c.First = time.Now()
 				c.TTFT = c.First.Sub(start)
 			}
@@ -167,3 +169,42 @@ func Stream(ctx context.Context, client *http.Client, url string, r Request) (Co
 // RemoteDecodeParams are the kv_transfer_params vLLM's disaggregated proxy sends with the prefill request.
 var RemoteDecodeParams = json.RawMessage(`{"do_remote_decode": true, "do_remote_prefill": false, "remote_engine_id": null,
  "remote_block_ids": null, "remote_host": null, "remote_port": null}`)
+
+// Scrape sums the samples of one metric in a server's /metrics (Prometheus' text format), over every label
+// set (vLLM labels its samples by engine and model); ok is false when the metric has no sample there.
+func Scrape(ctx context.Context, client *http.Client, base, name string) (sum float64, ok bool, err error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/metrics", nil)
+	if err != nil {
+		return 0, false, err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return 0, false, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return 0, false, fmt.Errorf("%s/metrics: HTTP %d", base, resp.StatusCode)
+	}
+	sc := bufio.NewScanner(io.LimitReader(resp.Body, 16<<20))
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		rest, found := strings.CutPrefix(line, name)
+		if !found || rest == "" || (rest[0] != ' ' && rest[0] != '{') {
+			continue
+		}
+		if i := strings.LastIndexByte(rest, '}'); i >= 0 {
+			rest = rest[i+1:]
+		}
+		f := strings.Fields(rest)
+		if len(f) == 0 {
+			continue
+		}
+		v, err := strconv.ParseFloat(f[0], 64)
+		if err != nil {
+			return 0, false, fmt.Errorf("%s/metrics: %q: %w", base, line, err)
+		}
+		sum, ok = sum+v, true
+	}
+	return sum, ok, sc.Err()
+}

@@ -127,3 +127,25 @@ func TestStartFailures(t *testing.T) {
 		assert.Equal(t, "Z", f[2], "the engine's grandchild outlived Stop: %s", stat)
 	}
 }
+
+// Scrape sums a metric over its label sets and tells a missing one apart.
+func TestScrape(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, "# HELP vllm:nixl_bytes_transferred x\nvllm:nixl_bytes_transferred_sum{engine=\"0\",model_name=\"m{x}\"} 1024.0\n"+
+			"vllm:nixl_bytes_transferred_sum{engine=\"1\"} 2048\nvllm:nixl_bytes_transferred_count{engine=\"0\"} 2\ngonixl_blocks_held 3\n")
+	}))
+	defer srv.Close()
+	v, ok, err := Scrape(ctx, srv.Client(), srv.URL, "vllm:nixl_bytes_transferred_sum")
+	require.NoError(t, err)
+	assert.True(t, ok)
+	assert.Equal(t, 3072.0, v)
+	v, ok, err = Scrape(ctx, srv.Client(), srv.URL, "gonixl_blocks_held")
+	require.NoError(t, err)
+	assert.True(t, ok)
+	assert.Equal(t, 3.0, v)
+	_, ok, err = Scrape(ctx, srv.Client(), srv.URL, "vllm:nixl_bytes")
+	require.NoError(t, err)
+	assert.False(t, ok)
+}
