@@ -37,7 +37,7 @@ import (
 	"github.com/gonixl/gonixl/connector"
 	"github.com/gonixl/gonixl/connector/protocol"
 	"github.com/gonixl/gonixl/examples/internal/demo"
-	"github.com/gonixl/gonixl/examples/internal/engine"
+	engine "github.com/gonixl/gonixl/internal/vllmengine"
 	"github.com/gonixl/gonixl/layout"
 	"github.com/gonixl/gonixl/nixl"
 )
