@@ -15,6 +15,7 @@ import (
 	"github.com/gonixl/gonixl/connector"
 	"github.com/gonixl/gonixl/connector/protocol"
 	"github.com/gonixl/gonixl/internal/nixltest"
+	"github.com/gonixl/gonixl/internal/testenv"
 	"github.com/gonixl/gonixl/layout"
 )
 
@@ -23,7 +24,7 @@ import (
 // size is refused; and the read-back check catches a byte that differs.
 func TestPrefillModelKV(t *testing.T) {
 	l := nixltest.Lib(t)
-	ctx := ctxT(t, 3*time.Minute)
+	ctx := testenv.Context(t, 3*time.Minute)
 	m := connector.Model{Name: "tiny", Layers: 2, KVHeads: 2, HeadDim: 64, DType: layout.FP32, BlockSize: 32, AttnBackend: protocol.AttnBackendCPU}
 	const tokens = 40 // one full block and part of a second
 	n := m.KVHeads * tokens * m.HeadDim * 4
