@@ -15,6 +15,7 @@ import (
 
 	"github.com/gonixl/gonixl/connector/protocol"
 	"github.com/gonixl/gonixl/connector/sidechannel"
+	"github.com/gonixl/gonixl/internal/lifetime"
 	"github.com/gonixl/gonixl/layout"
 	"github.com/gonixl/gonixl/nixl"
 )
@@ -87,9 +88,8 @@ type Decode struct {
 	probeSeq    int
 	backends    []nixl.BackendSpec // the agent's backends, for the probe
 	failLog     *zap.Logger        // log, sampled (failLogFirst a second, then every failLogThereafter-th)
-	closed      bool
-	closeOnce   sync.Once
-	closeErr    error
+	closed      bool               // guarded by mu: set by Close
+	closeOnce   lifetime.Once
 	pulls       sync.WaitGroup // in-flight Pull calls; Close waits for them
 	closing     context.Context
 	stop        context.CancelFunc // cancels closing: every in-flight pull's context
@@ -828,9 +828,9 @@ func (d *Decode) forget(re *remoteEngine) {
 // Close cancels in-flight pulls and waits for them to return (each returns promptly once its context is
 // cancelled: transfers are released, handshakes abandoned), then releases the remote and local descriptor
 // lists, the registration and the agent. Pulls after Close fail with an error wrapping nixl.ErrClosed.
-// Idempotent.
+// The first Close returns the first error it met; later ones return nil (see the package doc).
 func (d *Decode) Close() error {
-	d.closeOnce.Do(func() {
+	return d.closeOnce.Close(func() error {
 		d.mu.Lock()
 		d.closed = true
 		remotes := d.remotes
@@ -842,7 +842,6 @@ func (d *Decode) Close() error {
 			d.put(re) // the cache's reference; no pull holds one any more
 		}
 		d.closeProbe()
-		d.closeErr = d.reg.close()
+		return d.reg.close()
 	})
-	return d.closeErr
 }

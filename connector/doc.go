@@ -46,8 +46,10 @@
 //
 // # Concurrency and lifetime
 //
-// Prefill, Decode, DRAMCache, BlockPool and Metrics are safe for concurrent use. Close is idempotent: a
-// Prefill stops its side channel and notification loop, then deregisters the cache and closes its NIXL agent;
+// Prefill, Decode, DRAMCache, BlockPool and Metrics are safe for concurrent use. Close has one contract for
+// Prefill, Decode and sidechannel.Server: the first Close tears down and returns the first error it met; every
+// later (or concurrent) Close waits for that teardown to finish and returns nil; calls after Close fail with
+// an error wrapping nixl.ErrClosed. A Prefill stops its side channel and notification loop, then deregisters the cache and closes its NIXL agent;
 // a Decode cancels its in-flight pulls, waits for them to return (their errors wrap nixl.ErrClosed), then
 // releases its descriptor lists, registration and agent. A Decode reference-counts its handshakes: dropping
 // one after a failed transfer never closes descriptor lists that another pull is still using; they are

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gonixl/gonixl/connector/protocol"
+	"github.com/gonixl/gonixl/connector/sidechannel"
 	"github.com/gonixl/gonixl/nixl"
 )
 
@@ -215,4 +216,35 @@ func TestDecodeConcurrentPullsFailuresAndClose(t *testing.T) {
 	pr.dec.mu.Unlock()
 	_, err = pr.dec.Pull(ctx, "after", kvDead, []int{1})
 	require.ErrorIs(t, err, nixl.ErrClosed)
+}
+
+// One Close contract for the roles and the side channel (doc.go): a second Close, also one racing the first,
+// returns nil after the first has finished, and a role is unusable after it.
+func TestCloseContract(t *testing.T) {
+	p, _ := protocol.ProfileByName("0.33")
+	pr := newPair(t, p, pairOpts{})
+	ctx := ctxT(t, 20*time.Second)
+	kv := pr.prefill(t, ctx, "a", tinyBlock, 1)
+	for _, c := range []interface{ Close() error }{pr.dec, pr.pre} {
+		var wg sync.WaitGroup
+		errs := make([]error, 4)
+		for i := range errs {
+			wg.Add(1)
+			go func() { defer wg.Done(); errs[i] = c.Close() }()
+		}
+		wg.Wait()
+		for i, err := range errs {
+			require.NoError(t, err, "Close %d of %T", i, c)
+		}
+		require.NoError(t, c.Close(), "a later Close of %T", c)
+	}
+	_, err := pr.dec.Pull(ctx, "a", kv, []int{1})
+	require.ErrorIs(t, err, nixl.ErrClosed)
+	_, err = pr.pre.Hold(ctx, "b", tinyBlock, nil)
+	require.ErrorIs(t, err, nixl.ErrClosed)
+
+	srv, err := sidechannel.NewServer(ctx, p, sidechannel.ServerConfig{})
+	require.NoError(t, err)
+	require.NoError(t, srv.Close())
+	require.NoError(t, srv.Close())
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/gonixl/gonixl/connector/protocol"
 	"github.com/gonixl/gonixl/connector/sidechannel"
+	"github.com/gonixl/gonixl/internal/lifetime"
 	"github.com/gonixl/gonixl/internal/poll"
 	"github.com/gonixl/gonixl/layout"
 	"github.com/gonixl/gonixl/nixl"
@@ -135,10 +136,11 @@ type Prefill struct {
 	mu      sync.Mutex
 	held    map[string]*heldReq
 	pending map[string]bool // ids being prefilled (claimed, not yet held)
+	stopped bool            // set by Close: Hold fails with nixl.ErrClosed
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
-	closed sync.Once
+	closed lifetime.Once
 }
 
 type heldReq struct {
@@ -329,7 +331,7 @@ var ErrDuplicateRequest = errors.New("connector: duplicate request id")
 // vLLM's prefill response. The blocks stay held (Held counts such requests) until the decode peers'
 // notifications arrive, the hold lapses (PrefillConfig.HoldTimeout) or Abort. On any error the blocks are freed
 // and nothing is published. A request id already in use fails with ErrDuplicateRequest; when the role's block
-// pool has too few free blocks the error wraps ErrNoBlocks. The role owns allocation and the hold clock: fill
+// pool has too few free blocks the error wraps ErrNoBlocks; after Close it wraps nixl.ErrClosed. The role owns allocation and the hold clock: fill
 // only writes blocks.
 func (p *Prefill) Hold(ctx context.Context, requestID string, numTokens int, fill FillFunc) (protocol.KVTransferParams, error) {
 	log := p.log.With(zap.String("request_id", requestID))
@@ -341,10 +343,14 @@ func (p *Prefill) Hold(ctx context.Context, requestID string, numTokens int, fil
 	p.mu.Lock()
 	_, dup := p.held[requestID]
 	dup = dup || p.pending[requestID]
-	if !dup {
+	if !dup && !p.stopped {
 		p.pending[requestID] = true
 	}
+	stopped := p.stopped
 	p.mu.Unlock()
+	if stopped {
+		return protocol.KVTransferParams{}, fmt.Errorf("connector: request %q: the prefill role is closed: %w", requestID, nixl.ErrClosed)
+	}
 	if dup {
 		return protocol.KVTransferParams{}, fmt.Errorf("%w: request %q is already being prefilled or held for a decode peer", ErrDuplicateRequest, requestID)
 	}
@@ -376,6 +382,11 @@ func (p *Prefill) Hold(ctx context.Context, requestID string, numTokens int, fil
 	bytes := int64(len(blocks)) * p.reg.geom.BlockLen() * int64(p.reg.geom.NumRegions())
 	p.mu.Lock()
 	delete(p.pending, requestID)
+	if p.stopped { // Close ran during the fill: nothing serves the blocks any more
+		p.mu.Unlock()
+		p.pool.Free(blocks)
+		return protocol.KVTransferParams{}, fmt.Errorf("connector: request %q: the prefill role was closed during the fill: %w", requestID, nixl.ErrClosed)
+	}
 	token := p.notifToken(requestID)
 	p.held[requestID] = &heldReq{id: requestID, blocks: blocks, expiry: p.now().Add(p.hold), bytes: bytes, token: token,
 		since: time.Now()}
@@ -615,10 +626,10 @@ func (p *Prefill) expire(now time.Time) {
 }
 
 // Close stops the side channel and the notification loop, deregisters the cache and closes the agent, then
-// returns the blocks still held for decode peers to the pool. Idempotent.
+// returns the blocks still held for decode peers to the pool. The first Close returns the first error it met;
+// later ones return nil (see the package doc).
 func (p *Prefill) Close() error {
-	var err error
-	p.closed.Do(func() {
+	return p.closed.Close(func() (err error) {
 		p.cancel()
 		if p.shared != nil {
 			p.shared.SetPayload(p.cfg.Rank, nil)
@@ -636,6 +647,7 @@ func (p *Prefill) Close() error {
 		// The cache is deregistered and the agent gone, so no decode peer can read the held blocks any more:
 		// give them back to the pool.
 		p.mu.Lock()
+		p.stopped = true
 		held := p.held
 		p.held = map[string]*heldReq{}
 		for _, h := range held {
@@ -643,6 +655,6 @@ func (p *Prefill) Close() error {
 		}
 		p.mu.Unlock()
 		p.log.Info("prefill worker closed", zap.Int("dropped_requests", len(held)))
+		return err
 	})
-	return err
 }
