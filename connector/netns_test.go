@@ -182,8 +182,7 @@ func nsPeerMain() int {
 	in.Buffer(make([]byte, 1<<20), 1<<24)
 	switch role {
 	case "prefill":
-		pre, err := NewPrefill(PrefillConfig{Profile: p, Library: l, Cache: c, Compat: tinyCompat(p), Backends: backends,
-			Host: os.Getenv("GONIXL_NS_HOST"), DataDevice: ifc, HoldTimeout: time.Duration(holdMS) * time.Millisecond})
+		pre, err := NewPrefill(PrefillConfig{RoleConfig: RoleConfig{Profile: p, Library: l, Cache: c, Compat: tinyCompat(p), Backends: backends, DataDevice: ifc}, Host: os.Getenv("GONIXL_NS_HOST"), HoldTimeout: time.Duration(holdMS) * time.Millisecond})
 		if err != nil {
 			return fail(err)
 		}
@@ -211,8 +210,7 @@ func nsPeerMain() int {
 			}
 		}
 	case "decode":
-		d, err := NewDecode(DecodeConfig{Profile: p, Library: l, Cache: c, Compat: tinyCompat(p), Backends: backends,
-			DataDevice: ifc, HandshakeTimeout: 2 * time.Second, HandshakeRetries: 1})
+		d, err := NewDecode(DecodeConfig{RoleConfig: RoleConfig{Profile: p, Library: l, Cache: c, Compat: tinyCompat(p), Backends: backends, DataDevice: ifc}, HandshakeTimeout: 2 * time.Second, HandshakeAttempts: 2})
 		if err != nil {
 			return fail(err)
 		}

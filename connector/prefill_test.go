@@ -24,7 +24,7 @@ func TestLeaseExtension(t *testing.T) {
 		{p33, 10 * time.Minute, 400 * time.Second},
 		{p16, time.Second, time.Second},
 	} {
-		pr := &Prefill{cfg: PrefillConfig{Profile: c.p}, hold: c.hold}
+		pr := &Prefill{cfg: PrefillConfig{RoleConfig: RoleConfig{Profile: c.p}}, hold: c.hold}
 		assert.InDelta(t, float64(c.want), float64(pr.leaseExtension()), float64(time.Microsecond), "%s hold %v", c.p.Name, c.hold)
 	}
 }
