@@ -118,24 +118,34 @@ func (s *started) register(c *RoleConfig, agentName, dataHost string) (*register
 	}
 	r := &registered{cache: c.Cache, caps: s.caps, device: c.DeviceContext, backends: backends, geom: g,
 		splitDescs: c.Cache.MemType() == nixl.DRAM && threadPool(backends) && c.Library.HasSkipDescMerge()}
-	err := r.do(func() (err error) {
-		r.agent, err = c.Library.NewAgent(agentName, nixl.AgentConfig{Backends: backends, NoProgressThread: s.role == rolePrefill, Logger: s.log})
+	err := r.registering(func() (err error) {
+		if r.agent, err = c.Library.NewAgent(agentName, nixl.AgentConfig{Backends: backends, NoProgressThread: s.role == rolePrefill, Logger: s.log}); err != nil {
+			return err
+		}
+		if r.reg, err = r.registerCache(); err != nil {
+			r.agent.Close()
+		}
 		return err
 	})
 	if err != nil {
-		return nil, err
-	}
-	if r.reg, err = r.registerCache(); err != nil {
-		r.agent.Close()
 		return nil, err
 	}
 	r.owned, s.owned = s.owned, nil
 	return r, nil
 }
 
-// registerCache registers every region of the cache with the agent in one call, in the role's device
-// context: through the cache's own Register where it has one (Registrar; a cache that is its own
-// DeviceContext, a cuda.KVCache, takes its context itself), else as RegionBases × RegionLen.
+// registering runs fn, which creates the agent or registers the cache, in the role's device context (one Do):
+// except for a cache that is its own DeviceContext and registers itself (a cuda.KVCache), which takes its
+// context in Register; nesting that in its Do could deadlock (cuda.Device.Do), so fn then runs outside.
+func (r *registered) registering(fn func() error) error {
+	if r.caps.registrar != nil && r.caps.device != nil {
+		return fn()
+	}
+	return r.do(fn)
+}
+
+// registerCache registers every region of the cache with the agent in one call: through the cache's own
+// Register where it has one (Registrar), else as RegionBases × RegionLen. Callers run it inside registering.
 func (r *registered) registerCache() (*nixl.Registration, error) {
 	bases := r.cache.RegionBases()
 	descs := make([]nixl.Desc, len(bases))
@@ -144,13 +154,10 @@ func (r *registered) registerCache() (*nixl.Registration, error) {
 	}
 	var reg *nixl.Registration
 	var err error
-	switch {
-	case r.caps.registrar != nil && r.caps.device != nil:
-		reg, err = r.caps.registrar.Register(r.agent) // a device cache: it takes its own context (nesting it would deadlock)
-	case r.caps.registrar != nil:
-		err = r.do(func() (err error) { reg, err = r.caps.registrar.Register(r.agent); return err })
-	default:
-		err = r.do(func() (err error) { reg, err = r.agent.RegisterMem(r.cache.MemType(), descs); return err })
+	if r.caps.registrar != nil {
+		reg, err = r.caps.registrar.Register(r.agent) // e.g. a CUDA cache, which registers with its device context current
+	} else {
+		reg, err = r.agent.RegisterMem(r.cache.MemType(), descs)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("connector: registering the KV cache (%s, %d regions of %d bytes): %w", r.cache.MemType(), len(descs), r.geom.RegionLen(), err)

@@ -193,6 +193,7 @@ func NewPrefill(cfg PrefillConfig) (_ *Prefill, err error) {
 		reg.close()
 		return nil, err
 	}
+	p.payload = payload
 	ctx, cancel := context.WithCancel(context.Background())
 	p.cancel = cancel
 	srv := cfg.SideChannel

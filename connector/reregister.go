@@ -7,6 +7,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/gonixl/gonixl/connector/protocol"
+	"github.com/gonixl/gonixl/nixl"
 )
 
 // ErrBusy is returned by Prefill.Reregister while requests are held for decode peers or being prefilled.
@@ -39,7 +40,8 @@ func (p *Prefill) Reregister() (int64, error) {
 	if err := p.reg.reg.Close(); err != nil {
 		return 0, fmt.Errorf("connector: deregistering the KV cache: %w", err)
 	}
-	reg, err := p.reg.registerCache()
+	var reg *nixl.Registration
+	err := p.reg.registering(func() (err error) { reg, err = p.reg.registerCache(); return err })
 	if err != nil {
 		p.reg.reg = nil
 		return 0, err
