@@ -47,13 +47,24 @@ type Registrar interface {
 // registered is a cache registered with an agent: the agent, its registration, and the local descriptor
 // list of every block of every region, prepared once.
 type registered struct {
-	agent *nixl.Agent
-	reg   *nixl.Registration
-	cache Cache
-	geom  layout.Geometry
-	owned *DRAMCache // a cache the role created (from a Model), closed after the agent
+	agent    *nixl.Agent
+	reg      *nixl.Registration
+	cache    Cache
+	caps     capabilities  // the cache's optional interfaces (looked up once)
+	device   DeviceContext // RoleConfig.DeviceContext, resolved: NIXL calls run in it (do)
+	backends []nixl.BackendSpec
+	geom     layout.Geometry
+	owned    *DRAMCache // a cache the role created (from a Model), closed after the agent
 	// splitDescs: post one descriptor per block, not NIXL's merged runs (see xferOpts).
 	splitDescs bool
+}
+
+// do runs fn with the role's device context current (RoleConfig.DeviceContext), or directly without one.
+func (r *registered) do(fn func() error) error {
+	if r.device == nil {
+		return fn()
+	}
+	return r.device.Do(fn)
 }
 
 // xferOpts are the options of a READ into this cache: the notification, and WithoutDescMerge where the cache
@@ -79,58 +90,77 @@ func threadPool(specs []nixl.BackendSpec) bool {
 	return false
 }
 
-// register creates an agent, registers every region of cache with it in one call, and returns both.
-func register(lib *nixl.Library, name string, backends []nixl.BackendSpec, device string, cache Cache, noProgressThread bool, log *zap.Logger) (*registered, error) {
-	if lib == nil {
+// register creates the role's agent (named agentName) in its device context, restricted to its data device
+// (RoleConfig.DataDevice, resolved against dataHost, the host of the side channel the role serves; "" for
+// none), registers every region of the cache with it in one call, and returns both; the registration owns
+// the cache resolve created from then on. A prefill agent is the target of its peers' READs and receives
+// their notifications: it runs without NIXL's progress thread and the role's loop drives progress (see
+// nixl.AgentConfig.NoProgressThread).
+func (s *started) register(c *RoleConfig, agentName, dataHost string) (*registered, error) {
+	if c.Library == nil {
 		return nil, fmt.Errorf("connector: nil NIXL library (call nixl.Load)")
 	}
-	if cache == nil {
-		return nil, fmt.Errorf("connector: nil cache")
-	}
-	g := cache.Geometry()
+	g := c.Cache.Geometry()
 	if err := g.Validate(); err != nil {
 		return nil, err
 	}
-	bases := cache.RegionBases()
-	if len(bases) != g.NumRegions() {
+	if bases := c.Cache.RegionBases(); len(bases) != g.NumRegions() {
 		return nil, fmt.Errorf("connector: cache reports %d region bases for %d regions", len(bases), g.NumRegions())
 	}
+	backends := c.Backends
 	if len(backends) == 0 {
 		backends = DefaultBackends
 	}
+	device := resolveDataDevice(c.DataDevice, dataHost)
 	backends = withDataDevice(backends, device)
 	if device != "" {
-		log.Info("NIXL UCX data plane restricted to one network device (UCX_NET_DEVICES in the environment overrides)", zap.String("device", device))
+		s.log.Info("NIXL UCX data plane restricted to one network device (UCX_NET_DEVICES in the environment overrides)", zap.String("device", device))
 	}
-	a, err := lib.NewAgent(name, nixl.AgentConfig{Backends: backends, NoProgressThread: noProgressThread, Logger: log})
+	r := &registered{cache: c.Cache, caps: s.caps, device: c.DeviceContext, backends: backends, geom: g,
+		splitDescs: c.Cache.MemType() == nixl.DRAM && threadPool(backends) && c.Library.HasSkipDescMerge()}
+	err := r.registering(func() (err error) {
+		if r.agent, err = c.Library.NewAgent(agentName, nixl.AgentConfig{Backends: backends, NoProgressThread: s.role == rolePrefill, Logger: s.log}); err != nil {
+			return err
+		}
+		if r.reg, err = r.registerCache(); err != nil {
+			r.agent.Close()
+		}
+		return err
+	})
 	if err != nil {
 		return nil, err
 	}
-	reg, err := registerCache(a, cache, g)
-	if err != nil {
-		a.Close()
-		return nil, err
-	}
-	split := cache.MemType() == nixl.DRAM && threadPool(backends) && lib.HasSkipDescMerge()
-	return &registered{agent: a, reg: reg, cache: cache, geom: g, splitDescs: split}, nil
+	r.owned, s.owned = s.owned, nil
+	return r, nil
 }
 
-// registerCache registers every region of cache with agent a in one call.
-func registerCache(a *nixl.Agent, cache Cache, g layout.Geometry) (*nixl.Registration, error) {
-	bases := cache.RegionBases()
+// registering runs fn, which creates the agent or registers the cache, in the role's device context (one Do):
+// except for a cache that is its own DeviceContext and registers itself (a cuda.KVCache), which takes its
+// context in Register; nesting that in its Do could deadlock (cuda.Device.Do), so fn then runs outside.
+func (r *registered) registering(fn func() error) error {
+	if r.caps.registrar != nil && r.caps.device != nil {
+		return fn()
+	}
+	return r.do(fn)
+}
+
+// registerCache registers every region of the cache with the agent in one call: through the cache's own
+// Register where it has one (Registrar), else as RegionBases × RegionLen. Callers run it inside registering.
+func (r *registered) registerCache() (*nixl.Registration, error) {
+	bases := r.cache.RegionBases()
 	descs := make([]nixl.Desc, len(bases))
 	for i, b := range bases {
-		descs[i] = nixl.Desc{Addr: b, Len: uint64(g.RegionLen()), DevID: cache.DeviceID()}
+		descs[i] = nixl.Desc{Addr: b, Len: uint64(r.geom.RegionLen()), DevID: r.cache.DeviceID()}
 	}
 	var reg *nixl.Registration
 	var err error
-	if r, ok := cache.(Registrar); ok {
-		reg, err = r.Register(a) // e.g. a CUDA cache, which registers with its device context current
+	if r.caps.registrar != nil {
+		reg, err = r.caps.registrar.Register(r.agent) // e.g. a CUDA cache, which registers with its device context current
 	} else {
-		reg, err = a.RegisterMem(cache.MemType(), descs)
+		reg, err = r.agent.RegisterMem(r.cache.MemType(), descs)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("connector: registering the KV cache (%s, %d regions of %d bytes): %w", cache.MemType(), len(descs), g.RegionLen(), err)
+		return nil, fmt.Errorf("connector: registering the KV cache (%s, %d regions of %d bytes): %w", r.cache.MemType(), len(descs), r.geom.RegionLen(), err)
 	}
 	return reg, nil
 }
@@ -149,14 +179,6 @@ func (r *registered) close() error {
 		}
 	}
 	return err
-}
-
-// Compat carries what both sides hash into the compatibility hash (vLLM ≥ 0.13), plus the opt-out.
-type Compat struct {
-	protocol.CompatInputs
-	// SkipCheck disables the hash check on the receiving (decode) side, like vLLM's
-	// enforce_handshake_compat=false.
-	SkipCheck bool
 }
 
 // buildMetadata fills NixlAgentMetadata for a registered cache.

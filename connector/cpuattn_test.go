@@ -70,7 +70,7 @@ func TestCPUAttnRoles(t *testing.T) {
 	for _, v := range []string{"0.16.0", "0.20.0", "0.33.0"} {
 		t.Run(v, func(t *testing.T) {
 			m := Model{Name: "tiny-cpu", Layers: 2, KVHeads: 2, HeadDim: 32, DType: layout.FP32, BlockSize: 32, AttnBackend: protocol.AttnBackendCPU}
-			pre, err := NewPrefill(PrefillConfig{VLLMVersion: v, Model: m, NumBlocks: 8, Library: lib})
+			pre, err := NewPrefill(PrefillConfig{RoleConfig: RoleConfig{VLLMVersion: v, Model: m, NumBlocks: 8, Library: lib}})
 			require.NoError(t, err)
 			t.Cleanup(func() { _ = pre.Close() })
 			pc := pre.Cache().(*DRAMCache)
@@ -101,7 +101,7 @@ func TestCPUAttnRoles(t *testing.T) {
 			params, err := pre.Hold(ctx, "req-cpu", tokens, fill)
 			require.NoError(t, err)
 
-			dec, err := NewDecode(DecodeConfig{VLLMVersion: v, Model: m, NumBlocks: 8, Library: lib})
+			dec, err := NewDecode(DecodeConfig{RoleConfig: RoleConfig{VLLMVersion: v, Model: m, NumBlocks: 8, Library: lib}})
 			require.NoError(t, err)
 			t.Cleanup(func() { _ = dec.Close() })
 			local := []int{6, 3}
@@ -124,7 +124,7 @@ func TestCPUAttnRoles(t *testing.T) {
 			std := m
 			std.AttnBackend = "FLASH_ATTN"
 			for i, skip := range []bool{false, true} {
-				dec2, err := NewDecode(DecodeConfig{VLLMVersion: v, Model: std, NumBlocks: 8, Library: lib, Compat: Compat{SkipCheck: skip}})
+				dec2, err := NewDecode(DecodeConfig{RoleConfig: RoleConfig{VLLMVersion: v, Model: std, NumBlocks: 8, Library: lib, Compat: Compat{SkipCheck: skip}}})
 				require.NoError(t, err)
 				t.Cleanup(func() { _ = dec2.Close() })
 				id := fmt.Sprintf("req-cpu-std-%d", i)
@@ -159,7 +159,7 @@ func TestPrefillRefusesBackendMismatch(t *testing.T) {
 		in := p.DefaultCompatInputs("")
 		in.Model, in.Dtype, in.NumKVHeads, in.HeadSize, in.NumHiddenLayers = "m", "torch.float32", 1, 32, 1
 		in.AttnBackendName = c.backend
-		_, err := NewPrefill(PrefillConfig{Profile: p, Cache: newCache(t, g), Compat: Compat{CompatInputs: in}, Library: lib})
+		_, err := NewPrefill(PrefillConfig{RoleConfig: RoleConfig{Profile: p, Cache: newCache(t, g), Compat: Compat{CompatInputs: in}, Library: lib}})
 		assert.ErrorIs(t, err, layout.ErrInvalidGeometry, "%v under %q", c.order, c.backend)
 	}
 }

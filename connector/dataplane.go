@@ -9,7 +9,7 @@ import (
 	"github.com/gonixl/gonixl/nixl"
 )
 
-// AllDataDevices, as PrefillConfig.DataDevice or DecodeConfig.DataDevice, lets NIXL's UCX backend use every
+// AllDataDevices, as RoleConfig.DataDevice, lets NIXL's UCX backend use every
 // network device (UCX's own default): its TCP transport then listens on every interface, and the agent
 // metadata that the side channel hands to anyone who asks names all of them.
 const AllDataDevices = "all"
@@ -23,7 +23,7 @@ const ucxEngineConfig = "engine_config"
 // DataDeviceFor returns the UCX network device that keeps the NIXL data plane where an address listens: the
 // loopback interface ("lo") for a loopback address (127.0.0.0/8, ::1, "localhost"), else "" (no restriction:
 // a routable side channel usually goes with RDMA devices, which only the operator can name). The prefill role
-// applies it to its side-channel host when DataDevice is not set.
+// applies it to its side-channel host when RoleConfig.DataDevice is not set.
 func DataDeviceFor(host string) string {
 	ip := net.ParseIP(strings.Trim(host, "[]"))
 	if host == "localhost" {

@@ -15,53 +15,41 @@ import (
 
 	"github.com/gonixl/gonixl/connector/protocol"
 	"github.com/gonixl/gonixl/connector/sidechannel"
+	"github.com/gonixl/gonixl/internal/lifetime"
 	"github.com/gonixl/gonixl/layout"
 	"github.com/gonixl/gonixl/nixl"
 )
 
-// DecodeConfig configures a decode worker (one TP rank of a decode engine).
+// DecodeConfig configures a decode worker (one TP rank of a decode engine): the fields both roles share
+// (RoleConfig, whose peers here are the prefill workers; the Cache is the one the READs land in, and a
+// HostBuffered cache is copied to the device after each request), and the decode's own.
 type DecodeConfig struct {
-	// VLLMVersion, Model and NumBlocks are as in PrefillConfig: the prefill peers' vLLM version string, the
-	// model, and the size of the DRAM cache the role creates when Cache is nil.
-	VLLMVersion string
-	Model       Model
-	NumBlocks   int
-	// Profile is the vLLM release of the prefill peers; VLLMVersion sets it (see PrefillConfig.Profile).
-	Profile protocol.Profile
-	// Library is the loaded NIXL.
-	Library *nixl.Library
-	// Cache is the local KV cache the READs land in (DRAM, or VRAM; HostBuffered caches are copied to the
-	// device after each request).
-	Cache Cache
-	// EngineID identifies this engine; default: a random id.
-	EngineID string
-	// Backends is the NIXL backend list (default UCX).
-	Backends []nixl.BackendSpec
-	// DataDevice is the network device NIXL's UCX backend may use (see PrefillConfig.DataDevice). Default
-	// (""): every device, since prefill peers may be anywhere; DataDeviceFor("127.0.0.1") keeps a decode
-	// worker whose peers are all local on loopback.
-	DataDevice string
-	// Rank is this worker's rank (the decode role uses its TP rank) and TPSize its engine's TP size (default 1).
-	Rank   protocol.Rank
-	TPSize int
-	// Compat holds the compatibility-hash inputs (see PrefillConfig.Compat: derived from Model unless set) and
-	// the opt-out (SkipCheck, which keeps the derived inputs).
-	Compat Compat
+	RoleConfig
 	// PeerOrder, when set, is the physical block order of the prefill side's bytes where it differs from the
 	// kv_cache_layout label it publishes: a vLLM prefill worker with kv_buffer_device="cpu" in layout eras
 	// A/B holds NHD bytes under an "HND" label. Bytes are copied as they are, so the local cache's order must
 	// equal the peer's physical order. Left 0, the order is the label's, or layout.CPUAttn when the peer's
 	// attn_backend_name (before 0.20: the hashed backend name) is "CPU_ATTN" (protocol.Profile.BackendOrder).
 	PeerOrder layout.BlockOrder
-	// HandshakeTimeout bounds one side-channel round trip (default: the profile's, 5 s in vLLM; see
-	// sidechannel.FetchOptions.Timeout). NewDecode refuses a negative one.
+	// HandshakeTimeout bounds one side-channel round trip, and the warm-up READ after a handshake. Zero:
+	// sidechannel.FetchOptions' default (the profile's HandshakeTimeout, 5 s in vLLM). NewDecode refuses a
+	// negative one.
 	HandshakeTimeout time.Duration
-	// HandshakeRetries is how many times a failed handshake is retried (default 2).
-	HandshakeRetries int
-	// Logger receives logs carrying request and engine ids; nil = none.
-	Logger *zap.Logger
-	// Metrics receives the role's counters and timings; nil = a private Metrics (see Decode.Metrics).
-	Metrics *Metrics
+	// HandshakeAttempts is how many times in all a prefill rank's metadata is asked for before a handshake
+	// fails (sidechannel.FetchOptions.Attempts). Zero: sidechannel.DefaultAttempts (3). NewDecode refuses
+	// a negative one.
+	HandshakeAttempts int
+}
+
+// check refuses what the decode's own fields cannot mean, before anything is derived or registered.
+func (cfg *DecodeConfig) check() error {
+	if cfg.HandshakeTimeout < 0 {
+		return fmt.Errorf("connector: DecodeConfig.HandshakeTimeout is %v: set a positive duration, or 0 for the profile's", cfg.HandshakeTimeout)
+	}
+	if cfg.HandshakeAttempts < 0 {
+		return fmt.Errorf("connector: DecodeConfig.HandshakeAttempts is %d: set a positive count, or 0 for sidechannel.DefaultAttempts (%d)", cfg.HandshakeAttempts, sidechannel.DefaultAttempts)
+	}
+	return nil
 }
 
 // Decode is the decode role: it handshakes with prefill engines (once per engine, cached, redone after a
@@ -77,93 +65,58 @@ type Decode struct {
 	reg     *registered
 	hash    string
 
-	mu          sync.Mutex
-	remotes     map[string]*remoteEngine // handshaken (or handshaking) engines, by engine id
-	draining    map[string]*remoteEngine // dropped from remotes, still used by in-flight pulls, by engine id
-	generations map[string]int64         // remote_registration_generation seen per engine id (generation.go)
+	hs          *handshakes // the handshake cache (handshakes.go)
+	mu          sync.Mutex  // guards closed and the pulls' Add
 	agentsMu    sync.Mutex               // guards agents and the NIXL loads and invalidations (remoteagents.go)
 	agents      map[string]*loadedAgent  // remote NIXL agents loaded, by name
 	probe       *nixl.Agent              // checks unknown metadata before the agent loads it (remoteagents.go)
 	probeSeq    int
-	backends    []nixl.BackendSpec // the agent's backends, for the probe
-	failLog     *zap.Logger        // log, sampled (failLogFirst a second, then every failLogThereafter-th)
-	closed      bool
-	closeOnce   sync.Once
-	closeErr    error
+	failLog     *zap.Logger // log, sampled (failLogFirst a second, then every failLogThereafter-th)
+	closed      bool        // guarded by mu: set by Close
+	closeOnce   lifetime.Once
 	pulls       sync.WaitGroup // in-flight Pull calls; Close waits for them
 	closing     context.Context
 	stop        context.CancelFunc // cancels closing: every in-flight pull's context
 }
 
-// DeviceContext is a device context that NIXL calls must run in, current on the calling OS thread (UCX's
-// CUDA transports use the current context), e.g. a *cuda.Device, whose Do binds its primary context. A Cache
-// that implements it (a CUDA cache) gets the decode role's local descriptor lists prepared and its transfers
-// made and posted through Do; a prefill role is given one as PrefillConfig.DeviceContext.
-type DeviceContext interface {
-	Do(fn func() error) error
-}
-
-// remoteEngine is a handshaken prefill engine: the plan of which of its ranks this decode rank reads, and the
-// handshake with each of them.
-//
-// Lifetime: a remoteEngine is reference-counted under Decode.mu. Decode.remotes holds one reference while
-// the engine is cached, and every Pull that uses it holds one from remote() until it returns. Dropping the
-// engine (a failed transfer, a failed handshake, Close) only removes the cache's reference; the descriptor
-// lists are closed and the remote agents' metadata invalidated (release) when the last reference goes, so
-// never under an in-flight pull. Until then the engine waits in Decode.draining, and a new handshake with
-// the same engine waits for it: the remote agent names are the same, and invalidating the old generation's
-// metadata must not hit the new one's.
-type remoteEngine struct {
-	id       string
-	refs     int           // guarded by Decode.mu
-	released chan struct{} // closed after release (the last reference went)
-	once     chan struct{} // closed when the handshake finished (ok or not)
-	err      error
-	addr     string
-	tp       int // the prefill engine's TP size
-	plan     *layout.ReadPlan
-	sources  []*source
-	took     time.Duration
-}
-
-// source is one prefill rank this decode rank reads.
-type source struct {
-	rank    int
-	agent   string
-	meta    protocol.AgentMetadata
-	remote  *nixl.Prepped // the prefill rank's blocks as this rank reads them
-	local   *nixl.Prepped // the local blocks (or their slices) they land in
-	pairLen int64         // bytes per descriptor pair
-}
-
-// newDecode registers the local cache and prepares its descriptor list (NewDecode, model.go, first derives
-// what a Model implies).
-func newDecode(cfg DecodeConfig) (*Decode, error) {
-	log, metrics, err := roleSpec{role: "decode", profile: cfg.Profile, cache: cfg.Cache, tpRank: cfg.Rank.TP,
-		logger: cfg.Logger, metrics: cfg.Metrics}.setup(&cfg.EngineID, &cfg.TPSize)
+// NewDecode starts a decode worker: it resolves the config (RoleConfig: the Profile, Compat and, when Cache
+// is nil, a DRAM cache that VLLMVersion and Model imply) and registers the cache.
+func NewDecode(cfg DecodeConfig) (_ *Decode, err error) {
+	if err := cfg.check(); err != nil {
+		return nil, err
+	}
+	core, err := cfg.RoleConfig.resolve(roleDecode)
 	if err != nil {
 		return nil, err
 	}
-	if cfg.HandshakeRetries == 0 {
-		cfg.HandshakeRetries = 2
-	}
-	dev := resolveDataDevice(cfg.DataDevice, "")
-	reg, err := register(cfg.Library, fmt.Sprintf("%s-tp%d", cfg.EngineID, cfg.Rank.TP), cfg.Backends, dev, cfg.Cache, false, log)
-	if err != nil {
-		return nil, err
-	}
-	d := &Decode{cfg: cfg, log: log, metrics: metrics, reg: reg, failLog: sampled(log), remotes: map[string]*remoteEngine{},
-		draining: map[string]*remoteEngine{}, agents: map[string]*loadedAgent{},
-		backends: withDataDevice(orDefaultBackends(cfg.Backends), dev)}
-	d.closing, d.stop = context.WithCancel(context.Background())
+	defer func() {
+		if err != nil {
+			core.abandon()
+		}
+	}()
+	var hash string
 	if !cfg.Compat.SkipCheck {
-		if d.hash, err = cfg.Profile.CompatHash(cfg.Compat.CompatInputs); err != nil {
-			d.Close()
+		if hash, err = cfg.Profile.CompatHash(cfg.Compat.CompatInputs); err != nil {
 			return nil, fmt.Errorf("connector: compatibility hash: %w", err)
 		}
 	}
+	// A decode role serves no side channel: its data device defaults to none (RoleConfig.DataDevice).
+	reg, err := core.register(&cfg.RoleConfig, fmt.Sprintf("%s-tp%d", cfg.EngineID, cfg.Rank.TP), "")
+	if err != nil {
+		return nil, err
+	}
+	d := &Decode{cfg: cfg, log: core.log, metrics: core.metrics, reg: reg, hash: hash, failLog: sampled(core.log),
+		agents: map[string]*loadedAgent{}}
+	d.hs = newHandshakes(d.release)
+	d.closing, d.stop = context.WithCancel(context.Background())
 	return d, nil
 }
+
+// Cache returns the KV cache the READs land in (the one it created from the Model when RoleConfig.Cache was nil).
+func (d *Decode) Cache() Cache { return d.cfg.Cache }
+
+// Profile returns the vLLM release the role speaks.
+func (d *Decode) Profile() protocol.Profile { return d.cfg.Profile }
 
 // Agent returns the NIXL agent.
 func (d *Decode) Agent() *nixl.Agent { return d.reg.agent }
@@ -246,7 +199,7 @@ func (d *Decode) pull(ctx context.Context, requestID string, kv protocol.KVTrans
 	if err != nil {
 		return fail(err)
 	}
-	defer d.put(re)
+	defer d.hs.put(re)
 	res.Handshake = hsTook
 	r = trace.StartRegion(ctx, "gonixl.prepare")
 	t := time.Now()
@@ -256,7 +209,7 @@ func (d *Decode) pull(ctx context.Context, requestID string, kv protocol.KVTrans
 	if err != nil {
 		return fail(err)
 	}
-	if hp, ok := d.cfg.Cache.(HostBufferedPipeline); ok && re.plan.BlockSizeRatio() == 1 && len(localBlocks) > 1 {
+	if hp := d.reg.caps.pipeline; hp != nil && re.plan.BlockSizeRatio() == 1 && len(localBlocks) > 1 {
 		if readErr, copyErr := d.pullSliced(ctx, re, hp, req, &res); readErr != nil {
 			d.forget(re) // pullSliced closed its requests
 			return fail(req.readError(readErr))
@@ -268,7 +221,7 @@ func (d *Decode) pull(ctx context.Context, requestID string, kv protocol.KVTrans
 	if err := d.read(ctx, re, req, &res, log); err != nil {
 		return fail(err)
 	}
-	if hb, ok := d.cfg.Cache.(HostBuffered); ok {
+	if hb := d.reg.caps.hostBuf; hb != nil {
 		r := trace.StartRegion(ctx, "gonixl.copy")
 		t := time.Now()
 		err := hb.CopyToDevice(ctx, localBlocks)
@@ -404,7 +357,7 @@ func (d *Decode) planPull(re *remoteEngine, req *pullRequest) error {
 // close, and records the prepare (planPull included) and post phases.
 func (d *Decode) post(ctx context.Context, re *remoteEngine, req pullRequest, res *Result) ([]*nixl.Xfer, error) {
 	xfers := make([]*nixl.Xfer, 0, len(re.sources))
-	err := d.do(func() error {
+	err := d.reg.do(func() error {
 		r := trace.StartRegion(ctx, "gonixl.prepare")
 		t := time.Now()
 		for _, src := range re.sources {
@@ -451,15 +404,6 @@ func closeXfers(xfers []*nixl.Xfer, log *zap.Logger) {
 	}
 }
 
-// agents are the NIXL agent names of the prefill ranks read.
-func (re *remoteEngine) agents() []string {
-	agents := make([]string, len(re.sources))
-	for i, src := range re.sources {
-		agents[i] = src.agent
-	}
-	return agents
-}
-
 // pulled records a pulled request of blocks blocks.
 func (d *Decode) pulled(log *zap.Logger, res Result, blocks int) Result {
 	res.Blocks = blocks
@@ -470,177 +414,16 @@ func (d *Decode) pulled(log *zap.Logger, res Result, blocks int) Result {
 	return res
 }
 
-// do runs fn with the cache's device context current when the cache needs one (DeviceContext).
-func (d *Decode) do(fn func() error) error {
-	if dc, ok := d.cfg.Cache.(DeviceContext); ok {
-		return dc.Do(fn)
-	}
-	return fn()
-}
-
-// heartbeat renews the request's lease on every prefill agent read, every Profile.HeartbeatInterval (and at
-// once when now is set) until the returned stop is called, in profiles with leases.
-func (d *Decode) heartbeat(ctx context.Context, agents []string, remoteRequestID string, now bool) (stop func()) {
-	p := d.cfg.Profile
-	if !p.Leases || p.HeartbeatInterval <= 0 {
-		return func() {}
-	}
-	msg, err := p.EncodeHeartbeat([]string{remoteRequestID})
-	if err != nil {
-		return func() {}
-	}
-	beat := func() {
-		defer trace.StartRegion(ctx, "gonixl.heartbeat").End()
-		t := time.Now()
-		for _, a := range agents {
-			if err := d.reg.agent.SendNotification(a, msg); err == nil {
-				d.metrics.heartbeats.Add(1)
-			}
-		}
-		d.metrics.observe(timingHeartbeat, time.Since(t))
-	}
-	if now {
-		beat()
-	}
-	quit := make(chan struct{})
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		t := time.NewTicker(p.HeartbeatInterval)
-		defer t.Stop()
-		for {
-			select {
-			case <-quit:
-				return
-			case <-t.C:
-				beat()
-			}
-		}
-	}()
-	return func() { close(quit); <-done }
-}
-
-// remote returns the handshaken prefill engine with a reference held for the caller (put it back with
-// put), doing the handshake once (concurrent callers wait for it). A caller that waited for a handshake
-// which failed only because its owner's context ended tries again with its own context. While an earlier
-// generation of the same engine is still draining (dropped, but used by in-flight pulls), a new handshake
-// waits for it to be released, bounded by ctx.
-func (d *Decode) remote(ctx context.Context, engineID, addr string, prefillTP int) (*remoteEngine, time.Duration, error) {
-	for {
-		re, mine, err := d.acquire(ctx, engineID, addr, prefillTP)
-		if err != nil {
-			return nil, 0, err
-		}
-		if mine {
-			start := time.Now()
-			re.err = d.handshake(ctx, engineID, re)
-			re.took = time.Since(start)
-			if re.err == nil {
-				d.metrics.handshakes.Add(1)
-				d.metrics.observe(timingHandshake, re.took)
-			} else {
-				d.drop(re)
-			}
-			close(re.once)
-			if re.err != nil {
-				d.put(re)
-				return nil, re.took, re.err
-			}
-			return re, re.took, nil
-		}
-		select {
-		case <-re.once:
-		case <-ctx.Done():
-			d.put(re)
-			return nil, 0, fmt.Errorf("connector: waiting for the handshake with %s: %w", engineID, ctx.Err())
-		}
-		if re.err == nil {
-			return re, 0, nil
-		}
-		d.put(re)
-		if ctx.Err() == nil && (errors.Is(re.err, context.Canceled) || errors.Is(re.err, context.DeadlineExceeded)) {
-			continue // the owner's context ended, not ours
-		}
-		return nil, 0, re.err
-	}
-}
-
-// acquire returns the cached engine with a reference for the caller, or creates it (mine: the caller does
-// the handshake; the new engine carries the cache's reference and the caller's).
-func (d *Decode) acquire(ctx context.Context, engineID, addr string, prefillTP int) (re *remoteEngine, mine bool, err error) {
-	for {
-		d.mu.Lock()
-		if d.closed {
-			d.mu.Unlock()
-			return nil, false, fmt.Errorf("connector: handshake with %s: the decode role is closed: %w", engineID, nixl.ErrClosed)
-		}
-		if re = d.remotes[engineID]; re != nil {
-			if re.addr != addr || re.tp != prefillTP {
-				d.mu.Unlock()
-				return nil, false, fmt.Errorf("%w: engine %s was handshaken at %s with TP %d, now named at %s with TP %d",
-					ErrBadParams, engineID, re.addr, re.tp, addr, prefillTP)
-			}
-			re.refs++
-			d.mu.Unlock()
-			return re, false, nil
-		}
-		old := d.draining[engineID]
-		if old == nil {
-			re = &remoteEngine{id: engineID, refs: 2, released: make(chan struct{}), once: make(chan struct{}), addr: addr, tp: prefillTP}
-			d.remotes[engineID] = re
-			d.mu.Unlock()
-			return re, true, nil
-		}
-		d.mu.Unlock()
-		select {
-		case <-old.released:
-		case <-ctx.Done():
-			return nil, false, fmt.Errorf("connector: handshake with %s: waiting for the transfers on its previous handshake to end: %w", engineID, ctx.Err())
-		}
-	}
-}
-
-// drop removes re from the handshake cache (if it is still the cached one) and puts the cache's reference.
-func (d *Decode) drop(re *remoteEngine) bool {
-	d.mu.Lock()
-	mine := d.remotes[re.id] == re
-	if mine {
-		delete(d.remotes, re.id)
-		d.draining[re.id] = re
-	}
-	d.mu.Unlock()
-	if mine {
-		d.put(re)
-	}
-	return mine
-}
-
-// put drops one reference to re; the last one releases its descriptor lists and remote agents.
-func (d *Decode) put(re *remoteEngine) {
-	d.mu.Lock()
-	re.refs--
-	last := re.refs == 0
-	d.mu.Unlock()
-	if !last {
-		return
-	}
-	d.release(re)
-	d.mu.Lock()
-	if d.draining[re.id] == re {
-		delete(d.draining, re.id)
-	}
-	d.mu.Unlock()
-	close(re.released)
+// fetchOptions are the side-channel options of a handshake (DecodeConfig.HandshakeTimeout and
+// HandshakeAttempts; their defaults are sidechannel.FetchOptions').
+func (d *Decode) fetchOptions() sidechannel.FetchOptions {
+	return sidechannel.FetchOptions{Timeout: d.cfg.HandshakeTimeout, Attempts: d.cfg.HandshakeAttempts, Logger: d.log}
 }
 
 // fetch asks the prefill engine's side channel for one rank's metadata and checks it (hash, engine id).
 func (d *Decode) fetch(ctx context.Context, engineID, addr string, rank int) (protocol.AgentMetadata, layout.Geometry, error) {
 	p := d.cfg.Profile
-	reply, err := sidechannel.Fetch(ctx, p, addr, protocol.Rank{TP: rank}, sidechannel.FetchOptions{
-		Timeout:  d.cfg.HandshakeTimeout,
-		Attempts: d.cfg.HandshakeRetries + 1,
-		Logger:   d.log,
-	})
+	reply, err := sidechannel.Fetch(ctx, p, addr, protocol.Rank{TP: rank}, d.fetchOptions())
 	if err != nil {
 		return protocol.AgentMetadata{}, layout.Geometry{}, fmt.Errorf("connector: handshake with %s rank %d at %s: %w", engineID, rank, addr, err)
 	}
@@ -734,7 +517,7 @@ func (d *Decode) handshake(ctx context.Context, engineID string, re *remoteEngin
 		if len(ldescs) > 0 {
 			src.pairLen = int64(ldescs[0].Len)
 		}
-		if err = d.do(func() (err error) {
+		if err = d.reg.do(func() (err error) {
 			src.local, err = d.reg.agent.Prep("", d.cfg.Cache.MemType(), nixl.DescsOf(ldescs))
 			return err
 		}); err != nil {
@@ -757,7 +540,7 @@ func (d *Decode) warmUp(ctx context.Context, re *remoteEngine, src *source) {
 	defer trace.StartRegion(ctx, "gonixl.warmup").End()
 	li, ri := re.plan.AppendIndices(nil, nil, []int{0}, []int{0})
 	var x *nixl.Xfer
-	err := d.do(func() (err error) {
+	err := d.reg.do(func() (err error) {
 		if x, err = d.reg.agent.MakeXfer(nixl.Read, src.local, li, src.remote, ri, d.reg.xferOpts(nil)[1:]...); err != nil {
 			return err
 		}
@@ -767,14 +550,7 @@ func (d *Decode) warmUp(ctx context.Context, re *remoteEngine, src *source) {
 	if err == nil {
 		// Bounded like one side-channel round trip: a warm-up that stalls (a peer not progressing, a dead
 		// link) must not take the first pull's whole deadline while every other pull for the engine waits.
-		limit := d.cfg.HandshakeTimeout
-		if limit <= 0 {
-			limit = d.cfg.Profile.HandshakeTimeout
-		}
-		if limit <= 0 {
-			limit = 5 * time.Second
-		}
-		wctx, cancel := context.WithTimeout(ctx, limit)
+		wctx, cancel := context.WithTimeout(ctx, d.fetchOptions().WithDefaults(d.cfg.Profile).Timeout)
 		err = x.Wait(wctx)
 		cancel()
 	}
@@ -800,49 +576,22 @@ func (d *Decode) prepRemote(agent string, md protocol.AgentMetadata, descs []nix
 	return pl, err
 }
 
-// release closes a remote engine's descriptor lists and forgets its agents. Only put calls it, for the last
-// reference.
-func (d *Decode) release(re *remoteEngine) {
-	for _, src := range re.sources {
-		if src.remote != nil {
-			_ = src.remote.Close()
-		}
-		if src.local != nil {
-			_ = src.local.Close()
-		}
-		if src.agent != "" {
-			d.unloadAgent(src.agent) // only the references this engine took: never an agent another still uses
-		}
-	}
-	re.sources = nil
-}
-
-// forget drops a remote engine's handshake (after a failed transfer), so the next pull does it again. Its
-// lists are released when the last pull using them returns.
-func (d *Decode) forget(re *remoteEngine) {
-	if d.drop(re) {
-		d.log.Info("dropped handshake after a failure; it is redone on the next request", zap.String("remote_engine_id", re.id))
-	}
-}
-
 // Close cancels in-flight pulls and waits for them to return (each returns promptly once its context is
 // cancelled: transfers are released, handshakes abandoned), then releases the remote and local descriptor
 // lists, the registration and the agent. Pulls after Close fail with an error wrapping nixl.ErrClosed.
-// Idempotent.
+// The first Close returns the first error it met; later ones return nil (see the package doc).
 func (d *Decode) Close() error {
-	d.closeOnce.Do(func() {
+	return d.closeOnce.Close(func() error {
 		d.mu.Lock()
 		d.closed = true
-		remotes := d.remotes
-		d.remotes = map[string]*remoteEngine{}
 		d.mu.Unlock()
+		remotes := d.hs.close()
 		d.stop()
 		d.pulls.Wait()
 		for _, re := range remotes {
-			d.put(re) // the cache's reference; no pull holds one any more
+			d.hs.put(re) // the cache's reference; no pull holds one any more
 		}
 		d.closeProbe()
-		d.closeErr = d.reg.close()
+		return d.reg.close()
 	})
-	return d.closeErr
 }

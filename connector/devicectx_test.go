@@ -53,13 +53,13 @@ func TestPrefillDeviceContext(t *testing.T) {
 			l := testLib(t)
 			dev := &fakeDevice{fail: fail}
 			pc := newCache(t, tinyGeom(t, p, 16))
-			pre, err := NewPrefill(PrefillConfig{Profile: p, Library: l, Cache: pc, Compat: tinyCompat(p), DeviceContext: dev})
+			pre, err := NewPrefill(PrefillConfig{RoleConfig: RoleConfig{Profile: p, Library: l, Cache: pc, Compat: tinyCompat(p), DeviceContext: dev}})
 			if fail != nil {
 				require.ErrorIs(t, err, fail, "registration runs inside the device context")
 				dev.mu.Lock()
 				dev.fail = nil
 				dev.mu.Unlock()
-				pre, err = NewPrefill(PrefillConfig{Profile: p, Library: l, Cache: pc, Compat: tinyCompat(p), DeviceContext: dev})
+				pre, err = NewPrefill(PrefillConfig{RoleConfig: RoleConfig{Profile: p, Library: l, Cache: pc, Compat: tinyCompat(p), DeviceContext: dev}})
 			}
 			require.NoError(t, err)
 			closed := false
@@ -70,7 +70,7 @@ func TestPrefillDeviceContext(t *testing.T) {
 			})
 			require.Eventually(t, func() bool { c, r := dev.counts(); return c == 2 && r == 1 }, 10*time.Second, time.Millisecond,
 				"one Do for the registration, one held by the loop")
-			d, err := NewDecode(DecodeConfig{Profile: p, Library: l, Cache: newCache(t, tinyGeom(t, p, 16)), Compat: tinyCompat(p)})
+			d, err := NewDecode(DecodeConfig{RoleConfig: RoleConfig{Profile: p, Library: l, Cache: newCache(t, tinyGeom(t, p, 16)), Compat: tinyCompat(p)}})
 			require.NoError(t, err)
 			t.Cleanup(func() { require.NoError(t, d.Close()) })
 			ctx := ctxT(t, 10*time.Second)
@@ -94,10 +94,10 @@ func TestWithDeviceRefusedLoopRuns(t *testing.T) {
 	l := testLib(t)
 	dev := &refuseSecond{}
 	pc := newCache(t, tinyGeom(t, p, 16))
-	pre, err := NewPrefill(PrefillConfig{Profile: p, Library: l, Cache: pc, Compat: tinyCompat(p), DeviceContext: dev})
+	pre, err := NewPrefill(PrefillConfig{RoleConfig: RoleConfig{Profile: p, Library: l, Cache: pc, Compat: tinyCompat(p), DeviceContext: dev}})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, pre.Close()) })
-	d, err := NewDecode(DecodeConfig{Profile: p, Library: l, Cache: newCache(t, tinyGeom(t, p, 16)), Compat: tinyCompat(p)})
+	d, err := NewDecode(DecodeConfig{RoleConfig: RoleConfig{Profile: p, Library: l, Cache: newCache(t, tinyGeom(t, p, 16)), Compat: tinyCompat(p)}})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, d.Close()) })
 	ctx := ctxT(t, 10*time.Second)

@@ -46,8 +46,10 @@
 //
 // # Concurrency and lifetime
 //
-// Prefill, Decode, DRAMCache, BlockPool and Metrics are safe for concurrent use. Close is idempotent: a
-// Prefill stops its side channel and notification loop, then deregisters the cache and closes its NIXL agent;
+// Prefill, Decode, DRAMCache, BlockPool and Metrics are safe for concurrent use. Close has one contract for
+// Prefill, Decode and sidechannel.Server: the first Close tears down and returns the first error it met; every
+// later (or concurrent) Close waits for that teardown to finish and returns nil; calls after Close fail with
+// an error wrapping nixl.ErrClosed. A Prefill stops its side channel and notification loop, then deregisters the cache and closes its NIXL agent;
 // a Decode cancels its in-flight pulls, waits for them to return (their errors wrap nixl.ErrClosed), then
 // releases its descriptor lists, registration and agent. A Decode reference-counts its handshakes: dropping
 // one after a failed transfer never closes descriptor lists that another pull is still using; they are
@@ -58,6 +60,6 @@
 //
 // Whoever reaches the side channel gets the NIXL metadata, and with it, over the data port, can read and
 // write the registered cache and send notifications (see the README's trust model). The prefill role binds
-// 127.0.0.1 by default and keeps NIXL's UCX data plane on the same device (PrefillConfig.DataDevice);
+// 127.0.0.1 by default and keeps NIXL's UCX data plane on the same device (RoleConfig.DataDevice);
 // PrefillConfig.NotifyFrom restricts whose notifications count.
 package connector

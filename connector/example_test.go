@@ -24,7 +24,7 @@ func Example() {
 		return
 	}
 	qwen := connector.Model{Name: "Qwen/Qwen3-0.6B", Layers: 28, KVHeads: 8, HeadDim: 128, DType: layout.BF16}
-	pre, err := connector.NewPrefill(connector.PrefillConfig{VLLMVersion: "0.16.0", Model: qwen, NumBlocks: 16, Library: lib})
+	pre, err := connector.NewPrefill(connector.PrefillConfig{RoleConfig: connector.RoleConfig{VLLMVersion: "0.16.0", Model: qwen, NumBlocks: 16, Library: lib}})
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -48,7 +48,7 @@ func Example() {
 	raw, _ := pre.Profile().EncodeParams(params) // what P's HTTP response carries; the proxy hands it to D
 	fmt.Println(bytes.Contains(raw, []byte(`"remote_engine_id": "`+pre.EngineID()+`"`)))
 
-	dec, err := connector.NewDecode(connector.DecodeConfig{VLLMVersion: "0.16.0", Model: qwen, NumBlocks: 16, Library: lib})
+	dec, err := connector.NewDecode(connector.DecodeConfig{RoleConfig: connector.RoleConfig{VLLMVersion: "0.16.0", Model: qwen, NumBlocks: 16, Library: lib}})
 	if err != nil {
 		fmt.Println(err)
 		return

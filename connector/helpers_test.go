@@ -169,7 +169,7 @@ func (c *fakeClock) Advance(d time.Duration) { c.ns.Add(int64(d)) }
 // waits until the role's loop has run an expiry pass at the new time.
 func advanceAndSettle(t testing.TB, pre *Prefill, c *fakeClock, d time.Duration) {
 	t.Helper()
-	require.GreaterOrEqual(t, d, 50*time.Millisecond, "the loop runs an expiry pass once the clock moved 50 ms")
+	require.GreaterOrEqual(t, d, expiryPeriod, "the loop runs an expiry pass once the clock moved expiryPeriod")
 	n := pre.passes.Load()
 	c.Advance(d)
 	require.Eventually(t, func() bool { return pre.passes.Load() > n }, 30*time.Second, time.Millisecond, "no expiry pass")
@@ -212,18 +212,14 @@ func newPair(t testing.TB, p protocol.Profile, o pairOpts) *pair {
 	if o.notifyFrom != nil {
 		notifyFrom = o.notifyFrom(decID)
 	}
-	pr.pre, err = NewPrefill(PrefillConfig{Profile: p, Library: l, Cache: pr.pcache, Compat: tinyCompat(p), clock: clock, NotifyFrom: notifyFrom,
-		HoldTimeout: o.hold, Logger: o.prefillLog, Metrics: pr.preM, Backends: o.backends,
-		EngineID: fmt.Sprintf("prefill-%s-%d", p.Name, time.Now().UnixNano())})
+	pr.pre, err = NewPrefill(PrefillConfig{RoleConfig: RoleConfig{Profile: p, Library: l, Cache: pr.pcache, Compat: tinyCompat(p), Logger: o.prefillLog, Metrics: pr.preM, Backends: o.backends, EngineID: fmt.Sprintf("prefill-%s-%d", p.Name, time.Now().UnixNano())}, clock: clock, NotifyFrom: notifyFrom, HoldTimeout: o.hold})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, pr.pre.Close()) })
 	dc := tinyCompat(dp)
 	if o.decodeCompat != nil {
 		dc = *o.decodeCompat
 	}
-	pr.dec, err = NewDecode(DecodeConfig{Profile: dp, Library: l, Cache: pr.dcache, Compat: dc, Logger: o.decodeLog,
-		EngineID: decID, DataDevice: o.decodeDevice,
-		Metrics: pr.decM, Backends: o.backends, HandshakeTimeout: 2 * time.Second, HandshakeRetries: 1})
+	pr.dec, err = NewDecode(DecodeConfig{RoleConfig: RoleConfig{Profile: dp, Library: l, Cache: pr.dcache, Compat: dc, Logger: o.decodeLog, EngineID: decID, DataDevice: o.decodeDevice, Metrics: pr.decM, Backends: o.backends}, HandshakeTimeout: 2 * time.Second, HandshakeAttempts: 2})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, pr.dec.Close()) })
 	return pr

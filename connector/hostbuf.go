@@ -39,7 +39,7 @@ func (d *Decode) pullSliced(ctx context.Context, re *remoteEngine, hb HostBuffer
 	opts := d.reg.xferOpts(nil)[1:] // no notification on the slices
 	start := time.Now()
 	prepare, post := req.planned, time.Duration(0)
-	err := d.do(func() error {
+	err := d.reg.do(func() error {
 		defer trace.StartRegion(ctx, "gonixl.prepare+post").End()
 		for a := 0; a < n; a += per {
 			b := min(a+per, n)

@@ -59,7 +59,7 @@ func newHostBufferedDRAM(t testing.TB, p protocol.Profile) *hostBufferedDRAM {
 func tinyPrefill(t testing.TB, p protocol.Profile, l *nixl.Library) (*Prefill, *DRAMCache) {
 	t.Helper()
 	pc := newCache(t, tinyGeom(t, p, 16))
-	pre, err := NewPrefill(PrefillConfig{Profile: p, Library: l, Cache: pc, Compat: tinyCompat(p)})
+	pre, err := NewPrefill(PrefillConfig{RoleConfig: RoleConfig{Profile: p, Library: l, Cache: pc, Compat: tinyCompat(p)}})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, pre.Close()) })
 	return pre, pc
@@ -73,7 +73,7 @@ func TestPullHostBuffered(t *testing.T) {
 	pre, pc := tinyPrefill(t, p, l)
 	hb := newHostBufferedDRAM(t, p)
 	m := &Metrics{}
-	d, err := NewDecode(DecodeConfig{Profile: p, Library: l, Cache: hb, Compat: tinyCompat(p), Metrics: m})
+	d, err := NewDecode(DecodeConfig{RoleConfig: RoleConfig{Profile: p, Library: l, Cache: hb, Compat: tinyCompat(p), Metrics: m}})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, d.Close()) })
 	ctx := ctxT(t, 10*time.Second)
@@ -137,7 +137,7 @@ func TestPullHostBufferedSlices(t *testing.T) {
 	pre, pc := tinyPrefill(t, p, l)
 	hb := &hostBufferedPipe{hostBufferedDRAM: newHostBufferedDRAM(t, p)}
 	m := &Metrics{}
-	d, err := NewDecode(DecodeConfig{Profile: p, Library: l, Cache: hb, Compat: tinyCompat(p), Metrics: m})
+	d, err := NewDecode(DecodeConfig{RoleConfig: RoleConfig{Profile: p, Library: l, Cache: hb, Compat: tinyCompat(p), Metrics: m}})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, d.Close()) })
 	ctx := ctxT(t, 10*time.Second)

@@ -149,7 +149,7 @@ func TestInteropGoDecodePythonPrefill(t *testing.T) {
 			dlog, dlogs := observed()
 			dc := newCache(t, tinyGeom(t, p, 16))
 			m := &Metrics{}
-			d, err := NewDecode(DecodeConfig{Profile: p, Library: testLib(t), Cache: dc, Compat: tinyCompat(p), Metrics: m, Logger: dlog})
+			d, err := NewDecode(DecodeConfig{RoleConfig: RoleConfig{Profile: p, Library: testLib(t), Cache: dc, Compat: tinyCompat(p), Metrics: m, Logger: dlog}})
 			require.NoError(t, err)
 			t.Cleanup(func() { require.NoError(t, d.Close()) })
 			local := []int{5, 1, 9}

@@ -24,9 +24,9 @@ func TestPublishedLayoutLabelApartFromPhysicalOrder(t *testing.T) {
 	nhd := tpGeom(t, p, 4)
 	nhd.Order = layout.NHD
 	pc := newCache(t, nhd)
-	_, err = NewPrefill(PrefillConfig{Profile: p, Library: testLib(t), Cache: pc, Compat: tpCompat(p), KVCacheLayout: "sideways"})
+	_, err = NewPrefill(PrefillConfig{RoleConfig: RoleConfig{Profile: p, Library: testLib(t), Cache: pc, Compat: tpCompat(p)}, KVCacheLayout: "sideways"})
 	require.ErrorContains(t, err, "KVCacheLayout")
-	pre, err := NewPrefill(PrefillConfig{Profile: p, Library: testLib(t), Cache: pc, Compat: tpCompat(p), KVCacheLayout: "HND"})
+	pre, err := NewPrefill(PrefillConfig{RoleConfig: RoleConfig{Profile: p, Library: testLib(t), Cache: pc, Compat: tpCompat(p)}, KVCacheLayout: "HND"})
 	require.NoError(t, err)
 	defer pre.Close()
 
@@ -40,14 +40,14 @@ func TestPublishedLayoutLabelApartFromPhysicalOrder(t *testing.T) {
 	kv, err := pre.Hold(ctx, "label-1", tokens, fillHeads(pc, 0, tokens))
 	require.NoError(t, err)
 
-	plain, err := NewDecode(DecodeConfig{Profile: p, Library: testLib(t), Cache: newCache(t, nhd), Compat: tpCompat(p)})
+	plain, err := NewDecode(DecodeConfig{RoleConfig: RoleConfig{Profile: p, Library: testLib(t), Cache: newCache(t, nhd), Compat: tpCompat(p)}})
 	require.NoError(t, err)
 	defer plain.Close()
 	_, err = plain.Pull(ctx, "d-plain", kv, []int{3, 4})
 	require.ErrorIs(t, err, ErrBadParams, "an NHD cache cannot take bytes labelled HND unless told they are NHD")
 
 	dc := newCache(t, nhd)
-	told, err := NewDecode(DecodeConfig{Profile: p, Library: testLib(t), Cache: dc, Compat: tpCompat(p), PeerOrder: layout.NHD})
+	told, err := NewDecode(DecodeConfig{RoleConfig: RoleConfig{Profile: p, Library: testLib(t), Cache: dc, Compat: tpCompat(p)}, PeerOrder: layout.NHD})
 	require.NoError(t, err)
 	defer told.Close()
 	local := []int{7, 2}
@@ -77,10 +77,10 @@ func TestLayoutNamesPerRowBlockSize32(t *testing.T) {
 				if p.Labels[0].Name == "HND" {
 					other = "LBHNC"
 				}
-				_, err = NewPrefill(PrefillConfig{Profile: p, Library: testLib(t), Cache: pc, Compat: tinyCompat(p), KVCacheLayout: other})
+				_, err = NewPrefill(PrefillConfig{RoleConfig: RoleConfig{Profile: p, Library: testLib(t), Cache: pc, Compat: tinyCompat(p)}, KVCacheLayout: other})
 				require.ErrorContains(t, err, "KVCacheLayout")
 				require.ErrorContains(t, err, strconv.Quote(p.Labels[0].Name), "the error lists the row's names")
-				pre, err := NewPrefill(PrefillConfig{Profile: p, Library: testLib(t), Cache: pc, Compat: tinyCompat(p)})
+				pre, err := NewPrefill(PrefillConfig{RoleConfig: RoleConfig{Profile: p, Library: testLib(t), Cache: pc, Compat: tinyCompat(p)}})
 				require.NoError(t, err)
 				reply, err := sidechannel.Fetch(ctx, p, "127.0.0.1:"+strconv.Itoa(pre.Port()), protocol.Rank{}, sidechannel.FetchOptions{})
 				require.NoError(t, err)
@@ -94,7 +94,7 @@ func TestLayoutNamesPerRowBlockSize32(t *testing.T) {
 				require.NoError(t, err)
 				require.Len(t, kv.RemoteBlockIDs[0], 3)
 				dc := newCache(t, g)
-				dec, err := NewDecode(DecodeConfig{Profile: p, Library: testLib(t), Cache: dc, Compat: tinyCompat(p)})
+				dec, err := NewDecode(DecodeConfig{RoleConfig: RoleConfig{Profile: p, Library: testLib(t), Cache: dc, Compat: tinyCompat(p)}})
 				require.NoError(t, err)
 				local := []int{9, 4, 11}
 				_, err = dec.Pull(ctx, "d-"+want, kv, local)
@@ -150,12 +150,12 @@ func TestPrefillReregister(t *testing.T) {
 	first, err := NewDRAMCache(g, false)
 	require.NoError(t, err)
 	mc := &movingCache{first}
-	pre, err := NewPrefill(PrefillConfig{Profile: p, Library: testLib(t), Cache: mc, Compat: tinyCompat(p)})
+	pre, err := NewPrefill(PrefillConfig{RoleConfig: RoleConfig{Profile: p, Library: testLib(t), Cache: mc, Compat: tinyCompat(p)}})
 	require.NoError(t, err)
 	defer pre.Close()
 	dc := newCache(t, g)
 	dm := &Metrics{}
-	dec, err := NewDecode(DecodeConfig{Profile: p, Library: testLib(t), Cache: dc, Compat: tinyCompat(p), Metrics: dm})
+	dec, err := NewDecode(DecodeConfig{RoleConfig: RoleConfig{Profile: p, Library: testLib(t), Cache: dc, Compat: tinyCompat(p), Metrics: dm}})
 	require.NoError(t, err)
 	defer dec.Close()
 

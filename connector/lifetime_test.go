@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gonixl/gonixl/connector/protocol"
+	"github.com/gonixl/gonixl/connector/sidechannel"
 	"github.com/gonixl/gonixl/nixl"
 )
 
@@ -37,70 +38,6 @@ func sideAddr(kv protocol.KVTransferParams) string {
 	return "tcp://" + net.JoinHostPort(kv.RemoteHost, strconv.Itoa(kv.RemotePort))
 }
 
-// A dropped handshake (after a failed transfer) keeps its descriptor lists while a pull still holds a
-// reference; they are released with the last reference, and a new handshake with the same engine waits for
-// that (the remote agent names are the same).
-func TestRemoteEngineRefcount(t *testing.T) {
-	p, _ := protocol.ProfileByName("0.33")
-	pr := newPair(t, p, pairOpts{})
-	ctx := ctxT(t, 20*time.Second)
-	kv := pr.prefill(t, ctx, "a", tinyBlock, 1)
-	_, err := pr.dec.Pull(ctx, "a", kv, []int{1})
-	require.NoError(t, err)
-
-	// An in-flight pull's reference.
-	re, took, err := pr.dec.remote(ctx, kv.RemoteEngineID, sideAddr(kv), 1)
-	require.NoError(t, err)
-	assert.Zero(t, took, "the handshake is cached")
-	pr.dec.forget(re) // another pull on the same engine failed
-	pr.dec.mu.Lock()
-	assert.Equal(t, 1, re.refs)
-	assert.NotContains(t, pr.dec.remotes, kv.RemoteEngineID)
-	assert.Same(t, re, pr.dec.draining[kv.RemoteEngineID])
-	pr.dec.mu.Unlock()
-	require.Len(t, re.sources, 1, "the lists must survive while a pull holds the engine")
-
-	// The held lists still carry a transfer.
-	kvb := pr.prefill(t, ctx, "b", tinyBlock, 2)
-	notif, err := p.EncodeNotification(protocol.Notification{RequestID: kvb.RemoteRequestID, Count: 1})
-	require.NoError(t, err)
-	src := re.sources[0]
-	li, ri, err := re.plan.Indices([]int{2}, []int{int(kvb.RemoteBlockIDs[0][0])}, nil, nil)
-	require.NoError(t, err)
-	x, err := pr.dec.Agent().MakeXfer(nixl.Read, src.local, li, src.remote, ri, nixl.WithNotification(notif))
-	require.NoError(t, err)
-	_, err = x.Post()
-	require.NoError(t, err)
-	require.NoError(t, x.Wait(ctx))
-	require.NoError(t, x.Close())
-	requirePattern(t, pr.dcache, []int{2}, kvb.RemoteBlockIDs[0], 2)
-
-	// A new pull must wait for the old generation to be released (bounded by its context).
-	kvc := pr.prefill(t, ctx, "c", tinyBlock, 3)
-	short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
-	_, err = pr.dec.Pull(short, "c", kvc, []int{3})
-	cancel()
-	require.ErrorIs(t, err, context.DeadlineExceeded)
-	assert.Contains(t, err.Error(), "previous handshake")
-
-	// The last reference releases the lists; then the handshake is redone.
-	pr.dec.put(re)
-	select {
-	case <-re.released:
-	default:
-		t.Fatal("the last put did not release the engine")
-	}
-	assert.Nil(t, re.sources)
-	pr.dec.mu.Lock()
-	assert.Empty(t, pr.dec.draining)
-	pr.dec.mu.Unlock()
-	res, err := pr.dec.Pull(ctx, "c", kvc, []int{3})
-	require.NoError(t, err)
-	assert.Positive(t, res.Handshake, "a new handshake")
-	requirePattern(t, pr.dcache, []int{3}, kvc.RemoteBlockIDs[0], 3)
-	assert.EqualValues(t, 2, pr.decM.Handshakes())
-}
-
 // Concurrent pulls on one prefill engine while other pulls on the same engine fail (their context ends
 // mid-transfer, so the handshake is dropped), pulls to a dead prefill engine fail, and finally Close runs
 // while pulls are in flight: no healthy pull ever sees its descriptor lists closed under it, every pull
@@ -116,8 +53,7 @@ func TestDecodeConcurrentPullsFailuresAndClose(t *testing.T) {
 
 	// A second prefill engine that dies after its handshake.
 	deadCache := newCache(t, tinyGeom(t, p, 8))
-	dead, err := NewPrefill(PrefillConfig{Profile: p, Library: testLib(t), Cache: deadCache, Compat: tinyCompat(p),
-		EngineID: fmt.Sprintf("dead-%d", time.Now().UnixNano())})
+	dead, err := NewPrefill(PrefillConfig{RoleConfig: RoleConfig{Profile: p, Library: testLib(t), Cache: deadCache, Compat: tinyCompat(p), EngineID: fmt.Sprintf("dead-%d", time.Now().UnixNano())}})
 	require.NoError(t, err)
 	kvDead, err := dead.Hold(ctx, "d0", tinyBlock, nil)
 	require.NoError(t, err)
@@ -209,10 +145,41 @@ func TestDecodeConcurrentPullsFailuresAndClose(t *testing.T) {
 		t.Error(err)
 	}
 	t.Logf("during Close: %d pulls completed, %d refused or cancelled", okPulls.Load(), closedErrs.Load())
-	pr.dec.mu.Lock()
-	assert.Empty(t, pr.dec.remotes)
-	assert.Empty(t, pr.dec.draining)
-	pr.dec.mu.Unlock()
+	pr.dec.hs.mu.Lock()
+	assert.Empty(t, pr.dec.hs.remotes)
+	assert.Empty(t, pr.dec.hs.draining)
+	pr.dec.hs.mu.Unlock()
 	_, err = pr.dec.Pull(ctx, "after", kvDead, []int{1})
 	require.ErrorIs(t, err, nixl.ErrClosed)
+}
+
+// One Close contract for the roles and the side channel (doc.go): a second Close, also one racing the first,
+// returns nil after the first has finished, and a role is unusable after it.
+func TestCloseContract(t *testing.T) {
+	p, _ := protocol.ProfileByName("0.33")
+	pr := newPair(t, p, pairOpts{})
+	ctx := ctxT(t, 20*time.Second)
+	kv := pr.prefill(t, ctx, "a", tinyBlock, 1)
+	for _, c := range []interface{ Close() error }{pr.dec, pr.pre} {
+		var wg sync.WaitGroup
+		errs := make([]error, 4)
+		for i := range errs {
+			wg.Add(1)
+			go func() { defer wg.Done(); errs[i] = c.Close() }()
+		}
+		wg.Wait()
+		for i, err := range errs {
+			require.NoError(t, err, "Close %d of %T", i, c)
+		}
+		require.NoError(t, c.Close(), "a later Close of %T", c)
+	}
+	_, err := pr.dec.Pull(ctx, "a", kv, []int{1})
+	require.ErrorIs(t, err, nixl.ErrClosed)
+	_, err = pr.pre.Hold(ctx, "b", tinyBlock, nil)
+	require.ErrorIs(t, err, nixl.ErrClosed)
+
+	srv, err := sidechannel.NewServer(ctx, p, sidechannel.ServerConfig{})
+	require.NoError(t, err)
+	require.NoError(t, srv.Close())
+	require.NoError(t, srv.Close())
 }

@@ -1,11 +1,7 @@
 package connector
 
 import (
-	"errors"
 	"fmt"
-	"strings"
-
-	"go.uber.org/zap"
 
 	"github.com/gonixl/gonixl/connector/protocol"
 	"github.com/gonixl/gonixl/layout"
@@ -14,7 +10,7 @@ import (
 // Model describes the model whose KV cache moves, once, as vLLM's configuration knows it. With the vLLM
 // release of the peers (a protocol.Profile) it yields the cache geometry of one TP rank (Geometry), the region
 // plan of that release's layout era, and the compatibility-hash inputs with that release's defaults
-// (CompatInputs, hashed with the profile's Version). Set it in PrefillConfig.Model / DecodeConfig.Model with
+// (CompatInputs, hashed with the profile's Version). Set it in RoleConfig.Model with
 // VLLMVersion and the roles derive the rest.
 type Model struct {
 	// Name is vLLM's --model, exactly as the vLLM side was given it (it is hashed), e.g. "Qwen/Qwen3-0.6B".
@@ -138,162 +134,3 @@ func (m Model) CompatInputs(p protocol.Profile) (protocol.CompatInputs, error) {
 	}
 	return in, nil
 }
-
-// modelSpec is what PrefillConfig and DecodeConfig share to derive their profile, compatibility inputs and
-// cache from a Model.
-type modelSpec struct {
-	version   string
-	model     Model
-	numBlocks int
-	tpSize    int
-}
-
-// resolve fills profile (and its Version) from the version, compat from the model (unless compat was given)
-// and, when cache is nil and numBlocks > 0, creates a DRAM cache for the model, which it returns for the role
-// to own.
-func (s modelSpec) resolve(profile *protocol.Profile, compat *Compat, cache *Cache) (*DRAMCache, error) {
-	if s.version != "" {
-		p, err := protocol.ProfileFor(s.version)
-		if err != nil {
-			return nil, fmt.Errorf("connector: VLLMVersion: %w", err)
-		}
-		switch {
-		case profile.Name == "":
-			*profile = p
-		case profile.Name != p.Name:
-			return nil, fmt.Errorf("connector: VLLMVersion %q is in profile %s but Profile is %s; set one of them", s.version, p.Name, profile.Name)
-		case profile.Version == "":
-			profile.Version = s.version
-		case profile.Version != s.version:
-			return nil, fmt.Errorf("connector: VLLMVersion is %q but Profile.Version is %q; set one of them", s.version, profile.Version)
-		}
-	}
-	if s.model == (Model{}) {
-		return nil, nil
-	}
-	if profile.Name == "" {
-		return nil, errors.New("connector: a Model needs VLLMVersion (the vLLM version string of the peers, e.g. \"0.16.0\")")
-	}
-	if compat.VLLMVersion == "" && compat.Model == "" {
-		if profile.Version == "" {
-			return nil, errors.New("connector: a Model without Compat needs VLLMVersion or Profile.Version (the version string is hashed)")
-		}
-		in, err := s.model.CompatInputs(*profile)
-		if err != nil {
-			return nil, err
-		}
-		compat.CompatInputs = in
-	}
-	if *cache != nil || s.numBlocks <= 0 {
-		return nil, nil
-	}
-	g, err := s.model.Geometry(*profile, s.numBlocks, s.tpSize)
-	if err != nil {
-		return nil, err
-	}
-	c, err := NewDRAMCache(g, false)
-	if err != nil {
-		return nil, err
-	}
-	*cache = c
-	return c, nil
-}
-
-// roleSpec is what PrefillConfig and DecodeConfig share to set their role up.
-type roleSpec struct {
-	role    string // "prefill" or "decode"
-	profile protocol.Profile
-	cache   Cache
-	tpRank  int
-	logger  *zap.Logger
-	metrics *Metrics
-}
-
-// setup checks that the profile is set and that the cache's region plan is the profile's layout era, defaults
-// the engine id (a random "gonixl-p-…" or "gonixl-d-…") and the TP size (1), and returns the role's logger
-// (tagged with the role, engine id and TP rank) and metrics (a private Metrics when none was given).
-func (s roleSpec) setup(engineID *string, tpSize *int) (*zap.Logger, *Metrics, error) {
-	if s.profile.Name == "" {
-		return nil, nil, fmt.Errorf("connector: %s%sConfig.Profile is not set (use protocol.ProfileFor)",
-			strings.ToUpper(s.role[:1]), s.role[1:])
-	}
-	if *engineID == "" {
-		*engineID = randomID("gonixl-" + s.role[:1] + "-")
-	}
-	if *tpSize <= 0 {
-		*tpSize = 1
-	}
-	log := s.logger
-	if log == nil {
-		log = zap.NewNop()
-	}
-	log = log.With(zap.String("role", s.role), zap.String("engine_id", *engineID), zap.Int("tp_rank", s.tpRank))
-	metrics := s.metrics
-	if metrics == nil {
-		metrics = &Metrics{}
-	}
-	return log, metrics, checkPlan(s.profile, s.cache)
-}
-
-// NewPrefill starts a prefill worker: it derives Profile, Compat and (when Cache is nil) a DRAM cache from
-// VLLMVersion and Model, registers the cache, and starts the side channel and the notification loop.
-func NewPrefill(cfg PrefillConfig) (*Prefill, error) {
-	if cfg.HoldTimeout < 0 {
-		return nil, fmt.Errorf("connector: PrefillConfig.HoldTimeout is %v: set a positive duration, or 0 for the profile's lease or abort timeout", cfg.HoldTimeout)
-	}
-	if n := len(cfg.NotifyKey); n > 0 && n < minNotifyKey {
-		return nil, fmt.Errorf("connector: PrefillConfig.NotifyKey has %d bytes: give at least %d random bytes (the same on every rank of the engine)", n, minNotifyKey)
-	}
-	if cfg.TPSize > 1 && cfg.SideChannel == nil && len(cfg.NotifyKey) == 0 {
-		// Ranks in separate processes would each draw a random key, and every rank but the one whose
-		// remote_request_id the decode echoes would drop its notifications as forged (blocks held to expiry).
-		return nil, fmt.Errorf("connector: PrefillConfig.TPSize is %d with no shared SideChannel: set NotifyKey to the same secret (at least %d random bytes) on every rank, or share one sidechannel.Server between the ranks of one process", cfg.TPSize, minNotifyKey)
-	}
-	return startWithModel(modelSpec{cfg.VLLMVersion, cfg.Model, cfg.NumBlocks, cfg.TPSize}, &cfg.Profile, &cfg.Compat, &cfg.Cache,
-		func() (*Prefill, error) { return newPrefill(cfg) })
-}
-
-// NewDecode starts a decode worker: it derives Profile, Compat and (when Cache is nil) a DRAM cache from
-// VLLMVersion and Model, registers the cache and prepares its descriptor list.
-func NewDecode(cfg DecodeConfig) (*Decode, error) {
-	if cfg.HandshakeTimeout < 0 {
-		return nil, fmt.Errorf("connector: DecodeConfig.HandshakeTimeout is %v: set a positive duration, or 0 for the profile's", cfg.HandshakeTimeout)
-	}
-	return startWithModel(modelSpec{cfg.VLLMVersion, cfg.Model, cfg.NumBlocks, cfg.TPSize}, &cfg.Profile, &cfg.Compat, &cfg.Cache,
-		func() (*Decode, error) { return newDecode(cfg) })
-}
-
-// startWithModel resolves s into the config's fields, then starts the role; the cache it created belongs to the
-// role's registration (closed after the agent), or is closed at once when the role does not start.
-func startWithModel[R interface{ registration() *registered }](s modelSpec, profile *protocol.Profile, compat *Compat,
-	cache *Cache, start func() (R, error)) (R, error) {
-	var zero R
-	owned, err := s.resolve(profile, compat, cache)
-	if err != nil {
-		return zero, err
-	}
-	r, err := start()
-	if err != nil {
-		if owned != nil {
-			_ = owned.Close()
-		}
-		return zero, err
-	}
-	r.registration().owned = owned
-	return r, nil
-}
-
-func (p *Prefill) registration() *registered { return p.reg }
-func (d *Decode) registration() *registered  { return d.reg }
-
-// Cache returns the KV cache the role serves (the one it created from the Model when PrefillConfig.Cache was nil).
-func (p *Prefill) Cache() Cache { return p.cfg.Cache }
-
-// Profile returns the vLLM release the role speaks.
-func (p *Prefill) Profile() protocol.Profile { return p.cfg.Profile }
-
-// Cache returns the KV cache the READs land in (the one it created from the Model when DecodeConfig.Cache was nil).
-func (d *Decode) Cache() Cache { return d.cfg.Cache }
-
-// Profile returns the vLLM release the role speaks.
-func (d *Decode) Profile() protocol.Profile { return d.cfg.Profile }

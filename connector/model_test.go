@@ -90,6 +90,12 @@ func TestModelCompatInputs(t *testing.T) {
 }
 
 func TestModelResolve(t *testing.T) {
+	resolve := func(c RoleConfig, prof *protocol.Profile, compat *Compat, cache *Cache) (*DRAMCache, error) {
+		c.Profile, c.Compat, c.Cache = *prof, *compat, *cache
+		owned, err := c.resolveModel()
+		*prof, *compat, *cache = c.Profile, c.Compat, c.Cache
+		return owned, err
+	}
 	p16, _ := protocol.ProfileFor("0.16.0")
 	p33, _ := protocol.ProfileFor("0.33.0")
 
@@ -97,7 +103,7 @@ func TestModelResolve(t *testing.T) {
 	var prof protocol.Profile
 	var compat Compat
 	var cache Cache
-	owned, err := modelSpec{"0.33.0", qwen, 4, 1}.resolve(&prof, &compat, &cache)
+	owned, err := resolve(RoleConfig{VLLMVersion: "0.33.0", Model: qwen, NumBlocks: 4, TPSize: 1}, &prof, &compat, &cache)
 	require.NoError(t, err)
 	require.NotNil(t, owned)
 	defer owned.Close()
@@ -110,7 +116,7 @@ func TestModelResolve(t *testing.T) {
 	// Compat given: kept as the override; a cache given: kept; no NumBlocks: no cache.
 	prof, cache = protocol.Profile{}, nil
 	compat = Compat{CompatInputs: protocol.CompatInputs{VLLMVersion: "0.16.0", Model: "other"}, SkipCheck: true}
-	owned, err = modelSpec{"0.16.0", qwen, 0, 1}.resolve(&prof, &compat, &cache)
+	owned, err = resolve(RoleConfig{VLLMVersion: "0.16.0", Model: qwen, NumBlocks: 0, TPSize: 1}, &prof, &compat, &cache)
 	require.NoError(t, err)
 	assert.Nil(t, owned)
 	assert.Nil(t, cache)
@@ -118,7 +124,7 @@ func TestModelResolve(t *testing.T) {
 
 	// No model: only the profile is derived; the old way (Profile set, no version) is untouched.
 	prof, compat = p16, Compat{}
-	owned, err = modelSpec{}.resolve(&prof, &compat, &cache)
+	owned, err = resolve(RoleConfig{}, &prof, &compat, &cache)
 	require.NoError(t, err)
 	assert.Nil(t, owned)
 	assert.Equal(t, p16.Name, prof.Name)
@@ -126,31 +132,31 @@ func TestModelResolve(t *testing.T) {
 
 	// Conflicts and gaps are refused.
 	prof = p16
-	_, err = modelSpec{version: "0.33.0"}.resolve(&prof, &compat, &cache)
+	_, err = resolve(RoleConfig{VLLMVersion: "0.33.0"}, &prof, &compat, &cache)
 	require.ErrorContains(t, err, "set one of them")
 	prof = protocol.Profile{}
-	_, err = modelSpec{model: qwen}.resolve(&prof, &compat, &cache)
+	_, err = resolve(RoleConfig{Model: qwen}, &prof, &compat, &cache)
 	require.ErrorContains(t, err, "needs VLLMVersion")
 	prof, _ = protocol.ProfileByName("0.16") // no Version: nothing to hash
-	_, err = modelSpec{model: qwen}.resolve(&prof, &compat, &cache)
+	_, err = resolve(RoleConfig{Model: qwen}, &prof, &compat, &cache)
 	require.ErrorContains(t, err, "needs VLLMVersion or Profile.Version")
-	_, err = modelSpec{version: "9.99.0"}.resolve(&prof, &compat, &cache)
+	_, err = resolve(RoleConfig{VLLMVersion: "9.99.0"}, &prof, &compat, &cache)
 	require.Error(t, err)
 
 	// A Profile by name takes VLLMVersion as its Version; one from ProfileFor needs no VLLMVersion, and two
 	// different version strings are refused.
 	prof, compat = protocol.Profile{}, Compat{}
 	prof, _ = protocol.ProfileByName("0.16")
-	_, err = modelSpec{version: "0.16.1", model: qwen}.resolve(&prof, &compat, &cache)
+	_, err = resolve(RoleConfig{VLLMVersion: "0.16.1", Model: qwen}, &prof, &compat, &cache)
 	require.NoError(t, err)
 	assert.Equal(t, "0.16.1", prof.Version)
 	assert.Equal(t, "0.16.1", compat.VLLMVersion)
 	prof, compat = p33, Compat{}
-	_, err = modelSpec{model: qwen}.resolve(&prof, &compat, &cache)
+	_, err = resolve(RoleConfig{Model: qwen}, &prof, &compat, &cache)
 	require.NoError(t, err)
 	assert.Equal(t, "0.33.0", compat.VLLMVersion)
 	prof, compat = p33, Compat{}
-	_, err = modelSpec{version: "0.33.1", model: qwen}.resolve(&prof, &compat, &cache)
+	_, err = resolve(RoleConfig{VLLMVersion: "0.33.1", Model: qwen}, &prof, &compat, &cache)
 	require.ErrorContains(t, err, "set one of them")
 }
 
@@ -166,10 +172,10 @@ func TestModelRoles(t *testing.T) {
 	in, err := tiny.CompatInputs(p)
 	require.NoError(t, err)
 	pcache := newCache(t, g)
-	pre, err := NewPrefill(PrefillConfig{Profile: p, Library: lib, Cache: pcache, Compat: Compat{CompatInputs: in}})
+	pre, err := NewPrefill(PrefillConfig{RoleConfig: RoleConfig{Profile: p, Library: lib, Cache: pcache, Compat: Compat{CompatInputs: in}}})
 	require.NoError(t, err)
 	defer pre.Close()
-	dec, err := NewDecode(DecodeConfig{VLLMVersion: "0.33.0", Model: tiny, NumBlocks: 8, Library: lib})
+	dec, err := NewDecode(DecodeConfig{RoleConfig: RoleConfig{VLLMVersion: "0.33.0", Model: tiny, NumBlocks: 8, Library: lib}})
 	require.NoError(t, err)
 	own, ok := dec.Cache().(*DRAMCache)
 	require.True(t, ok)
@@ -190,6 +196,6 @@ func TestModelRoles(t *testing.T) {
 	require.NoError(t, dec.Close())
 
 	// A role that does not start frees the cache it created at once (nothing is left to observe but errors).
-	_, err = NewDecode(DecodeConfig{VLLMVersion: "0.33.0", Model: tiny, NumBlocks: 8})
+	_, err = NewDecode(DecodeConfig{RoleConfig: RoleConfig{VLLMVersion: "0.33.0", Model: tiny, NumBlocks: 8}})
 	require.Error(t, err)
 }

@@ -177,8 +177,8 @@ func nsPeerMain(role string) int {
 	in.Buffer(make([]byte, 1<<20), 1<<24)
 	switch role {
 	case "prefill":
-		pre, err := NewPrefill(PrefillConfig{Profile: p, Library: l, Cache: c, Compat: tinyCompat(p), Backends: backends,
-			Host: testenv.PeerParam("HOST"), DataDevice: ifc, HoldTimeout: time.Duration(holdMS) * time.Millisecond})
+		pre, err := NewPrefill(PrefillConfig{RoleConfig: RoleConfig{Profile: p, Library: l, Cache: c, Compat: tinyCompat(p), Backends: backends, DataDevice: ifc},
+			Host: testenv.PeerParam("HOST"), HoldTimeout: time.Duration(holdMS) * time.Millisecond})
 		if err != nil {
 			return fail(err)
 		}
@@ -206,8 +206,7 @@ func nsPeerMain(role string) int {
 			}
 		}
 	case "decode":
-		d, err := NewDecode(DecodeConfig{Profile: p, Library: l, Cache: c, Compat: tinyCompat(p), Backends: backends,
-			DataDevice: ifc, HandshakeTimeout: 2 * time.Second, HandshakeRetries: 1})
+		d, err := NewDecode(DecodeConfig{RoleConfig: RoleConfig{Profile: p, Library: l, Cache: c, Compat: tinyCompat(p), Backends: backends, DataDevice: ifc}, HandshakeTimeout: 2 * time.Second, HandshakeAttempts: 2})
 		if err != nil {
 			return fail(err)
 		}

@@ -80,10 +80,10 @@ func (p *Prefill) heldFor(remote string) (h *heldReq, forged bool) {
 	return h, false
 }
 
-// forged counts and logs (the first 10, then every 1000th) a notification or heartbeat entry with a wrong
+// forged counts and logs (sampled: logPeerLine) a notification or heartbeat entry with a wrong
 // suffix: a flood of forgeries cannot flood the log.
 func (p *Prefill) forged(from, remote string, heartbeat bool) {
-	if n := p.metrics.forgedNotifications.Add(1); n <= 10 || n%1000 == 0 {
+	if n := p.metrics.forgedNotifications.Add(1); logPeerLine(n) {
 		p.log.Warn("forged notification dropped: the request id lacks the suffix handed out with the request's kv_transfer_params",
 			zap.String("from", from), zap.String("request_id", LocalRequestID(remote)), zap.Bool("heartbeat", heartbeat),
 			zap.Int64("forged_so_far", n))

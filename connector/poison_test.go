@@ -81,9 +81,9 @@ func TestAgentNameCollision(t *testing.T) {
 				for i := 0; i < 3; i++ {
 					// The first pull uses the cached handshake; the others handshake again, as after a failed
 					// transfer or a re-registration.
-					pr.dec.mu.Lock()
-					re := pr.dec.remotes[pr.pre.EngineID()]
-					pr.dec.mu.Unlock()
+					pr.dec.hs.mu.Lock()
+					re := pr.dec.hs.remotes[pr.pre.EngineID()]
+					pr.dec.hs.mu.Unlock()
 					if re != nil && i > 0 {
 						pr.dec.forget(re)
 					}

@@ -17,36 +17,17 @@ import (
 
 	"github.com/gonixl/gonixl/connector/protocol"
 	"github.com/gonixl/gonixl/connector/sidechannel"
+	"github.com/gonixl/gonixl/internal/lifetime"
 	"github.com/gonixl/gonixl/internal/poll"
 	"github.com/gonixl/gonixl/layout"
 	"github.com/gonixl/gonixl/nixl"
 )
 
-// PrefillConfig configures a prefill worker (one TP rank of a prefill engine).
+// PrefillConfig configures a prefill worker (one TP rank of a prefill engine): the fields both roles share
+// (RoleConfig, whose peers here are the decode workers), and the prefill's own.
 type PrefillConfig struct {
-	// VLLMVersion is the vLLM version string of the decode peers (their GET /version), e.g. "0.16.0": it picks
-	// Profile and is hashed. Model describes the model once; with them the role derives the compatibility
-	// inputs (Compat, unless set) and, when Cache is nil, a DRAM cache of NumBlocks blocks (see Model).
-	VLLMVersion string
-	Model       Model
-	NumBlocks   int
-	// Profile is the vLLM release of the decode peers; VLLMVersion sets it (protocol.ProfileFor, which keeps the
-	// string as Profile.Version). Set it yourself only for a build no version string maps to (a dev build):
-	// protocol.ProfileByName, with Version set to the build's version string, since it is hashed.
-	Profile protocol.Profile
-	// Library is the loaded NIXL.
-	Library *nixl.Library
-	// Cache is the KV cache the decode peers read: it is registered with NIXL once, and its region base
-	// addresses are published in the handshake and never change.
-	Cache Cache
-	// EngineID identifies the engine (kv_transfer_params.remote_engine_id); default: a random id.
-	EngineID string
-	// Backends is the NIXL backend list (default UCX), e.g. ParseBackends([]string{"LIBFABRIC"}).
-	Backends []nixl.BackendSpec
-	// Rank is this worker's (pp, tp) rank and TPSize the engine's TP size (default 1).
-	Rank   protocol.Rank
-	TPSize int
-	// Host is the side-channel host: it binds there and advertises it as remote_host. Default "127.0.0.1"
+	RoleConfig
+	// Host is the side-channel host: it binds there and advertises it as remote_host. Empty: "127.0.0.1"
 	// (localhost unless told otherwise); use a routable address across nodes.
 	Host string
 	// Port is the side-channel port (remote_port); 0 picks a free port. vLLM's default is Profile.SideChannelPort.
@@ -60,21 +41,8 @@ type PrefillConfig struct {
 	KVCacheLayout string
 	// SideChannel, when set, is a side channel shared by the workers of one engine (vLLM serves every TP rank
 	// of an engine on one port): the role publishes its rank's payload there and withdraws it on Close, but
-	// neither binds nor closes it. Host and Port are then ignored.
+	// neither binds nor closes it. Host and Port are then ignored. Nil: the role binds its own on Host:Port.
 	SideChannel *sidechannel.Server
-	// Compat holds the compatibility-hash inputs and, for the decode role, the opt-out (SkipCheck). Left
-	// without inputs (VLLMVersion and Model empty) it gets Model.CompatInputs of Profile; set them only to
-	// override what the vLLM side changed from its defaults (start from Model.CompatInputs), as they replace
-	// the derived ones whole.
-	Compat Compat
-	// DataDevice is the network device NIXL's UCX backend may use (UCX_NET_DEVICES for this agent only, set
-	// through the backend's engine_config): where its TCP data port listens and which addresses the agent
-	// metadata — handed to anyone who asks the side channel — names. Default (""): DataDeviceFor(the
-	// side-channel host), so the data plane stays on loopback when the side channel does, and is not
-	// restricted otherwise; AllDataDevices for every device; or one UCX device name, e.g. "eth1" or
-	// "mlx5_0:1". For several devices set UCX_NET_DEVICES in the environment, which always wins, as does a
-	// NET_DEVICES in the UCX backend's engine_config param.
-	DataDevice string
 	// NotifyFrom, when set, lists the remote NIXL agents whose notifications (transfer completions,
 	// heartbeats) are honoured: exact agent names, or prefixes ending in "*" (gonixl decode agents are named
 	// "<engine id>-tp<rank>"). Others are dropped, counted (Metrics.RejectedNotifications) and logged. The
@@ -85,26 +53,30 @@ type PrefillConfig struct {
 	// NotifyKey keys the unguessable suffix of the remote_request_id Hold hands out (HMAC-SHA256 of the
 	// request id). The ranks of one engine must hand out the same id for a request, as vLLM's one scheduler
 	// does: ranks sharing a SideChannel server share a key automatically; ranks in separate processes must
-	// be given the same secret key here (at least 16 random bytes). Default: a random key.
+	// be given the same secret key here (at least 16 random bytes). Empty: a random key.
 	NotifyKey []byte
 	// HoldTimeout overrides how long unread blocks are held: the profile's lease (renewed by heartbeats) or
 	// abort timeout when 0. A negative value is refused (it would free the blocks before any peer reads them).
 	HoldTimeout time.Duration
-	// Logger receives logs carrying request and engine ids; nil = none.
-	Logger *zap.Logger
-	// Metrics receives the role's counters and timings; nil = a private Metrics (see Prefill.Metrics).
-	Metrics *Metrics
-	// DeviceContext, when set, is a device context (e.g. a CUDA device's retained primary context) that the
-	// agent is created and registered in and that the notification loop holds current on its OS thread for
-	// the role's lifetime. A prefill worker whose DRAM is read by a decode worker's GPU on the same host needs
-	// one: UCX serves such a READ by a rendezvous through cuda_copy / cuda_ipc run by the target side's
-	// progress, which needs a current CUDA context there; without one it falls back to a software emulation
-	// over TCP (README's Measured section). Across hosts an RDMA NIC reads the DRAM without it. Close the role
-	// before the device: the loop holds the context until Close returns.
-	DeviceContext DeviceContext
 
 	// clock replaces time.Now for holds, leases and expiry (tests inject a fake clock); nil = time.Now.
 	clock func() time.Time
+}
+
+// check refuses what the prefill's own fields cannot mean, before anything is derived or registered.
+func (cfg *PrefillConfig) check() error {
+	if cfg.HoldTimeout < 0 {
+		return fmt.Errorf("connector: PrefillConfig.HoldTimeout is %v: set a positive duration, or 0 for the profile's lease or abort timeout", cfg.HoldTimeout)
+	}
+	if n := len(cfg.NotifyKey); n > 0 && n < minNotifyKey {
+		return fmt.Errorf("connector: PrefillConfig.NotifyKey has %d bytes: give at least %d random bytes (the same on every rank of the engine)", n, minNotifyKey)
+	}
+	if cfg.TPSize > 1 && cfg.SideChannel == nil && len(cfg.NotifyKey) == 0 {
+		// Ranks in separate processes would each draw a random key, and every rank but the one whose
+		// remote_request_id the decode echoes would drop its notifications as forged (blocks held to expiry).
+		return fmt.Errorf("connector: PrefillConfig.TPSize is %d with no shared SideChannel: set NotifyKey to the same secret (at least %d random bytes) on every rank, or share one sidechannel.Server between the ranks of one process", cfg.TPSize, minNotifyKey)
+	}
+	return nil
 }
 
 // Prefill is the prefill role: it owns a registered KV cache, serves the side channel, and for each request
@@ -135,10 +107,11 @@ type Prefill struct {
 	mu      sync.Mutex
 	held    map[string]*heldReq
 	pending map[string]bool // ids being prefilled (claimed, not yet held)
+	stopped bool            // set by Close: Hold fails with nixl.ErrClosed
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
-	closed sync.Once
+	closed lifetime.Once
 }
 
 type heldReq struct {
@@ -152,101 +125,85 @@ type heldReq struct {
 	since    time.Time // when the request was published (wall clock, for gonixl_held_time_seconds)
 }
 
+// randomID is prefix and 16 random hex digits (RoleConfig.EngineID's default).
 func randomID(prefix string) string {
 	var b [8]byte
 	_, _ = rand.Read(b[:])
 	return prefix + hex.EncodeToString(b[:])
 }
 
-// newPrefill registers the cache, starts the side channel and the notification loop (NewPrefill, model.go,
-// first derives what a Model implies).
-func newPrefill(cfg PrefillConfig) (*Prefill, error) {
-	log, metrics, err := roleSpec{role: "prefill", profile: cfg.Profile, cache: cfg.Cache, tpRank: cfg.Rank.TP,
-		logger: cfg.Logger, metrics: cfg.Metrics}.setup(&cfg.EngineID, &cfg.TPSize)
+// NewPrefill starts a prefill worker: it resolves the config (RoleConfig: the Profile, Compat and, when Cache
+// is nil, a DRAM cache that VLLMVersion and Model imply), registers the cache, publishes the rank's handshake
+// on the side channel and starts the notification loop.
+func NewPrefill(cfg PrefillConfig) (_ *Prefill, err error) {
+	if err := cfg.check(); err != nil {
+		return nil, err
+	}
+	core, err := cfg.RoleConfig.resolve(rolePrefill)
 	if err != nil {
 		return nil, err
 	}
+	defer func() {
+		if err != nil {
+			core.abandon()
+		}
+	}()
 	if cfg.Host == "" {
 		cfg.Host = "127.0.0.1"
 	}
-	// The prefill agent is the target of the decode peers' READs and receives their notifications: it runs
-	// without NIXL's progress thread and the role's loop drives progress (see nixl.AgentConfig.NoProgressThread).
-	host := cfg.Host
 	if cfg.SideChannel != nil {
 		if h, _, err := net.SplitHostPort(cfg.SideChannel.Addr()); err == nil {
-			host = h
+			cfg.Host = h
 		}
 	}
-	var reg *registered
-	err = withDevice(cfg.DeviceContext, func() (err error) {
-		reg, err = register(cfg.Library, fmt.Sprintf("%s-pp%d-tp%d", cfg.EngineID, cfg.Rank.PP, cfg.Rank.TP), cfg.Backends,
-			resolveDataDevice(cfg.DataDevice, host), cfg.Cache, true, log)
-		return err
-	})
+	// What the handshake publishes, checked before anything is registered.
+	if cfg.KVCacheLayout != "" {
+		if _, err := cfg.Profile.ParseLayoutName(cfg.KVCacheLayout); err != nil {
+			return nil, fmt.Errorf("connector: PrefillConfig.KVCacheLayout: %w", err)
+		}
+	}
+	backend := backendName(cfg.Profile, cfg.Compat.CompatInputs)
+	if err := checkBackendOrder(cfg.Profile, backend, cfg.Cache.Geometry().Order); err != nil {
+		return nil, err
+	}
+	hash, err := cfg.Profile.CompatHash(cfg.Compat.CompatInputs)
+	if err != nil {
+		return nil, fmt.Errorf("connector: compatibility hash: %w", err)
+	}
+	log := core.log
+	if js, err := cfg.Profile.FactorsJSON(cfg.Compat.CompatInputs); err == nil {
+		log.Info("compatibility hash", zap.String("hash", hash), zap.String("inputs", js))
+	}
+	reg, err := core.register(&cfg.RoleConfig, fmt.Sprintf("%s-pp%d-tp%d", cfg.EngineID, cfg.Rank.PP, cfg.Rank.TP), cfg.Host)
 	if err != nil {
 		return nil, err
 	}
 	// vLLM's scheduler counts registrations from 0 and bumps the count when it publishes a changed handshake
 	// payload, so its first kv_transfer_params carry remote_registration_generation 1.
-	p := &Prefill{cfg: cfg, log: log, metrics: metrics, reg: reg, held: map[string]*heldReq{}, pending: map[string]bool{},
-		notifyKey: notifyKey(cfg)}
+	p := &Prefill{cfg: cfg, log: log, metrics: core.metrics, reg: reg, held: map[string]*heldReq{}, pending: map[string]bool{},
+		notifyKey: notifyKey(cfg), hash: hash, shared: cfg.SideChannel, hold: holdTimeout(cfg)}
 	p.generation.Store(1)
 	p.pool = NewBlockPool(reg.geom.NumBlocks)
 	p.now = cfg.clock
 	if p.now == nil {
 		p.now = time.Now
 	}
-	p.hold = cfg.HoldTimeout
-	if p.hold == 0 {
-		if cfg.Profile.Leases {
-			p.hold = cfg.Profile.LeaseDuration
-		} else {
-			p.hold = cfg.Profile.AbortTimeout
-		}
-	}
-	md, err := buildMetadata(cfg.Profile, cfg.EngineID, reg)
+	payload, err := p.handshakePayload()
 	if err != nil {
 		reg.close()
 		return nil, err
 	}
-	md.AttnBackendName = backendName(cfg.Profile, cfg.Compat.CompatInputs)
-	if err := checkBackendOrder(cfg.Profile, md.AttnBackendName, reg.geom.Order); err != nil {
-		reg.close()
-		return nil, err
-	}
-	if cfg.KVCacheLayout != "" {
-		if _, err := cfg.Profile.ParseLayoutName(cfg.KVCacheLayout); err != nil {
-			reg.close()
-			return nil, fmt.Errorf("connector: PrefillConfig.KVCacheLayout: %w", err)
-		}
-		md.KVCacheLayout = cfg.KVCacheLayout
-	}
-	hash, err := cfg.Profile.CompatHash(cfg.Compat.CompatInputs)
-	if err != nil {
-		reg.close()
-		return nil, fmt.Errorf("connector: compatibility hash: %w", err)
-	}
-	if js, err := cfg.Profile.FactorsJSON(cfg.Compat.CompatInputs); err == nil {
-		log.Info("compatibility hash", zap.String("hash", hash), zap.String("inputs", js))
-	}
-	p.hash = hash
-	if p.payload, err = cfg.Profile.EncodeHandshake(hash, md); err != nil {
-		reg.close()
-		return nil, fmt.Errorf("connector: encoding the handshake: %w", err)
-	}
+	p.payload = payload
 	ctx, cancel := context.WithCancel(context.Background())
 	p.cancel = cancel
 	srv := cfg.SideChannel
 	if srv != nil {
-		srv.SetPayload(cfg.Rank, p.payload)
-		if h, _, err := net.SplitHostPort(srv.Addr()); err == nil {
-			p.cfg.Host = h
-		}
+		srv.SetPayload(cfg.Rank, payload)
 	} else {
 		srv, err = sidechannel.NewServer(ctx, cfg.Profile, sidechannel.ServerConfig{
 			Host:     cfg.Host,
 			Port:     cfg.Port,
-			Payloads: map[protocol.Rank][]byte{cfg.Rank: p.payload},
+			Payloads: map[protocol.Rank][]byte{cfg.Rank: payload},
 			Logger:   log,
 		})
 		if err != nil {
@@ -257,11 +214,10 @@ func newPrefill(cfg PrefillConfig) (*Prefill, error) {
 		p.server = srv // owned
 	}
 	p.port = srv.Port()
-	p.shared = cfg.SideChannel
 	p.wg.Add(1)
 	go func() {
 		ran := false
-		err := withDevice(cfg.DeviceContext, func() error { ran = true; p.loop(ctx); return nil })
+		err := p.reg.do(func() error { ran = true; p.loop(ctx); return nil })
 		if !ran {
 			p.log.Warn("the notification loop runs without the device context (reads into a GPU on this host may fall back to a slow path)", zap.Error(err))
 			p.loop(ctx)
@@ -270,6 +226,45 @@ func newPrefill(cfg PrefillConfig) (*Prefill, error) {
 	log.Info("prefill worker ready", zap.String("side_channel", srv.Endpoint()), zap.String("vllm_profile", cfg.Profile.Name),
 		zap.String("geometry", reg.geom.String()), zap.String("nixl_agent", reg.agent.Name()))
 	return p, nil
+}
+
+// holdTimeout is how long the role holds unread blocks: PrefillConfig.HoldTimeout, else the profile's lease
+// (renewed by heartbeats) or abort timeout.
+func holdTimeout(cfg PrefillConfig) time.Duration {
+	switch {
+	case cfg.HoldTimeout > 0:
+		return cfg.HoldTimeout
+	case cfg.Profile.Leases:
+		return cfg.Profile.LeaseDuration
+	}
+	return cfg.Profile.AbortTimeout
+}
+
+// handshakePayload encodes the rank's handshake as the side channel serves it: the NIXL agent metadata of the
+// registered cache, the published backend name and layout label, under the compatibility hash. NewPrefill and
+// Reregister publish it.
+func (p *Prefill) handshakePayload() ([]byte, error) {
+	md, err := buildMetadata(p.cfg.Profile, p.cfg.EngineID, p.reg)
+	if err != nil {
+		return nil, err
+	}
+	md.AttnBackendName = p.publishedBackend()
+	if p.cfg.KVCacheLayout != "" {
+		md.KVCacheLayout = p.cfg.KVCacheLayout
+	}
+	payload, err := p.cfg.Profile.EncodeHandshake(p.hash, md)
+	if err != nil {
+		return nil, fmt.Errorf("connector: encoding the handshake: %w", err)
+	}
+	return payload, nil
+}
+
+// sideChannel is the server the role publishes on: its own, or the engine's shared one.
+func (p *Prefill) sideChannel() *sidechannel.Server {
+	if p.server != nil {
+		return p.server
+	}
+	return p.shared
 }
 
 // checkBackendOrder refuses a prefill cache whose block format is not the one a vLLM decode engine expects from
@@ -307,6 +302,12 @@ func checkPlan(p protocol.Profile, c Cache) error {
 // EngineID returns the engine id.
 func (p *Prefill) EngineID() string { return p.cfg.EngineID }
 
+// Cache returns the KV cache the role serves (the one it created from the Model when RoleConfig.Cache was nil).
+func (p *Prefill) Cache() Cache { return p.cfg.Cache }
+
+// Profile returns the vLLM release the role speaks.
+func (p *Prefill) Profile() protocol.Profile { return p.cfg.Profile }
+
 // Port returns the side-channel port (remote_port).
 func (p *Prefill) Port() int { return p.port }
 
@@ -329,7 +330,7 @@ var ErrDuplicateRequest = errors.New("connector: duplicate request id")
 // vLLM's prefill response. The blocks stay held (Held counts such requests) until the decode peers'
 // notifications arrive, the hold lapses (PrefillConfig.HoldTimeout) or Abort. On any error the blocks are freed
 // and nothing is published. A request id already in use fails with ErrDuplicateRequest; when the role's block
-// pool has too few free blocks the error wraps ErrNoBlocks. The role owns allocation and the hold clock: fill
+// pool has too few free blocks the error wraps ErrNoBlocks; after Close it wraps nixl.ErrClosed. The role owns allocation and the hold clock: fill
 // only writes blocks.
 func (p *Prefill) Hold(ctx context.Context, requestID string, numTokens int, fill FillFunc) (protocol.KVTransferParams, error) {
 	log := p.log.With(zap.String("request_id", requestID))
@@ -341,10 +342,14 @@ func (p *Prefill) Hold(ctx context.Context, requestID string, numTokens int, fil
 	p.mu.Lock()
 	_, dup := p.held[requestID]
 	dup = dup || p.pending[requestID]
-	if !dup {
+	if !dup && !p.stopped {
 		p.pending[requestID] = true
 	}
+	stopped := p.stopped
 	p.mu.Unlock()
+	if stopped {
+		return protocol.KVTransferParams{}, fmt.Errorf("connector: request %q: the prefill role is closed: %w", requestID, nixl.ErrClosed)
+	}
 	if dup {
 		return protocol.KVTransferParams{}, fmt.Errorf("%w: request %q is already being prefilled or held for a decode peer", ErrDuplicateRequest, requestID)
 	}
@@ -376,6 +381,11 @@ func (p *Prefill) Hold(ctx context.Context, requestID string, numTokens int, fil
 	bytes := int64(len(blocks)) * p.reg.geom.BlockLen() * int64(p.reg.geom.NumRegions())
 	p.mu.Lock()
 	delete(p.pending, requestID)
+	if p.stopped { // Close ran during the fill: nothing serves the blocks any more
+		p.mu.Unlock()
+		p.pool.Free(blocks)
+		return protocol.KVTransferParams{}, fmt.Errorf("connector: request %q: the prefill role was closed during the fill: %w", requestID, nixl.ErrClosed)
+	}
 	token := p.notifToken(requestID)
 	p.held[requestID] = &heldReq{id: requestID, blocks: blocks, expiry: p.now().Add(p.hold), bytes: bytes, token: token,
 		since: time.Now()}
@@ -444,15 +454,20 @@ func (p *Prefill) release(h *heldReq) {
 const (
 	busyPoll = 50 * time.Microsecond
 	idlePoll = time.Millisecond
+	// expiryPeriod is how often the loop frees the requests whose hold lapsed (on the role's clock).
+	expiryPeriod = 50 * time.Millisecond
 )
 
-// withDevice runs fn inside dc.Do, or directly when dc is nil.
-func withDevice(dc DeviceContext, fn func() error) error {
-	if dc == nil {
-		return fn()
-	}
-	return dc.Do(fn)
-}
+// Log lines about what any peer with the agent metadata can send (notifications from agents outside
+// NotifyFrom, for requests not held, with a forged suffix) are sampled by their counter: the first
+// peerLogFirst, then every peerLogEvery-th, so a flood cannot flood the log.
+const (
+	peerLogFirst = 10
+	peerLogEvery = 1000
+)
+
+// logPeerLine reports whether the n-th such event (counted from 1) is logged.
+func logPeerLine(n int64) bool { return n <= peerLogFirst || n%peerLogEvery == 0 }
 
 // loop drives the agent's progress, drains NIXL notifications (completions and heartbeats) and frees expired
 // requests.
@@ -488,7 +503,7 @@ func (p *Prefill) loop(ctx context.Context) {
 		for _, n := range ns {
 			p.handleNotification(n)
 		}
-		if now := p.now(); now.Sub(lastExpiry) >= 50*time.Millisecond {
+		if now := p.now(); now.Sub(lastExpiry) >= expiryPeriod {
 			lastExpiry = now
 			p.expire(now)
 			p.passes.Add(1)
@@ -511,8 +526,8 @@ func (p *Prefill) notifyAllowed(agent string) bool {
 
 func (p *Prefill) handleNotification(raw nixl.Notification) {
 	if !p.notifyAllowed(raw.Agent) {
-		// Logged for the first few, then every 1000th: a peer flooding forged notifications cannot flood the log.
-		if n := p.metrics.rejectedNotifications.Add(1); n <= 10 || n%1000 == 0 {
+		// Sampled (logPeerLine): a peer flooding such notifications cannot flood the log.
+		if n := p.metrics.rejectedNotifications.Add(1); logPeerLine(n) {
 			p.log.Warn("notification from an agent outside NotifyFrom dropped", zap.String("from", raw.Agent),
 				zap.Int("msg_bytes", len(raw.Msg)), zap.Int64("rejected_so_far", n))
 		}
@@ -557,7 +572,7 @@ func (p *Prefill) handleNotification(raw nixl.Notification) {
 			return
 		}
 		// Rate-limited like the forgeries: anyone with the agent metadata can send these.
-		if b := p.metrics.badMessages.Add(1); b <= 10 || b%1000 == 0 {
+		if b := p.metrics.badMessages.Add(1); logPeerLine(b) {
 			p.log.Warn("notification for a request that is not held (already freed, expired, or unknown)",
 				zap.String("request_id", LocalRequestID(n.RequestID)), zap.String("from", raw.Agent), zap.Int64("bad_so_far", b))
 		}
@@ -615,10 +630,10 @@ func (p *Prefill) expire(now time.Time) {
 }
 
 // Close stops the side channel and the notification loop, deregisters the cache and closes the agent, then
-// returns the blocks still held for decode peers to the pool. Idempotent.
+// returns the blocks still held for decode peers to the pool. The first Close returns the first error it met;
+// later ones return nil (see the package doc).
 func (p *Prefill) Close() error {
-	var err error
-	p.closed.Do(func() {
+	return p.closed.Close(func() (err error) {
 		p.cancel()
 		if p.shared != nil {
 			p.shared.SetPayload(p.cfg.Rank, nil)
@@ -636,6 +651,7 @@ func (p *Prefill) Close() error {
 		// The cache is deregistered and the agent gone, so no decode peer can read the held blocks any more:
 		// give them back to the pool.
 		p.mu.Lock()
+		p.stopped = true
 		held := p.held
 		p.held = map[string]*heldReq{}
 		for _, h := range held {
@@ -643,6 +659,6 @@ func (p *Prefill) Close() error {
 		}
 		p.mu.Unlock()
 		p.log.Info("prefill worker closed", zap.Int("dropped_requests", len(held)))
+		return err
 	})
-	return err
 }

@@ -82,7 +82,7 @@ func (d *Decode) probeLoad(md []byte) error {
 	if d.probe == nil {
 		d.probeSeq++
 		a, err := d.cfg.Library.NewAgent(fmt.Sprintf("%s-probe%d", d.reg.agent.Name(), d.probeSeq),
-			nixl.AgentConfig{Backends: d.backends, NoProgressThread: true})
+			nixl.AgentConfig{Backends: d.reg.backends, NoProgressThread: true})
 		if err != nil {
 			return fmt.Errorf("connector: creating the agent that checks prefill metadata: %w", err)
 		}
@@ -151,14 +151,6 @@ func regionMem(md protocol.AgentMetadata) nixl.MemType {
 		}
 	}
 	return nixl.DRAM
-}
-
-// orDefaultBackends is backends, or DefaultBackends when there are none (as register does).
-func orDefaultBackends(backends []nixl.BackendSpec) []nixl.BackendSpec {
-	if len(backends) == 0 {
-		return DefaultBackends
-	}
-	return backends
 }
 
 // validHost reports whether h can name a side channel: an IP address (IPv6 with or without brackets) or a

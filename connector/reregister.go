@@ -41,33 +41,18 @@ func (p *Prefill) Reregister() (int64, error) {
 		return 0, fmt.Errorf("connector: deregistering the KV cache: %w", err)
 	}
 	var reg *nixl.Registration
-	err := withDevice(p.cfg.DeviceContext, func() (err error) {
-		reg, err = registerCache(p.reg.agent, p.cfg.Cache, p.reg.geom)
-		return err
-	})
+	err := p.reg.registering(func() (err error) { reg, err = p.reg.registerCache(); return err })
 	if err != nil {
 		p.reg.reg = nil
 		return 0, err
 	}
 	p.reg.reg = reg
-	md, err := buildMetadata(p.cfg.Profile, p.cfg.EngineID, p.reg)
+	payload, err := p.handshakePayload()
 	if err != nil {
 		return 0, err
 	}
-	md.AttnBackendName = p.publishedBackend()
-	if p.cfg.KVCacheLayout != "" {
-		md.KVCacheLayout = p.cfg.KVCacheLayout
-	}
-	payload, err := p.cfg.Profile.EncodeHandshake(p.hash, md)
-	if err != nil {
-		return 0, fmt.Errorf("connector: encoding the handshake: %w", err)
-	}
 	gen := p.generation.Add(1)
-	srv := p.server
-	if srv == nil {
-		srv = p.shared
-	}
-	srv.SetPayload(p.cfg.Rank, payload)
+	p.sideChannel().SetPayload(p.cfg.Rank, payload)
 	p.log.Info("KV cache registered again; decode peers handshake again", zap.Int64("registration_generation", gen))
 	return gen, nil
 }

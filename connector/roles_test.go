@@ -257,7 +257,7 @@ func TestPrefillCloseReleasesHeld(t *testing.T) {
 	p, _ := protocol.ProfileByName("0.33")
 	c := newCache(t, tinyGeom(t, p, 16))
 	m := &Metrics{}
-	pre, err := NewPrefill(PrefillConfig{Profile: p, Library: testLib(t), Cache: c, Compat: tinyCompat(p), Metrics: m})
+	pre, err := NewPrefill(PrefillConfig{RoleConfig: RoleConfig{Profile: p, Library: testLib(t), Cache: c, Compat: tinyCompat(p), Metrics: m}})
 	require.NoError(t, err)
 	ctx := ctxT(t, 10*time.Second)
 	_, err = pre.Hold(ctx, "a", 3*tinyBlock, nil)

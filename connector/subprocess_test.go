@@ -32,8 +32,8 @@ func prefillPeerMain() int {
 		return fail(err)
 	}
 	defer c.Close()
-	pre, err := NewPrefill(PrefillConfig{Profile: p, Library: l, Cache: c, Compat: tinyCompat(p),
-		EngineID: testenv.PeerParam("ENGINE"), Port: testenv.PeerParamInt("PORT"), HoldTimeout: time.Hour})
+	pre, err := NewPrefill(PrefillConfig{RoleConfig: RoleConfig{Profile: p, Library: l, Cache: c, Compat: tinyCompat(p), EngineID: testenv.PeerParam("ENGINE")},
+		Port: testenv.PeerParamInt("PORT"), HoldTimeout: time.Hour})
 	if err != nil {
 		return fail(err)
 	}
@@ -149,8 +149,7 @@ func TestPrefillKilledMidRead(t *testing.T) {
 			dlog, dlogs := observed()
 			m := &Metrics{}
 			dc := newCache(t, tinyGeom(t, p, blocks))
-			d, err := NewDecode(DecodeConfig{Profile: p, Library: l, Cache: dc, Compat: tinyCompat(p), Logger: dlog,
-				Metrics: m, HandshakeTimeout: time.Second, HandshakeRetries: 1})
+			d, err := NewDecode(DecodeConfig{RoleConfig: RoleConfig{Profile: p, Library: l, Cache: dc, Compat: tinyCompat(p), Logger: dlog, Metrics: m}, HandshakeTimeout: time.Second, HandshakeAttempts: 2})
 			require.NoError(t, err)
 			t.Cleanup(func() { require.NoError(t, d.Close()) })
 			local := localBlocks(len(kv.RemoteBlockIDs[0]), 0)
@@ -200,9 +199,9 @@ func TestPrefillKilledMidRead(t *testing.T) {
 			t.Logf("pull failed %v after SIGKILL (in flight at the kill: %v; it ran %v): %v",
 				last.start.Add(last.took).Sub(killedAt), last.start.Before(killedAt), last.took, last.err)
 			assert.EqualValues(t, 1, m.RequestErrors())
-			d.mu.Lock()
-			assert.Empty(t, d.remotes, "the dead engine's handshake is dropped")
-			d.mu.Unlock()
+			d.hs.mu.Lock()
+			assert.Empty(t, d.hs.remotes, "the dead engine's handshake is dropped")
+			d.hs.mu.Unlock()
 			assert.NotEmpty(t, dlogs.FilterMessage("pull failed").All())
 
 			// The engine comes back (same id, same port): the next pull handshakes again and succeeds.
@@ -226,8 +225,7 @@ func TestPullNoPrefillEngine(t *testing.T) {
 	l := testLib(t)
 	dc := newCache(t, tinyGeom(t, p, 8))
 	m := &Metrics{}
-	d, err := NewDecode(DecodeConfig{Profile: p, Library: l, Cache: dc, Compat: tinyCompat(p), Metrics: m,
-		HandshakeTimeout: 300 * time.Millisecond, HandshakeRetries: 1})
+	d, err := NewDecode(DecodeConfig{RoleConfig: RoleConfig{Profile: p, Library: l, Cache: dc, Compat: tinyCompat(p), Metrics: m}, HandshakeTimeout: 300 * time.Millisecond, HandshakeAttempts: 2})
 	require.NoError(t, err)
 	defer d.Close()
 	kv := protocol.KVTransferParams{DoRemotePrefill: true, RemoteBlockIDs: protocol.BlockIDs{{1, 2}}, RemoteEngineID: "gone",
@@ -242,7 +240,7 @@ func TestPullNoPrefillEngine(t *testing.T) {
 	assert.False(t, errors.Is(err, ErrBadParams))
 	assert.Zero(t, m.Handshakes())
 	assert.EqualValues(t, 1, m.RequestErrors())
-	d.mu.Lock()
-	assert.Empty(t, d.remotes)
-	d.mu.Unlock()
+	d.hs.mu.Lock()
+	assert.Empty(t, d.hs.remotes)
+	d.hs.mu.Unlock()
 }

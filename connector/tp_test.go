@@ -85,7 +85,7 @@ func TestHeterogeneousTPDecodeWider(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			pc := newCache(t, tpGeom(t, p, 4))
-			pre, err := NewPrefill(PrefillConfig{Profile: p, Library: testLib(t), Cache: pc, Compat: tpCompat(p)})
+			pre, err := NewPrefill(PrefillConfig{RoleConfig: RoleConfig{Profile: p, Library: testLib(t), Cache: pc, Compat: tpCompat(p)}})
 			require.NoError(t, err)
 			defer pre.Close()
 			const tokens = 37
@@ -93,7 +93,7 @@ func TestHeterogeneousTPDecodeWider(t *testing.T) {
 			require.NoError(t, err)
 			for rank := 0; rank < 2; rank++ {
 				dc := newCache(t, tpGeom(t, p, 2))
-				dec, err := NewDecode(DecodeConfig{Profile: p, Library: testLib(t), Cache: dc, Rank: protocol.Rank{TP: rank}, TPSize: 2, Compat: tpCompat(p)})
+				dec, err := NewDecode(DecodeConfig{RoleConfig: RoleConfig{Profile: p, Library: testLib(t), Cache: dc, Rank: protocol.Rank{TP: rank}, TPSize: 2, Compat: tpCompat(p)}})
 				require.NoError(t, err)
 				local := []int{9, 4, 7}
 				res, err := dec.Pull(ctx, fmt.Sprintf("d%d", rank), kv, local)
@@ -127,8 +127,7 @@ func TestHeterogeneousTPPrefillWider(t *testing.T) {
 			var pres []*Prefill
 			for rank := 0; rank < 2; rank++ {
 				pc := newCache(t, tpGeom(t, p, 2))
-				pre, err := NewPrefill(PrefillConfig{Profile: p, Library: testLib(t), Cache: pc, Compat: tpCompat(p),
-					EngineID: "p-engine", Rank: protocol.Rank{TP: rank}, TPSize: 2, SideChannel: srv})
+				pre, err := NewPrefill(PrefillConfig{RoleConfig: RoleConfig{Profile: p, Library: testLib(t), Cache: pc, Compat: tpCompat(p), EngineID: "p-engine", Rank: protocol.Rank{TP: rank}, TPSize: 2}, SideChannel: srv})
 				require.NoError(t, err)
 				defer pre.Close()
 				kv, err := pre.Hold(ctx, "narrow-1", tokens, fillHeads(pc, 2*rank, tokens))
@@ -141,7 +140,7 @@ func TestHeterogeneousTPPrefillWider(t *testing.T) {
 			require.Equal(t, srv.Port(), kvs[0].RemotePort)
 
 			dc := newCache(t, tpGeom(t, p, 4))
-			dec, err := NewDecode(DecodeConfig{Profile: p, Library: testLib(t), Cache: dc, Compat: tpCompat(p)})
+			dec, err := NewDecode(DecodeConfig{RoleConfig: RoleConfig{Profile: p, Library: testLib(t), Cache: dc, Compat: tpCompat(p)}})
 			require.NoError(t, err)
 			defer dec.Close()
 			local := []int{3, 1, 30, 12}
@@ -164,12 +163,12 @@ func TestHeterogeneousTPRefusesNHD(t *testing.T) {
 	gp, gd := tpGeom(t, p, 4), tpGeom(t, p, 2)
 	gp.Order, gd.Order = layout.NHD, layout.NHD
 	pc := newCache(t, gp)
-	pre, err := NewPrefill(PrefillConfig{Profile: p, Library: testLib(t), Cache: pc, Compat: tpCompat(p)})
+	pre, err := NewPrefill(PrefillConfig{RoleConfig: RoleConfig{Profile: p, Library: testLib(t), Cache: pc, Compat: tpCompat(p)}})
 	require.NoError(t, err)
 	defer pre.Close()
 	kv, err := pre.Hold(ctx, "nhd", 20, fillHeads(pc, 0, 20))
 	require.NoError(t, err)
-	dec, err := NewDecode(DecodeConfig{Profile: p, Library: testLib(t), Cache: newCache(t, gd), Rank: protocol.Rank{TP: 1}, TPSize: 2, Compat: tpCompat(p)})
+	dec, err := NewDecode(DecodeConfig{RoleConfig: RoleConfig{Profile: p, Library: testLib(t), Cache: newCache(t, gd), Rank: protocol.Rank{TP: 1}, TPSize: 2, Compat: tpCompat(p)}})
 	require.NoError(t, err)
 	defer dec.Close()
 	_, err = dec.Pull(ctx, "d", kv, []int{5, 6})

@@ -108,7 +108,7 @@ func TestDataPlaneStaysOnLoopback(t *testing.T) {
 	}
 	// The explicit opt-out: UCX's default, listening on every interface.
 	c := newCache(t, tinyGeom(t, p, 8))
-	all, err := NewPrefill(PrefillConfig{Profile: p, Library: testLib(t), Cache: c, Compat: tinyCompat(p), DataDevice: AllDataDevices})
+	all, err := NewPrefill(PrefillConfig{RoleConfig: RoleConfig{Profile: p, Library: testLib(t), Cache: c, Compat: tinyCompat(p), DataDevice: AllDataDevices}})
 	require.NoError(t, err)
 	defer all.Close()
 	external := false

@@ -415,8 +415,7 @@ func startNeuronPrefill(t *testing.T, lib *nixl.Library, version string, m conne
 	np.stager, err = neuron.NewStager(neuron.StagerConfig{Geometry: g, SchedulerBlocks: engBlocks, Source: src, Lock: neuron.LockOff})
 	require.NoError(t, err)
 	t.Cleanup(func() { np.stager.Close() })
-	np.role = startPrefill(t, connector.PrefillConfig{VLLMVersion: version, Model: m, Library: lib, Cache: np.stager,
-		EngineID: fmt.Sprintf("gonixl-neuron-prefill-%d", time.Now().UnixNano())})
+	np.role = startPrefill(t, connector.PrefillConfig{RoleConfig: connector.RoleConfig{VLLMVersion: version, Model: m, Library: lib, Cache: np.stager, EngineID: fmt.Sprintf("gonixl-neuron-prefill-%d", time.Now().UnixNano())}})
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var req struct {
 			Prompt string `json:"prompt"`
@@ -554,7 +553,7 @@ func engineCaseB(t *testing.T, ctx context.Context, r *engineRelease, p prompt, 
 	g, err := m.Geometry(r.p, engBlocks, 1)
 	require.NoError(t, err)
 	c := realCache(t, g)
-	dec := startDecode(t, connector.DecodeConfig{VLLMVersion: r.version, Model: m, Library: r.lib, Cache: c})
+	dec := startDecode(t, connector.DecodeConfig{RoleConfig: connector.RoleConfig{VLLMVersion: r.version, Model: m, Library: r.lib, Cache: c}})
 	pre := r.pe.complete(t, ctx, p, 1, remoteDecodeParams)
 	params := decodeParams(t, r.p, event{Params: pre.params})
 	nb := len(params.RemoteBlockIDs[0])
@@ -589,9 +588,8 @@ func engineCaseC(t *testing.T, ctx context.Context, r *engineRelease, p prompt, 
 	g, err := m.Geometry(r.p, engBlocks, 1)
 	require.NoError(t, err)
 	cd, cp := realCache(t, g), realCache(t, g)
-	dec := startDecode(t, connector.DecodeConfig{VLLMVersion: r.version, Model: m, Library: r.lib, Cache: cd})
-	relay := startPrefill(t, connector.PrefillConfig{VLLMVersion: r.version, Model: m, Library: r.lib, Cache: cp,
-		EngineID: fmt.Sprintf("gonixl-relay-%d", time.Now().UnixNano())})
+	dec := startDecode(t, connector.DecodeConfig{RoleConfig: connector.RoleConfig{VLLMVersion: r.version, Model: m, Library: r.lib, Cache: cd}})
+	relay := startPrefill(t, connector.PrefillConfig{RoleConfig: connector.RoleConfig{VLLMVersion: r.version, Model: m, Library: r.lib, Cache: cp, EngineID: fmt.Sprintf("gonixl-relay-%d", time.Now().UnixNano())}})
 	pre := r.pe.complete(t, ctx, p, 1, remoteDecodeParams)
 	params := decodeParams(t, r.p, event{Params: pre.params})
 	local := connector.LocalBlocks(len(params.RemoteBlockIDs[0]), 0)

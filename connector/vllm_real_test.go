@@ -470,8 +470,7 @@ func vllmDecodeGoPrefill(t *testing.T, lib *nixl.Library, r release, model strin
 	newPrefill := func(hold time.Duration) (*connector.Prefill, *connector.DRAMCache, *connector.Metrics) {
 		c := realCache(t, g)
 		m := &connector.Metrics{}
-		pre := startPrefill(t, connector.PrefillConfig{Profile: p, Library: lib, Cache: c, Compat: compat,
-			Metrics: m, HoldTimeout: hold, EngineID: fmt.Sprintf("gonixl-prefill-%s-%d", version, time.Now().UnixNano())})
+		pre := startPrefill(t, connector.PrefillConfig{RoleConfig: connector.RoleConfig{Profile: p, Library: lib, Cache: c, Compat: compat, Metrics: m, EngineID: fmt.Sprintf("gonixl-prefill-%s-%d", version, time.Now().UnixNano())}, HoldTimeout: hold})
 		return pre, c, m
 	}
 	pre, c, m := newPrefill(0) // vLLM's defaults: lease or abort timeout
@@ -534,7 +533,7 @@ func goDecodeVLLMPrefill(t *testing.T, lib *nixl.Library, r release, model strin
 	compat := realCompat(p, model)
 	c := realCache(t, realGeom(t, p))
 	m := &connector.Metrics{}
-	dec := startDecode(t, connector.DecodeConfig{Profile: p, Library: lib, Cache: c, Compat: compat, Metrics: m})
+	dec := startDecode(t, connector.DecodeConfig{RoleConfig: connector.RoleConfig{Profile: p, Library: lib, Cache: c, Compat: compat, Metrics: m}})
 
 	next := 1
 	for i, tokens := range []int{100, 600} {
@@ -567,7 +566,7 @@ func goDecodeVLLMPrefill(t *testing.T, lib *nixl.Library, r release, model strin
 		hp := p
 		hp.HeartbeatInterval = time.Second
 		hm := &connector.Metrics{}
-		hdec := startDecode(t, connector.DecodeConfig{Profile: hp, Library: lib, Cache: c, Compat: compat, Metrics: hm})
+		hdec := startDecode(t, connector.DecodeConfig{RoleConfig: connector.RoleConfig{Profile: hp, Library: lib, Cache: c, Compat: compat, Metrics: hm}})
 		ev := d.prefill(ctx, "hb", 100, 7)
 		kv := decodeParams(t, p, ev)
 		stop, err := hdec.KeepAlive(ctx, kv)
@@ -624,8 +623,7 @@ func TestVLLMRealHeteroTP(t *testing.T) {
 			d := startTP2(t, ctx, rel.py, "decode", model)
 			c := realCache(t, realGeom(t, p))
 			m := &connector.Metrics{}
-			pre := startPrefill(t, connector.PrefillConfig{Profile: p, Library: lib, Cache: c, Compat: realCompat(p, model), Metrics: m,
-				EngineID: fmt.Sprintf("gonixl-prefill-tp1-%s-%d", v, time.Now().UnixNano())})
+			pre := startPrefill(t, connector.PrefillConfig{RoleConfig: connector.RoleConfig{Profile: p, Library: lib, Cache: c, Compat: realCompat(p, model), Metrics: m, EngineID: fmt.Sprintf("gonixl-prefill-tp1-%s-%d", v, time.Now().UnixNano())}})
 			const tokens = 300
 			kv, err := pre.Hold(ctx, "tp", tokens, randomFill(c))
 			require.NoError(t, err)
@@ -646,7 +644,7 @@ func TestVLLMRealHeteroTP(t *testing.T) {
 			defer cancel()
 			d := startTP2(t, ctx, rel.py, "prefill", model)
 			c := realCache(t, realGeom(t, p))
-			dec := startDecode(t, connector.DecodeConfig{Profile: p, Library: lib, Cache: c, Compat: realCompat(p, model), Metrics: &connector.Metrics{}})
+			dec := startDecode(t, connector.DecodeConfig{RoleConfig: connector.RoleConfig{Profile: p, Library: lib, Cache: c, Compat: realCompat(p, model), Metrics: &connector.Metrics{}}})
 			ev := d.prefill(ctx, "tp", 300, 5)
 			kv := decodeParams(t, p, ev)
 			require.Equal(t, 2, kv.TPSize)

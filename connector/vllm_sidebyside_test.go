@@ -64,7 +64,7 @@ func TestVLLMSideBySide(t *testing.T) {
 		g := realGeomN(t, p, layers, blocks+8)
 		c := realCache(t, g)
 		m := &connector.Metrics{}
-		gd := startDecode(t, connector.DecodeConfig{Profile: p, Library: lib, Cache: c, Compat: compat, Metrics: m})
+		gd := startDecode(t, connector.DecodeConfig{RoleConfig: connector.RoleConfig{Profile: p, Library: lib, Cache: c, Compat: compat, Metrics: m}})
 		local := connector.LocalBlocks(blocks, 0)
 
 		type sample struct {

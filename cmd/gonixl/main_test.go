@@ -101,8 +101,7 @@ func startPrefill(t *testing.T, v string) (*connector.Prefill, *connector.DRAMCa
 	require.NoError(t, err)
 	in := testModel
 	in.VLLMVersion = v
-	pre, err := connector.NewPrefill(connector.PrefillConfig{Profile: p, Library: lib, Cache: cache,
-		EngineID: "engine-" + p.Name, Compat: connector.Compat{CompatInputs: in}})
+	pre, err := connector.NewPrefill(connector.PrefillConfig{RoleConfig: connector.RoleConfig{Profile: p, Library: lib, Cache: cache, EngineID: "engine-" + p.Name, Compat: connector.Compat{CompatInputs: in}}})
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		require.NoError(t, pre.Close())

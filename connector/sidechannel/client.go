@@ -31,18 +31,37 @@ var (
 	ErrHandshake = errors.New("sidechannel: ZMTP handshake failed")
 )
 
+// Defaults of FetchOptions' zero fields.
+const (
+	DefaultFetchTimeout = 5 * time.Second        // vLLM's RCVTIMEO, for a profile with no HandshakeTimeout
+	DefaultAttempts     = 3                      // tries per rank in all
+	DefaultBackoff      = 100 * time.Millisecond // before the second try, doubling after
+	DefaultMaxReplySize = 64 << 20               // bytes
+)
+
 // FetchOptions tunes Fetch and FetchAll. The zero value means vLLM's behaviour plus bounded retries.
 type FetchOptions struct {
-	// Timeout per attempt; Profile.HandshakeTimeout (vLLM's RCVTIMEO, 5 s) when 0.
+	// Timeout per attempt; 0 (or less) = Profile.HandshakeTimeout (vLLM's RCVTIMEO), or DefaultFetchTimeout
+	// when the profile has none.
 	Timeout time.Duration
-	// Attempts in total per rank (each on a fresh connection after a timeout); 3 when 0.
+	// Attempts in total per rank (each on a fresh connection after a timeout); 0 (or less) = DefaultAttempts.
 	Attempts int
-	// Backoff before the second attempt, doubling after; 100 ms when 0.
+	// Backoff before the second attempt, doubling after; 0 (or less) = DefaultBackoff.
 	Backoff time.Duration
-	// MaxReplySize bounds a reply (the connection is dropped on a larger one, as libzmq does); 64 MiB when 0.
+	// MaxReplySize bounds a reply (the connection is dropped on a larger one, as libzmq does); 0 (or less) =
+	// DefaultMaxReplySize.
 	MaxReplySize int64
 	// Logger gets a line per failed attempt; nil logs nothing.
 	Logger *zap.Logger
+}
+
+// WithDefaults returns o with the defaults in its zero fields, under profile p: what Fetch uses.
+func (o FetchOptions) WithDefaults(p protocol.Profile) FetchOptions {
+	o.Timeout = positiveOr(o.Timeout, positiveOr(p.HandshakeTimeout, DefaultFetchTimeout))
+	o.Attempts = positiveOr(o.Attempts, DefaultAttempts)
+	o.Backoff = positiveOr(o.Backoff, DefaultBackoff)
+	o.MaxReplySize = positiveOr(o.MaxReplySize, DefaultMaxReplySize)
+	return o
 }
 
 // Result is one rank's reply.
@@ -76,10 +95,7 @@ func FetchAll(ctx context.Context, p protocol.Profile, addr string, ranks []prot
 	if err != nil {
 		return nil, err
 	}
-	opts.Timeout = positiveOr(opts.Timeout, positiveOr(p.HandshakeTimeout, 5*time.Second))
-	opts.Attempts = positiveOr(opts.Attempts, 3)
-	opts.Backoff = positiveOr(opts.Backoff, 100*time.Millisecond)
-	opts.MaxReplySize = positiveOr(opts.MaxReplySize, 64<<20)
+	opts = opts.WithDefaults(p)
 	log := opts.Logger
 	if log == nil {
 		log = zap.NewNop()

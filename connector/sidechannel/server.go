@@ -18,6 +18,7 @@ import (
 
 	"github.com/gonixl/gonixl/connector/protocol"
 	"github.com/gonixl/gonixl/connector/sidechannel/internal/zmtp"
+	"github.com/gonixl/gonixl/internal/lifetime"
 )
 
 // DefaultMaxRequestSize bounds a side-channel request. vLLM's requests are 13–20 bytes; like libzmq with
@@ -164,7 +165,7 @@ type Server struct {
 
 	stop      chan struct{}
 	done      chan struct{}
-	closeOnce sync.Once
+	closeOnce lifetime.Once
 	err       error // set before done closes
 }
 
@@ -348,11 +349,15 @@ func (s *Server) Stats() Stats {
 func (s *Server) Done() <-chan struct{} { return s.done }
 
 // Close stops the server and waits until its socket and connections are closed and their goroutines gone.
-// It is idempotent and returns the error that stopped the server, if any (nil after a normal stop).
+// The first Close returns the error the server met while stopping, if any (nil after a normal stop, also
+// when its context stopped it first); later ones return nil once the first has finished. This is the
+// connector roles' contract too (internal/lifetime.Once).
 func (s *Server) Close() error {
-	s.closeOnce.Do(func() { close(s.stop) })
-	<-s.done
-	return s.err
+	return s.closeOnce.Close(func() error {
+		close(s.stop)
+		<-s.done
+		return s.err
+	})
 }
 
 func (s *Server) run(ctx context.Context) {

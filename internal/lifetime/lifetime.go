@@ -16,3 +16,16 @@ func CloseOnce(mu sync.Locker, closed *bool, teardown func() error) error {
 	*closed = true
 	return teardown()
 }
+
+// Once is the same contract for a handle whose Close waits for work in flight and so cannot hold a lock
+// that work takes (the connector's roles, the side-channel server): the first Close runs teardown and
+// returns its error; every later or concurrent Close waits until that teardown has returned, then returns
+// nil. The zero value is ready to use.
+type Once struct{ once sync.Once }
+
+// Close runs teardown the first time it is called and returns its error; later calls return nil once the
+// first has finished.
+func (o *Once) Close(teardown func() error) (err error) {
+	o.once.Do(func() { err = teardown() })
+	return err
+}

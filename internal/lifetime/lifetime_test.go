@@ -44,3 +44,35 @@ func TestCloseOnceConcurrent(t *testing.T) {
 	wg.Wait()
 	require.Equal(t, 1, runs)
 }
+
+func TestOnce(t *testing.T) {
+	var o Once
+	boom := errors.New("boom")
+	runs := 0
+	require.ErrorIs(t, o.Close(func() error { runs++; return boom }), boom, "the first Close returns teardown's error")
+	require.NoError(t, o.Close(func() error { runs++; return boom }), "a second Close returns nil")
+	require.Equal(t, 1, runs)
+}
+
+// A Close that races the first waits until the teardown has returned, and returns nil.
+func TestOnceConcurrent(t *testing.T) {
+	var o Once
+	started, release := make(chan struct{}), make(chan struct{})
+	var done sync.WaitGroup
+	done.Add(1)
+	go func() {
+		defer done.Done()
+		_ = o.Close(func() error { close(started); <-release; return errors.New("first") })
+	}()
+	<-started
+	second := make(chan error, 1)
+	go func() { second <- o.Close(func() error { return errors.New("ran twice") }) }()
+	select {
+	case err := <-second:
+		t.Fatalf("the second Close returned (%v) before the first's teardown did", err)
+	default:
+	}
+	close(release)
+	done.Wait()
+	require.NoError(t, <-second)
+}

@@ -76,8 +76,7 @@ func NewDecodeServer(cfg DecodeConfig) (*DecodeServer, error) {
 	}
 	s.pool = connector.NewBlockPool(s.cache.Geometry().NumBlocks)
 	if s.role, err = connector.NewDecode(connector.DecodeConfig{
-		VLLMVersion: cfg.VLLMVersion, Model: cfg.Model, Library: cfg.Library, Cache: s.cache, Backends: cfg.Backends,
-		Logger: s.log, DataDevice: cfg.DataDevice,
+		RoleConfig: connector.RoleConfig{VLLMVersion: cfg.VLLMVersion, Model: cfg.Model, Library: cfg.Library, Cache: s.cache, Backends: cfg.Backends, Logger: s.log, DataDevice: cfg.DataDevice},
 	}); err != nil {
 		s.Close()
 		return nil, err

@@ -191,9 +191,12 @@ func NewPrefillServer(ctx context.Context, cfg PrefillConfig) (s *PrefillServer,
 		}
 	}
 	if s.role, err = connector.NewPrefill(connector.PrefillConfig{
-		VLLMVersion: cfg.VLLMVersion, Model: cfg.Model, Library: cfg.Library, Cache: s.stager, Backends: cfg.Backends,
-		Host: cfg.SideHost, Port: cfg.SideChannel, HoldTimeout: cfg.HoldTimeout, Logger: log, KVCacheLayout: cfg.Label, DataDevice: cfg.DataDevice,
-		DeviceContext: devCtx, NotifyFrom: cfg.NotifyFrom,
+		RoleConfig:    connector.RoleConfig{VLLMVersion: cfg.VLLMVersion, Model: cfg.Model, Library: cfg.Library, Cache: s.stager, Backends: cfg.Backends, Logger: log, DataDevice: cfg.DataDevice, DeviceContext: devCtx},
+		Host:          cfg.SideHost,
+		Port:          cfg.SideChannel,
+		HoldTimeout:   cfg.HoldTimeout,
+		KVCacheLayout: cfg.Label,
+		NotifyFrom:    cfg.NotifyFrom,
 	}); err != nil {
 		return nil, err
 	}

@@ -3,7 +3,9 @@ package connector
 import (
 	"context"
 	"fmt"
+	"runtime/trace"
 	"sync"
+	"time"
 
 	"github.com/gonixl/gonixl/connector/protocol"
 	"github.com/gonixl/gonixl/nixl"
@@ -53,6 +55,48 @@ func (d *Decode) keepAliveAgents(ctx context.Context, kv protocol.KVTransferPara
 	if err != nil {
 		return nil, err
 	}
-	defer d.put(re)
+	defer d.hs.put(re)
 	return re.agents(), nil
+}
+
+// heartbeat renews the request's lease on every prefill agent read, every Profile.HeartbeatInterval (and at
+// once when now is set) until the returned stop is called, in profiles with leases.
+func (d *Decode) heartbeat(ctx context.Context, agents []string, remoteRequestID string, now bool) (stop func()) {
+	p := d.cfg.Profile
+	if !p.Leases || p.HeartbeatInterval <= 0 {
+		return func() {}
+	}
+	msg, err := p.EncodeHeartbeat([]string{remoteRequestID})
+	if err != nil {
+		return func() {}
+	}
+	beat := func() {
+		defer trace.StartRegion(ctx, "gonixl.heartbeat").End()
+		t := time.Now()
+		for _, a := range agents {
+			if err := d.reg.agent.SendNotification(a, msg); err == nil {
+				d.metrics.heartbeats.Add(1)
+			}
+		}
+		d.metrics.observe(timingHeartbeat, time.Since(t))
+	}
+	if now {
+		beat()
+	}
+	quit := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(p.HeartbeatInterval)
+		defer t.Stop()
+		for {
+			select {
+			case <-quit:
+				return
+			case <-t.C:
+				beat()
+			}
+		}
+	}()
+	return func() { close(quit); <-done }
 }
