@@ -65,18 +65,18 @@ type Decode struct {
 	reg     *registered
 	hash    string
 
-	hs          *handshakes // the handshake cache (handshakes.go)
-	mu          sync.Mutex  // guards closed and the pulls' Add
-	agentsMu    sync.Mutex               // guards agents and the NIXL loads and invalidations (remoteagents.go)
-	agents      map[string]*loadedAgent  // remote NIXL agents loaded, by name
-	probe       *nixl.Agent              // checks unknown metadata before the agent loads it (remoteagents.go)
-	probeSeq    int
-	failLog     *zap.Logger // log, sampled (failLogFirst a second, then every failLogThereafter-th)
-	closed      bool        // guarded by mu: set by Close
-	closeOnce   lifetime.Once
-	pulls       sync.WaitGroup // in-flight Pull calls; Close waits for them
-	closing     context.Context
-	stop        context.CancelFunc // cancels closing: every in-flight pull's context
+	hs        *handshakes             // the handshake cache (handshakes.go)
+	mu        sync.Mutex              // guards closed and the pulls' Add
+	agentsMu  sync.Mutex              // guards agents and the NIXL loads and invalidations (remoteagents.go)
+	agents    map[string]*loadedAgent // remote NIXL agents loaded, by name
+	probe     *nixl.Agent             // checks unknown metadata before the agent loads it (remoteagents.go)
+	probeSeq  int
+	failLog   *zap.Logger // log, sampled (failLogFirst a second, then every failLogThereafter-th)
+	closed    bool        // guarded by mu: set by Close
+	closeOnce lifetime.Once
+	pulls     sync.WaitGroup // in-flight Pull calls; Close waits for them
+	closing   context.Context
+	stop      context.CancelFunc // cancels closing: every in-flight pull's context
 }
 
 // NewDecode starts a decode worker: it resolves the config (RoleConfig: the Profile, Compat and, when Cache
