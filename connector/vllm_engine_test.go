@@ -836,8 +836,12 @@ func engineCaseB(t *testing.T, ctx context.Context, r *engineRun, p prompt, kv r
 			worst = max(worst, d)
 		}
 	}
-	t.Logf("(b) vLLM %s prefill → gonixl decode, %d tokens: %d blocks (%d bytes) in %v; KV equals transformers' to %.2g (relative; bf16 layers past 0: %.2g, not asserted)",
-		r.version, len(p.ids), res.Blocks, res.Bytes, res.Transfer, worst, deeper)
+	note := ""
+	if r.s.dtype == layout.BF16 {
+		note = fmt.Sprintf(" (layer 0; bf16 layers past 0: %.2g, not asserted)", deeper)
+	}
+	t.Logf("(b) vLLM %s prefill → gonixl decode, %d tokens: %d blocks (%d bytes) in %v; KV equals transformers' to %.2g relative%s",
+		r.version, len(p.ids), res.Blocks, res.Bytes, res.Transfer, worst, note)
 }
 
 // pullBHSD has the engine prefill p (under salt), gonixl's decode pull it, and reads every layer's K and V
