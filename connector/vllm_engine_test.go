@@ -153,7 +153,7 @@ func (s engSpec) engModel(name string) connector.Model {
 
 // engineSpecs are the models of a run: the two of `make test` (each dimension folded into as few engines as
 // possible: Qwen3 and Llama, head_dim 64 and 128, GQA 2 and 8, fp32 and bf16, block sizes 32 and 64), and with
-// GONIXL_ENGINE_MATRIX=full two more (GQA 1 and 4, head_dim 128 in fp32, blocks of 128 and 96);
+// GONIXL_ENGINE_MATRIX=full two more (GQA 1 and 4, head_dim 128 in fp32, blocks of 128 and 64);
 // GONIXL_ENGINE_SPECS="name …" runs only the specs named.
 func engineSpecs() []engSpec {
 	specs := []engSpec{
@@ -163,7 +163,7 @@ func engineSpecs() []engSpec {
 	if os.Getenv("GONIXL_ENGINE_MATRIX") == "full" || os.Getenv("GONIXL_ENGINE_SPECS") != "" {
 		specs = append(specs,
 			engSpec{name: "qwen3-h128-q8kv8-fp32-b128", arch: "qwen3", layers: 2, heads: 8, kvHeads: 8, headDim: 128, dtype: layout.FP32, blockSize: 128},
-			engSpec{name: "llama-h64-q8kv2-fp32-b96", arch: "llama", layers: 2, heads: 8, kvHeads: 2, headDim: 64, dtype: layout.FP32, blockSize: 96, concurrent: true},
+			engSpec{name: "llama-h64-q8kv2-fp32-b64", arch: "llama", layers: 2, heads: 8, kvHeads: 2, headDim: 64, dtype: layout.FP32, blockSize: 64, concurrent: true},
 		)
 	}
 	if only := strings.Fields(os.Getenv("GONIXL_ENGINE_SPECS")); len(only) > 0 {
