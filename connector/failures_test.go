@@ -137,7 +137,10 @@ func TestHandshakeHashMismatch(t *testing.T) {
 			assert.Zero(t, pr.decM.Handshakes())
 			require.Eventually(t, func() bool { return pr.pre.Held() == 0 }, 30*time.Second, 5*time.Millisecond)
 			assert.EqualValues(t, 1, pr.preM.RequestsExpired())
-			require.Len(t, plogs.FilterMessage("decode peer never confirmed reading; blocks freed at expiry").All(), 1)
+			// The warning is written after the blocks are back (outside the role's lock): wait for it too.
+			const expired = "decode peer never confirmed reading; blocks freed at expiry"
+			require.Eventually(t, func() bool { return plogs.FilterMessage(expired).Len() > 0 }, 10*time.Second, 5*time.Millisecond)
+			require.Len(t, plogs.FilterMessage(expired).All(), 1)
 
 			// Opt-out.
 			skip := other

@@ -82,7 +82,7 @@ const (
 	engConc      = 8  // concurrent requests against one decode engine
 	// engLease is the behaviour cases' engine's hold of blocks no decode reads (vLLM's default: 480 s up to
 	// 0.21, a 30 s lease from 0.22), and engHold gonixl's prefill's in those cases.
-	engLease = 15 * time.Second
+	engLease = 30 * time.Second // the transferred cases must handshake and READ inside it on a loaded machine
 	engHold  = 3 * time.Second
 )
 
