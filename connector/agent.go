@@ -70,7 +70,7 @@ func (r *registered) do(fn func() error) error {
 // xferOpts are the options of a READ into this cache: the notification, and WithoutDescMerge where the cache
 // is DRAM and UCX runs a thread pool. NIXL's pool divides a request among its threads by descriptor count,
 // so a run merged into one large descriptor would go through one thread (BenchmarkDRAMToDRAM, contiguous
-// against contiguous-nomerge; README's Measured section); into GPU memory, where UCX pays a rendezvous per
+// against contiguous-nomerge; docs/measured.md); into GPU memory, where UCX pays a rendezvous per
 // descriptor, merged runs are kept.
 func (r *registered) xferOpts(notif []byte) []nixl.Option {
 	opts := []nixl.Option{nixl.WithNotification(notif)}

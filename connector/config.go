@@ -64,7 +64,7 @@ type RoleConfig struct {
 	// notification loop holds it current on its OS thread for the role's lifetime. A prefill worker whose
 	// DRAM is read by a decode worker's GPU on the same host needs one: UCX serves such a READ by a
 	// rendezvous through cuda_copy / cuda_ipc run by the target side's progress, which needs a current CUDA
-	// context there; without one it falls back to a software emulation over TCP (README's Measured section).
+	// context there; without one it falls back to a software emulation over TCP (docs/measured.md).
 	// Across hosts an RDMA NIC reads the DRAM without it. Close the role before the device. Nil: the
 	// Cache's, when the Cache implements DeviceContext (a cuda.KVCache), else none.
 	DeviceContext DeviceContext

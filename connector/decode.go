@@ -533,8 +533,8 @@ func (d *Decode) handshake(ctx context.Context, engineID string, re *remoteEngin
 // warmUp READs the null block (block 0, which no request names: layout.ErrNullBlock) of every region of
 // src into the local null block, without a notification, so that what UCX does on a peer's first transfer
 // (the endpoint's wire-up, the remote keys' unpacking, a GPU peer's IPC mappings and staging buffers) is
-// done in the handshake, not in the first request's READ (the demo's first request, README's Measured
-// section; gonixl_xfer_wait_time_seconds shows it). A failed warm-up is only logged: the request's own READ
+// done in the handshake, not in the first request's READ (the demo's first request, docs/measured.md;
+// gonixl_xfer_wait_time_seconds shows it). A failed warm-up is only logged: the request's own READ
 // then reports what is wrong.
 func (d *Decode) warmUp(ctx context.Context, re *remoteEngine, src *source) {
 	defer trace.StartRegion(ctx, "gonixl.warmup").End()

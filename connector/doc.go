@@ -59,7 +59,7 @@
 // # Exposure
 //
 // Whoever reaches the side channel gets the NIXL metadata, and with it, over the data port, can read and
-// write the registered cache and send notifications (see the README's trust model). The prefill role binds
+// write the registered cache and send notifications (see docs/trust.md). The prefill role binds
 // 127.0.0.1 by default and keeps NIXL's UCX data plane on the same device (RoleConfig.DataDevice);
 // PrefillConfig.NotifyFrom restricts whose notifications count.
 package connector

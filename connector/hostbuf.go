@@ -11,7 +11,7 @@ import (
 
 // hostBufferedSlices is how many READ slices a request into a HostBufferedPipeline cache is cut into (at most
 // one block each): eight slices, each overlapped with one batch copy (BenchmarkDRAMToVRAM's hostbuf_x_batchcopy,
-// README's Measured section).
+// docs/measured.md).
 const hostBufferedSlices = 8
 
 // pullSliced READs a request into a pipelined host-buffered cache slice by slice: every slice is posted at

@@ -24,7 +24,7 @@ import (
 // bytes (x_bigcopy). The host-buffered path (hostbuf_*) READs into pinned DRAM of this process in 8 slices
 // and copies each slice to the GPU with one batch-copy call while the next slice's READ runs.
 // GONIXL_BENCH_SWEEP=1 adds variants: the peer's DRAM page-locked for CUDA (peer-pinned), a peer without a
-// CUDA context, NIXL's defaults, and a sweep of UCX settings for 2 MiB contiguous runs (README's Measured
+// CUDA context, NIXL's defaults, and a sweep of UCX settings for 2 MiB contiguous runs (docs/measured.md
 // section has one run's figures).
 func BenchmarkDRAMToVRAM(b *testing.B) {
 	dev := gpu(b)
@@ -43,7 +43,7 @@ func BenchmarkDRAMToVRAM(b *testing.B) {
 		{name: "rma-pipeline", opts: nixl.UCXOptions{Engine: rma}, peer: benchpeer.Options{Device: true}},
 		{name: "nixl-defaults", opts: nixl.UCXOptions{}, peer: benchpeer.Options{Device: true}},
 		// The 2 MiB sweep (one level each, so -test.bench '^BenchmarkDRAMToVRAM$/^ucx=/^block=2048KiB/^contiguous$'
-		// selects them): UCX settings that could lift a large contiguous run (README's Measured section).
+		// selects them): UCX settings that could lift a large contiguous run (docs/measured.md).
 		{name: "pinned+unmerged", opts: def, peer: benchpeer.Options{Device: true, Pin: true}, unmerged: true},
 		{name: "pinned+frag16m", opts: def, peer: benchpeer.Options{Device: true, Pin: true}, env: []string{"UCX_RNDV_FRAG_SIZE", "host:512K,cuda:16M"}},
 		{name: "pinned+frag1m", opts: def, peer: benchpeer.Options{Device: true, Pin: true}, env: []string{"UCX_RNDV_FRAG_SIZE", "host:512K,cuda:1M"}},

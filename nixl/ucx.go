@@ -46,17 +46,16 @@ type UCXOptions struct {
 const (
 	// UCXRMAPipeline ("RMA_PPLN_ENABLE") lets UCX serve an RMA (a NIXL READ or WRITE) whose local or
 	// remote side is GPU memory by a rendezvous pipeline through cuda_copy / cuda_ipc, instead of a software
-	// emulation over tcp (BenchmarkDRAMToVRAM's nixl-defaults against gonixl-defaults variants, README's
-	// Measured section). The target side must then keep progressing (a progress thread, or the prefill
-	// role's notification poll).
+	// emulation over tcp (BenchmarkDRAMToVRAM's nixl-defaults against gonixl-defaults variants,
+	// docs/measured.md). The target side must then keep progressing (a progress thread, or the prefill role's notification poll).
 	UCXRMAPipeline = "RMA_PPLN_ENABLE"
 )
 
-// DefaultUCXOptions are gonixl's UCX settings, chosen from measurements (README's Measured section): the
+// DefaultUCXOptions are gonixl's UCX settings, chosen from measurements (docs/measured.md): the
 // RMA pipeline on (UCX's only protocol that moves host memory into GPU memory without a software emulation;
 // no effect on DRAM↔DRAM), and a thread pool of one thread per core, at most 16, taking 4 descriptors at a
 // time: BenchmarkDRAMToDRAM (nixl-defaults against gonixl-defaults, and its GONIXL_BENCH_SWEEP thread and
-// batch sizes; README's Measured section) measured the pool several times faster on a 16-core host, for
+// batch sizes; docs/measured.md) measured the pool several times faster on a 16-core host, for
 // 32 KiB and 2 MiB blocks alike, and larger batches leaving requests of few descriptors on one thread. No
 // pool on machines of fewer than 4 cores, where its threads would compete with the application.
 func DefaultUCXOptions() UCXOptions {

@@ -13,7 +13,7 @@
 #                         from scripts/cuda-stub.c (every call fails with CUDA_ERROR_STUB_LIBRARY; DRAM only)
 #
 # NIXL 1.5.1's plugin needs libfabric's FABRIC_1.10 (libfabric >= 2.7), which no reachable package carries;
-# that is why the project is pinned to NIXL 1.5.0 (README "NIXL version policy"). LIBFABRIC_DIR=<folder>
+# that is why the project is pinned to NIXL 1.5.0 (docs/nixl.md, "Version policy"). LIBFABRIC_DIR=<folder>
 # takes libfabric.so.1 from that folder instead (on an EFA host: /opt/amazon/efa/lib64).
 #
 # Usage: scripts/fabric-deps.sh [--cuda-stub]   (env: NIXL_CUDA=12|13, LIBFABRIC_DIR, FABRIC_DEPS_HOME, PYTHON)

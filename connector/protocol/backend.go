@@ -23,7 +23,7 @@ const AttnBackendCPU = "CPU_ATTN"
 //	0.29–0.33  LBHNC only, same view                   one/layer, "LBHNC"        [H][K D×bs | V bs×D]          ca:70, :385 (0.29, 0.30); :75, :419 (0.31); :75, :415 (0.32); :84, :424 (0.33)
 //
 // ¹ 0.16–0.21 publish "NHD" over the same bytes with VLLM_KV_CACHE_LAYOUT=NHD (LabelQuirks); 0.22–0.28 require
-// "HND" (ca get_required_kv_cache_layout, ca:99 in 0.22), 0.29+ LBHNC (supported_kv_cache_layouts). ² README's
+// "HND" (ca get_required_kv_cache_layout, ca:99 in 0.22), 0.29+ LBHNC (supported_kv_cache_layouts). ² docs/vllm-compat.md's
 // vLLM-tier table: 0.23's NixlConnector splits the packed cache and register_kv_caches raises.
 //
 // The kernel ISA (ca _get_attn_isa: :484 0.16, :480 0.18, :479 0.20, :509 0.21, :536 0.22, :464 0.26, :489 0.28,
