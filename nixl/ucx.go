@@ -47,7 +47,8 @@ const (
 	// UCXRMAPipeline ("RMA_PPLN_ENABLE") lets UCX serve an RMA (a NIXL READ or WRITE) whose local or
 	// remote side is GPU memory by a rendezvous pipeline through cuda_copy / cuda_ipc, instead of a software
 	// emulation over tcp (BenchmarkDRAMToVRAM's nixl-defaults against gonixl-defaults variants,
-	// docs/measured.md). The target side must then keep progressing (a progress thread, or the prefill role's notification poll).
+	// docs/measured.md). The target side must then keep progressing (a progress thread, or the prefill
+	// role's notification poll).
 	UCXRMAPipeline = "RMA_PPLN_ENABLE"
 )
 
