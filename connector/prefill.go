@@ -449,8 +449,9 @@ func (p *Prefill) release(h *heldReq) {
 
 // Progress intervals of the prefill loop: while blocks are held a decode peer may be reading them, and a
 // target over TCP (or feeding UCX's GPU pipeline) serves those reads only when it progresses; idle, it only
-// has handshakes to answer. The busy interval is slept with poll.Sleep: a Go timer of 50 µs lasts about
-// 1.1 ms on the hosts measured (internal/poll's BenchmarkSleep).
+// has handshakes to answer. The busy interval is slept with poll.Sleep: a Go timer of 50 µs lasts many
+// times longer on the hosts measured (internal/poll's BenchmarkSleep, x_timer; docs/measured.md,
+// "Per-request cost (issue 25)").
 const (
 	busyPoll = 50 * time.Microsecond
 	idlePoll = time.Millisecond

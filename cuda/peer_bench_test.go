@@ -24,8 +24,8 @@ import (
 // bytes (x_bigcopy). The host-buffered path (hostbuf_*) READs into pinned DRAM of this process in 8 slices
 // and copies each slice to the GPU with one batch-copy call while the next slice's READ runs.
 // GONIXL_BENCH_SWEEP=1 adds variants: the peer's DRAM page-locked for CUDA (peer-pinned), a peer without a
-// CUDA context, NIXL's defaults, and a sweep of UCX settings for 2 MiB contiguous runs (docs/measured.md
-// section has one run's figures).
+// CUDA context, NIXL's defaults, and a sweep of UCX settings for 2 MiB contiguous runs (docs/measured.md,
+// "Benchmarks and demo, H200 host", has one run's figures).
 func BenchmarkDRAMToVRAM(b *testing.B) {
 	dev := gpu(b)
 	lib := nixltest.Lib(b)

@@ -51,7 +51,7 @@ func AllocHost(size int64, opts HostOptions) (*HostMem, error) {
 	)
 	prot := syscall.PROT_READ | syscall.PROT_WRITE
 	// MAP_POPULATE faults every page in now: a KV cache is used whole, and a transfer that lands on untouched
-	// pages pays a page fault (and the kernel's zeroing) per 4 KiB, which caps it at a few GB/s.
+	// pages pays a page fault (and the kernel's zeroing) per 4 KiB, which caps its throughput.
 	flags := syscall.MAP_PRIVATE | syscall.MAP_ANONYMOUS | syscall.MAP_POPULATE
 	if opts.HugePages {
 		hsz := (size + hugePageSize - 1) / hugePageSize * hugePageSize

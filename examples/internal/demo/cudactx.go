@@ -24,8 +24,8 @@ const (
 // Why a prefill worker whose KV cache is host memory wants one: when the decode worker's cache is GPU memory
 // on the same host, UCX serves its READ by a rendezvous through cuda_copy / cuda_ipc that the target side
 // (this worker) runs in its progress calls, and that needs a current CUDA context there; without one UCX
-// falls back to a software emulation over TCP (the demo's -prefill-cuda-context off; docs/measured.md). Across hosts an RDMA
-// NIC reads host memory without any.
+// falls back to a software emulation over TCP (the demo's -prefill-cuda-context off;
+// docs/measured.md). Across hosts an RDMA NIC reads host memory without any.
 func openCUDAContext(mode string, opts cuda.LoadOptions, log *zap.Logger) (*cuda.Device, error) {
 	switch mode {
 	case CUDAContextOff:
