@@ -4,8 +4,7 @@
 // The gonixl API it uses sits in examples/internal/demo, shared with examples/disagg (which re-executes its own
 // binary as this worker: "serve-decode") and their tests: decode.go's NewDecodeServer (the cache and
 // connector.NewDecode), its completions handler (kv_transfer_params through Profile.DecodeParams, Decode.Pull)
-// and Close. examples/minimal
-// shows the same calls alone, top to bottom.
+// and Close. examples/minimal shows the same calls alone, top to bottom.
 package main
 
 import (
