@@ -1164,9 +1164,21 @@ func engineBehaviour(t *testing.T, ctx context.Context, r *engineRun) {
 	})
 
 	// The end: vLLM logged an expiry for each request nobody finished reading, at its lease, and holds nothing.
+	// vLLM looks at its holds' expiry only when the engine steps (the connector's get_finished runs once per
+	// step), so an engine left idle past the lease would never free them: past the lease it gets a one-token
+	// local request every 2 s (with the 15 s lease of the first runs the other cases kept it busy).
+	var lastPoke time.Time
+	waitUntil(t, engLease+2*time.Minute, func() bool {
+		if r.e.count(vllmExpiredLine)-expired0 >= wantExpired {
+			return true
+		}
+		if time.Since(heldSince) > engLease && time.Since(lastPoke) > 2*time.Second {
+			lastPoke = time.Now()
+			r.e.complete(t, ctx, prompt{text: "w1", ids: []int{engFirstWord + 1}}, 1, nil, fmt.Sprintf("poke-%d", lastPoke.UnixNano()))
+		}
+		return false
+	}, "vLLM logged %d expiries, want %d", r.e.count(vllmExpiredLine)-expired0, wantExpired)
 	<-expiredSeen
-	waitUntil(t, engLease+2*time.Minute, func() bool { return r.e.count(vllmExpiredLine)-expired0 >= wantExpired },
-		"vLLM logged %d expiries, want %d", r.e.count(vllmExpiredLine)-expired0, wantExpired)
 	assert.GreaterOrEqual(t, expiredAfter, engLease-time.Second, "vLLM freed unread blocks before its lease")
 	freed := waitUntil(t, time.Minute, func() bool { return r.e.kvUsage(t, ctx) == 0 }, "the engine holds blocks after every lease")
 	assert.Equal(t, wantExpired, r.e.count(vllmExpiredLine)-expired0, "vLLM expired other requests than those never read")
