@@ -210,7 +210,7 @@ func (g Geometry) ToPaged(dst []byte, kv KV, src []byte, s Source, q Seq) error 
 	if err := g.checkSeq(len(dst), kv, len(src), s, q); err != nil {
 		return err
 	}
-	if g.Order == CPUAttn {
+	if g.Order.IsCPUAttn() {
 		g.toPagedCPU(dst, kv, src, s, q)
 		return nil
 	}
@@ -279,7 +279,7 @@ func (g Geometry) FromPaged(dst []byte, s Source, kv KV, src []byte, q Seq) erro
 	if err := g.checkSeq(len(src), kv, len(dst), s, q); err != nil {
 		return err
 	}
-	if g.Order == CPUAttn {
+	if g.Order.IsCPUAttn() {
 		g.fromPagedCPU(dst, s, kv, src, q)
 		return nil
 	}
@@ -338,7 +338,7 @@ func (g Geometry) Reorder(dst, src []byte, blockIDs []int) error {
 	if err := g.Validate(); err != nil {
 		return err
 	}
-	if g.Order == CPUAttn {
+	if g.Order.IsCPUAttn() {
 		return fmt.Errorf("%w: Reorder converts NHD ↔ HND blocks; %v blocks are written and read with ToPaged/FromPaged/BlocksToPaged",
 			ErrUnsupportedLayout, g.Order)
 	}
@@ -443,7 +443,7 @@ func (g Geometry) BlocksToPaged(dst []byte, kv KV, src []byte, s BlockSource, bl
 			return fmt.Errorf("%w: block_ids[%d] = %d, source has %d blocks", ErrBlockOutOfRange, j, b, s.NumBlocks)
 		}
 	}
-	if g.Order == CPUAttn {
+	if g.Order.IsCPUAttn() {
 		g.blocksToPagedCPU(dst, kv, src, s, blockIDs)
 		return nil
 	}

@@ -20,8 +20,12 @@ func (g Geometry) kTile() Source {
 	return Source{Batch: 1, Heads: 1, SeqLen: g.BlockSize, HeadDim: g.HeadDim, Transposed: true}
 }
 
-// toPagedCPU is ToPaged for CPUAttn (everything already checked).
+// toPagedCPU is ToPaged for CPUAttn and CPUAttnAMX (everything already checked).
 func (g Geometry) toPagedCPU(dst []byte, kv KV, src []byte, s Source, q Seq) {
+	if g.Order == CPUAttnAMX {
+		g.toPagedAMX(dst, kv, src, s, q)
+		return
+	}
 	off, hs := g.cpuHead(kv)
 	kt := g.kTile()
 	e := int64(g.ElemSize())
@@ -67,6 +71,10 @@ func (g Geometry) toPagedCPU(dst []byte, kv KV, src []byte, s Source, q Seq) {
 
 // fromPagedCPU is FromPaged for CPUAttn (everything already checked).
 func (g Geometry) fromPagedCPU(dst []byte, s Source, kv KV, src []byte, q Seq) {
+	if g.Order == CPUAttnAMX {
+		g.fromPagedAMX(dst, s, kv, src, q)
+		return
+	}
 	off, hs := g.cpuHead(kv)
 	kt := g.kTile()
 	e := int64(g.ElemSize())
@@ -109,6 +117,10 @@ func (g Geometry) fromPagedCPU(dst []byte, s Source, kv KV, src []byte, q Seq) {
 // blocksToPagedCPU is BlocksToPaged into a CPUAttn geometry: each (token, head) row of the NxDI block moves
 // to the V rows as is, or scattered into K's transposed lines (everything already checked).
 func (g Geometry) blocksToPagedCPU(dst []byte, kv KV, src []byte, s BlockSource, blockIDs []int) {
+	if g.Order == CPUAttnAMX {
+		g.blocksToPagedAMX(dst, kv, src, s, blockIDs)
+		return
+	}
 	off, hs := g.cpuHead(kv)
 	kt := g.kTile()
 	e := int64(g.ElemSize())

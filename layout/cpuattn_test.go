@@ -47,32 +47,46 @@ func equalU16(a, b []uint16) bool {
 	return true
 }
 
-// TestCPUAttnRefusals: what is not modelled is refused with ErrUnsupportedLayout, before any byte moves.
+// TestCPUAttnRefusals: what is not modelled is refused with ErrUnsupportedLayout, and what vLLM never writes
+// with ErrInvalidGeometry, before any byte moves.
 func TestCPUAttnRefusals(t *testing.T) {
 	base := Geometry{NumLayers: 1, NumBlocks: 4, BlockSize: 32, NumKVHeads: 2, HeadDim: 64, DType: BF16, Order: CPUAttn, Plan: PlanPackedKV}
 	mustNoErr(t, base.Validate())
-	for name, g := range map[string]Geometry{
-		"amx":       func() Geometry { g := base; g.Order = CPUAttnAMX; return g }(),
-		"kv-halves": func() Geometry { g := base; g.Plan = PlanKVHalves; return g }(),
-		"fp8_e4m3":  func() Geometry { g := base; g.DType = FP8E4M3; return g }(),
-		"fp8_e5m2":  func() Geometry { g := base; g.DType = FP8E5M2; return g }(),
-		"amx-split": func() Geometry { g := base; g.Order = CPUAttnAMX; g.Plan = PlanSplitKV; return g }(),
+	amx := base
+	amx.Order = CPUAttnAMX
+	mustNoErr(t, amx.Validate())
+	for name, c := range map[string]struct {
+		g    Geometry
+		want error
+	}{
+		"kv-halves":     {func() Geometry { g := base; g.Plan = PlanKVHalves; return g }(), ErrUnsupportedLayout},
+		"fp8_e4m3":      {func() Geometry { g := base; g.DType = FP8E4M3; return g }(), ErrUnsupportedLayout},
+		"fp8_e5m2":      {func() Geometry { g := base; g.DType = FP8E5M2; return g }(), ErrUnsupportedLayout},
+		"amx-kv-halves": {func() Geometry { g := amx; g.Plan = PlanKVHalves; return g }(), ErrUnsupportedLayout},
+		"amx-fp8":       {func() Geometry { g := amx; g.DType = FP8E4M3; return g }(), ErrUnsupportedLayout},
+		"amx-fp32":      {func() Geometry { g := amx; g.DType = FP32; return g }(), ErrInvalidGeometry},
+		"amx-fp16":      {func() Geometry { g := amx; g.DType = FP16; return g }(), ErrInvalidGeometry},
+		"amx-bs48":      {func() Geometry { g := amx; g.BlockSize = 48; return g }(), ErrInvalidGeometry},
+		"amx-d48":       {func() Geometry { g := amx; g.HeadDim = 48; return g }(), ErrInvalidGeometry},
 	} {
+		g := c.g
 		err := g.Validate()
-		if !errors.Is(err, ErrUnsupportedLayout) {
-			t.Errorf("%s: Validate = %v, want ErrUnsupportedLayout", name, err)
+		if !errors.Is(err, c.want) {
+			t.Errorf("%s: Validate = %v, want %v", name, err, c.want)
 		}
 		reg := filled(64, 0xAA)
-		if err := g.ToPaged(reg, K, make([]byte, 8), Source{1, 1, 4, 1, false}, Seq{}); !errors.Is(err, ErrUnsupportedLayout) {
-			t.Errorf("%s: ToPaged = %v, want ErrUnsupportedLayout", name, err)
+		if err := g.ToPaged(reg, K, make([]byte, 8), Source{1, 1, 4, 1, false}, Seq{}); !errors.Is(err, c.want) {
+			t.Errorf("%s: ToPaged = %v, want %v", name, err, c.want)
 		}
 		if !bytes.Equal(reg, filled(64, 0xAA)) {
 			t.Errorf("%s: ToPaged wrote on error", name)
 		}
 	}
 	buf := make([]byte, base.RegionLen())
-	if err := base.Reorder(buf, make([]byte, base.RegionLen()), nil); !errors.Is(err, ErrUnsupportedLayout) {
-		t.Errorf("Reorder(CPU_ATTN) = %v, want ErrUnsupportedLayout", err)
+	for _, g := range []Geometry{base, amx} {
+		if err := g.Reorder(buf, make([]byte, g.RegionLen()), nil); !errors.Is(err, ErrUnsupportedLayout) {
+			t.Errorf("Reorder(%v) = %v, want ErrUnsupportedLayout", g.Order, err)
+		}
 	}
 	if base.Swapped().Order != CPUAttn {
 		t.Errorf("Swapped changed a CPU_ATTN order")
@@ -92,8 +106,8 @@ func TestCPUAttnNames(t *testing.T) {
 	if b, err := CPUAttn.MarshalText(); err != nil || string(b) != "CPU_ATTN" {
 		t.Errorf("MarshalText = %q, %v", b, err)
 	}
-	if _, err := CPUAttnAMX.MarshalText(); err == nil {
-		t.Errorf("MarshalText(CPU_ATTN_AMX) succeeded; it is not a modelled order")
+	if b, err := CPUAttnAMX.MarshalText(); err != nil || string(b) != "CPU_ATTN_AMX" {
+		t.Errorf("MarshalText(CPU_ATTN_AMX) = %q, %v", b, err)
 	}
 	for isa, want := range map[string]BlockOrder{"vec": CPUAttn, "vec16": CPUAttn, "neon": CPUAttn, "amx": CPUAttnAMX} {
 		if got, err := CPUAttnOrder(isa); err != nil || got != want {
@@ -103,6 +117,22 @@ func TestCPUAttnNames(t *testing.T) {
 	for _, isa := range []string{"amx_fp8", "vxe", "vsx", "rvv", ""} {
 		if _, err := CPUAttnOrder(isa); !errors.Is(err, ErrUnsupportedLayout) {
 			t.Errorf("CPUAttnOrder(%q) = %v, want ErrUnsupportedLayout", isa, err)
+		}
+	}
+	// CPUAttnFor decides as vLLM's _get_attn_isa does: vec16 for head_dim 16 mod 32 first, amx for bf16 with
+	// blocks of 32·k on AMX, vec otherwise.
+	for _, c := range []struct {
+		dt     DType
+		bs, hd int
+		amx    bool
+		want   BlockOrder
+	}{
+		{BF16, 32, 64, true, CPUAttnAMX}, {BF16, 64, 128, true, CPUAttnAMX}, {BF16, 32, 64, false, CPUAttn},
+		{FP32, 32, 64, true, CPUAttn}, {FP16, 32, 64, true, CPUAttn}, {BF16, 48, 64, true, CPUAttn},
+		{BF16, 32, 80, true, CPUAttn}, {BF16, 32, 48, true, CPUAttn},
+	} {
+		if got := CPUAttnFor(c.dt, c.bs, c.hd, c.amx); got != c.want {
+			t.Errorf("CPUAttnFor(%v, bs %d, hd %d, amx %v) = %v, want %v", c.dt, c.bs, c.hd, c.amx, got, c.want)
 		}
 	}
 	if CPUAttn.LabelOrder() != HND || CPUAttnAMX.LabelOrder() != HND || NHD.LabelOrder() != NHD {

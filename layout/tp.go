@@ -100,12 +100,12 @@ func NewReadPlan(local Geometry, localTP, localRank int, remote Geometry, remote
 		return nil, fmt.Errorf("%w: heads per rank local %d (want %d for TP %d), remote %d (want %d for TP %d)",
 			ErrBlockLenMismatch, local.NumKVHeads, hl, localTP, remote.NumKVHeads, hr, remoteTP)
 	}
-	if local.Order == CPUAttn && local.BlockSize != remote.BlockSize {
+	if local.Order.IsCPUAttn() && local.BlockSize != remote.BlockSize {
 		// K is transposed per head ([head_dim][block_size]): a smaller remote block is not a contiguous run.
 		return nil, fmt.Errorf("%w: CPU_ATTN blocks of %d and %d tokens: the CPU_ATTN layout needs equal block sizes", ErrIncompatible,
 			local.BlockSize, remote.BlockSize)
 	}
-	if hl != hr && local.Order != HND && local.Order != CPUAttn {
+	if hl != hr && local.Order != HND && !local.Order.IsCPUAttn() {
 		// A rank's heads are a contiguous slice of a block only when heads are outermost.
 		return nil, fmt.Errorf("%w: local TP %d and remote TP %d hold different heads per rank (%d vs %d), which needs heads outermost in a block, HND or CPU_ATTN, on both sides (got %v); vLLM requires kv_cache_layout HND for heterogeneous TP",
 			ErrIncompatible, localTP, remoteTP, hl, hr, local.Order)

@@ -12,7 +12,7 @@ cache views that release's vllm/v1/attention/backends/cpu_attn.py uses:
   split-kv   (vLLM <= 0.22): cache (2, num_blocks, heads, block_size, head_dim), unbound at dim 0
 
 For each op library the wheel ships (_C: AVX512 with AMX support, _C_AVX512, _C_AVX2) and each ISA hint
-("vec", "vec16"; "amx" for bf16, whose packing gonixl does not model and refuses) it records the whole cache
+("vec", "vec16"; "amx" for bf16: layout.CPUAttnAMX) it records the whole cache
 (base64; records whose bytes are equal are merged, listing every library and ISA) after packing a request of `tokens` positions into block ids `block_ids` (block 0 stays zero).
 K[t, h, d] = 1 + t*0.5 + h*0.25 + d/64 and V = -K, rounded to the dtype by torch; the records carry the
 inputs too (key_bhsd, value_bhsd: NxDI's (1, heads, tokens, head_dim) order).
@@ -43,6 +43,8 @@ CASES = [
     # name, dtype, heads, head_dim, block_size, num_blocks, tokens, block ids, ISA hints, cache views
     ("fp32-h1-d32-bs32", torch.float32, 1, 32, 32, 3, 40, [2, 1], ["vec", "vec16"], ["packed-kv", "split-kv"]),
     ("bf16-h1-d32-bs32", torch.bfloat16, 1, 32, 32, 2, 30, [1], ["vec", "vec16", "amx"], ["packed-kv"]),
+    # two heads, two blocks (the last one partial), several AMX token and head-element groups, both views
+    ("bf16-h2-d64-bs64", torch.bfloat16, 2, 64, 64, 4, 70, [3, 1], ["vec", "amx"], ["packed-kv", "split-kv"]),
 ]
 
 
