@@ -41,7 +41,7 @@ func TestModelCPUAttnOrder(t *testing.T) {
 		want error
 	}{
 		"bf16 unstated":    {func() Model { m := m; m.DType = layout.BF16; return m }(), layout.ErrInvalidGeometry},
-		"amx":              {func() Model { m := m; m.DType = layout.BF16; m.Order = layout.CPUAttnAMX; return m }(), layout.ErrUnsupportedLayout},
+		"amx fp32":         {func() Model { m := m; m.Order = layout.CPUAttnAMX; return m }(), layout.ErrInvalidGeometry},
 		"cpu_attn HND":     {func() Model { m := m; m.Order = layout.HND; return m }(), layout.ErrInvalidGeometry},
 		"flash CPU format": {func() Model { m := m; m.AttnBackend = "FLASH_ATTN"; m.Order = layout.CPUAttn; return m }(), layout.ErrInvalidGeometry},
 		"fp8 cache":        {func() Model { m := m; m.CacheDType = layout.FP8E4M3; return m }(), layout.ErrUnsupportedLayout},
@@ -54,6 +54,10 @@ func TestModelCPUAttnOrder(t *testing.T) {
 	bf.DType, bf.Order = layout.BF16, layout.CPUAttn
 	_, err := bf.Geometry(p, 8, 1)
 	require.NoError(t, err, "bf16 with the vec packing stated")
+	bf.Order = layout.CPUAttnAMX
+	g, err := bf.Geometry(p, 8, 1)
+	require.NoError(t, err, "bf16 with the AMX packing stated")
+	assert.Equal(t, layout.CPUAttnAMX, g.Order)
 	p23, _ := protocol.ProfileFor("0.23.0")
 	_, err = m.Geometry(p23, 8, 1)
 	assert.ErrorIs(t, err, layout.ErrUnsupportedLayout, "0.23–0.25 cannot transfer CPU_ATTN")
@@ -61,26 +65,44 @@ func TestModelCPUAttnOrder(t *testing.T) {
 	assert.ErrorIs(t, err, layout.ErrUnsupportedLayout)
 }
 
-// TestCPUAttnRoles: a gonixl prefill stating AttnBackend "CPU_ATTN" stages BHSD KV in CPU_ATTN's format,
+// TestCPUAttnRoles: a gonixl prefill stating AttnBackend "CPU_ATTN" stages BHSD KV in CPU_ATTN's format (the
+// vec packing in fp32, the AMX packing in bf16),
 // publishes "CPU_ATTN" and HND's label with the hash enforced, and a gonixl decode of the same model reads
 // it and gets the BHSD values back with FromPaged; a decode whose cache is the standard layout refuses that
 // prefill (even with the hash check off) instead of moving bytes that mean something else.
 func TestCPUAttnRoles(t *testing.T) {
 	lib := testLib(t)
-	for _, v := range []string{"0.16.0", "0.20.0", "0.33.0"} {
-		t.Run(v, func(t *testing.T) {
-			m := Model{Name: "tiny-cpu", Layers: 2, KVHeads: 2, HeadDim: 32, DType: layout.FP32, BlockSize: 32, AttnBackend: protocol.AttnBackendCPU}
+	for _, c := range []struct {
+		v     string
+		dt    layout.DType
+		order layout.BlockOrder
+	}{
+		{"0.16.0", layout.FP32, 0}, {"0.20.0", layout.FP32, 0}, {"0.33.0", layout.FP32, 0},
+		{"0.20.0", layout.BF16, layout.CPUAttnAMX}, {"0.33.0", layout.BF16, layout.CPUAttnAMX},
+	} {
+		v := c.v
+		t.Run(v+"-"+c.dt.String(), func(t *testing.T) {
+			m := Model{Name: "tiny-cpu", Layers: 2, KVHeads: 2, HeadDim: 32, DType: c.dt, BlockSize: 32, AttnBackend: protocol.AttnBackendCPU, Order: c.order}
+			want := layout.CPUAttn
+			if c.order != 0 {
+				want = c.order
+			}
+			e := c.dt.Size()
 			pre, err := NewPrefill(PrefillConfig{RoleConfig: RoleConfig{VLLMVersion: v, Model: m, NumBlocks: 8, Library: lib}})
 			require.NoError(t, err)
 			t.Cleanup(func() { _ = pre.Close() })
 			pc := pre.Cache().(*DRAMCache)
 			g := pc.Geometry()
-			require.Equal(t, layout.CPUAttn, g.Order)
+			require.Equal(t, want, g.Order)
 			const tokens = 40 // a full block and a partial one
 			src := layout.Source{Batch: 1, Heads: 2, SeqLen: tokens, HeadDim: 32}
-			bhsd := func(l int, kv layout.KV) []byte {
-				out := make([]byte, 2*tokens*32*4)
+			bhsd := func(l int, kv layout.KV) []byte { // distinct elements (bf16: distinct 16-bit patterns)
+				out := make([]byte, 2*tokens*32*e)
 				for i := range 2 * tokens * 32 {
+					if e == 2 {
+						binary.LittleEndian.PutUint16(out[2*i:], uint16(l*10000+int(kv)*5000+i))
+						continue
+					}
 					binary.LittleEndian.PutUint32(out[4*i:], math.Float32bits(float32(l*100000+int(kv)*50000+i)))
 				}
 				return out
@@ -109,11 +131,11 @@ func TestCPUAttnRoles(t *testing.T) {
 			require.NoError(t, err)
 			dc := dec.Cache().(*DRAMCache)
 			dg := dc.Geometry()
-			require.Equal(t, layout.CPUAttn, dg.Order)
+			require.Equal(t, want, dg.Order)
 			for l := range dg.NumLayers {
 				for _, kv := range []layout.KV{layout.K, layout.V} {
 					r, _ := dg.Region(l, kv)
-					back := make([]byte, 2*tokens*32*4)
+					back := make([]byte, 2*tokens*32*e)
 					require.NoError(t, dg.FromPaged(back, src, kv, dc.Region(r), layout.Seq{Tokens: tokens, BlockIDs: local}))
 					assert.Equal(t, bhsd(l, kv), back, "layer %d %v", l, kv)
 				}
@@ -122,7 +144,7 @@ func TestCPUAttnRoles(t *testing.T) {
 			// A standard-layout decode (FLASH_ATTN): refused by the hash; with the hash check off, refused at the
 			// handshake where the metadata names the backend (0.20+). Before 0.20 only the hash tells them apart.
 			std := m
-			std.AttnBackend = "FLASH_ATTN"
+			std.AttnBackend, std.Order = "FLASH_ATTN", 0
 			for i, skip := range []bool{false, true} {
 				dec2, err := NewDecode(DecodeConfig{RoleConfig: RoleConfig{VLLMVersion: v, Model: std, NumBlocks: 8, Library: lib, Compat: Compat{SkipCheck: skip}}})
 				require.NoError(t, err)

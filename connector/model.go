@@ -39,8 +39,8 @@ type Model struct {
 	// Order is the physical block order; 0 = HND, what vLLM's NixlConnector asks the attention backend for, or
 	// layout.CPUAttn when AttnBackend is "CPU_ATTN" and the cache is fp32 or fp16. A bf16 CPU_ATTN cache must
 	// state its packing, because vLLM picks it by the CPU: layout.CPUAttn when the vLLM CPU engine runs
-	// without AMX tiles (its kernel ISA "vec"/"vec16"/"neon"), layout.CPUAttnAMX on Intel CPUs with AMX (which
-	// gonixl refuses: not modelled). With AttnBackend "CPU_ATTN" any other order is refused: a vLLM CPU engine
+	// without AMX tiles (its kernel ISA "vec"/"vec16"/"neon"), layout.CPUAttnAMX on Intel CPUs with AMX tiles
+	// (Sapphire Rapids and later); layout.CPUAttnFor decides as vLLM does. With AttnBackend "CPU_ATTN" any other order is refused: a vLLM CPU engine
 	// reads CPU_ATTN blocks from a peer that publishes that name.
 	Order layout.BlockOrder
 }
@@ -86,7 +86,7 @@ func (m Model) defaultOrder(g *layout.Geometry) error {
 	case g.Order == 0 && g.DType == layout.BF16:
 		return fmt.Errorf("%w: Model %q: a bf16 CPU_ATTN cache is packed by the vLLM CPU engine's kernel ISA: set Model.Order "+
 			"to layout.CPUAttn for a vLLM CPU engine without AMX tiles (AVX2/AVX512 without AMX, ARM), layout.CPUAttnAMX "+
-			"(refused: not modelled) on CPUs with AMX", layout.ErrInvalidGeometry, m.Name)
+			"on CPUs with AMX tiles (layout.CPUAttnFor(dtype, block size, head_dim, amx) decides as vLLM does)", layout.ErrInvalidGeometry, m.Name)
 	case g.Order == 0:
 		g.Order = layout.CPUAttn
 	case cpu && !g.Order.IsCPUAttn():

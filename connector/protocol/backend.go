@@ -32,8 +32,9 @@ const AttnBackendCPU = "CPU_ATTN"
 // "rvv", "vxe", "vsx" on those architectures); "vec16" otherwise. vec, vec16 (a subclass of vec's
 // AttentionImpl) and neon pack K transposed and V row-major (layout.CPUAttn) — the same bytes from the AVX2,
 // AVX512 and AMX-enabled op libraries of the wheel; amx packs K in 4-byte pairs per 16-token group and V in
-// token pairs per 16-element group (layout.CPUAttnAMX: not modelled, refused; its bytes differ, see the
-// vectors); fp8 caches have their own packing and vLLM refuses them with KV transfer on CPU (cpu
+// token pairs per 16-element group (layout.CPUAttnAMX, cpu_attn_amx.hpp; the same bytes in 0.18–0.32's
+// AMX-enabled library; 0.16.0's wheel has no AMX kernels at all, so its engine fails on the first bf16
+// request on an AMX CPU: "Unsupported CPU attention configuration … isa=0"); fp8 caches have their own packing and vLLM refuses them with KV transfer on CPU (cpu
 // pack_kv_cache). Block sizes: vLLM's CPU platform refuses a block size that is not a multiple of 32 (cpu:190
 // in 0.16 … :295 in 0.32; 0.33, cpu:311, only when the user set it); the kernels declare MultipleOf(16) in
 // 0.21–0.28 and MultipleOf(32) from 0.29; the ops need no more than that for vec/vec16.

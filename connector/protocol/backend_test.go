@@ -32,7 +32,8 @@ func TestBackendOrder(t *testing.T) {
 		name, err := p.LayoutName(layout.CPUAttn)
 		require.NoError(t, err)
 		assert.Equal(t, p.Labels[0].Name, name, "%s: CPU_ATTN is published under the HND label", p.Name)
-		_, err = p.LayoutName(layout.CPUAttnAMX)
-		assert.Error(t, err, "the AMX packing is not modelled: no label")
+		name, err = p.LayoutName(layout.CPUAttnAMX)
+		require.NoError(t, err)
+		assert.Equal(t, p.Labels[0].Name, name, "%s: CPU_ATTN's AMX packing is published under the HND label too", p.Name)
 	}
 }

@@ -66,9 +66,10 @@ var (
 )
 
 // LayoutName returns the kv_cache_layout name this row's vLLM publishes for a cache whose blocks are in order o
-// ("HND" → "LBHNC" from 0.29); a CPU_ATTN cache (layout.CPUAttn) is published under HND's name, as vLLM does.
+// ("HND" → "LBHNC" from 0.29); a CPU_ATTN cache (layout.CPUAttn, layout.CPUAttnAMX) is published under HND's
+// name, as vLLM does.
 func (p Profile) LayoutName(o layout.BlockOrder) (string, error) {
-	if o == layout.CPUAttn {
+	if o.IsCPUAttn() {
 		o = o.LabelOrder()
 	}
 	for _, l := range p.Labels {
