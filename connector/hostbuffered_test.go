@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gonixl/gonixl/connector/protocol"
+	"github.com/gonixl/gonixl/internal/testenv"
 	"github.com/gonixl/gonixl/nixl"
 )
 
@@ -76,7 +77,7 @@ func TestPullHostBuffered(t *testing.T) {
 	d, err := NewDecode(DecodeConfig{RoleConfig: RoleConfig{Profile: p, Library: l, Cache: hb, Compat: tinyCompat(p), Metrics: m}})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, d.Close()) })
-	ctx := ctxT(t, 10*time.Second)
+	ctx := testenv.Context(t, 10*time.Second)
 
 	kv, err := pre.Hold(ctx, "hb-1", 2*tinyBlock, patternFill(pc, 5))
 	require.NoError(t, err)
@@ -140,7 +141,7 @@ func TestPullHostBufferedSlices(t *testing.T) {
 	d, err := NewDecode(DecodeConfig{RoleConfig: RoleConfig{Profile: p, Library: l, Cache: hb, Compat: tinyCompat(p), Metrics: m}})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, d.Close()) })
-	ctx := ctxT(t, 10*time.Second)
+	ctx := testenv.Context(t, 10*time.Second)
 
 	kv, err := pre.Hold(ctx, "hbs-1", 10*tinyBlock, patternFill(pc, 7))
 	require.NoError(t, err)
