@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gonixl/gonixl/connector/protocol"
+	"github.com/gonixl/gonixl/internal/testenv"
 )
 
 // Issue 22: remote_host / remote_port values that cannot name a side channel fail at once with ErrBadParams
@@ -18,7 +19,7 @@ func TestUnusableSideChannelAddress(t *testing.T) {
 	p, err := protocol.ProfileByName("0.33")
 	require.NoError(t, err)
 	pr := newPair(t, p, pairOpts{})
-	ctx := ctxT(t, 60*time.Second)
+	ctx := testenv.Context(t, 60*time.Second)
 	good := pr.prefill(t, ctx, "r", tinyBlock, 2)
 	for _, host := range []string{"not a host!!", "a..b", "-lead.example", "trail-.example", strings.Repeat("x", 64) + ".example",
 		"host/path", "1.2.3.4:5", "[::1", "ünïcode"} {
@@ -58,7 +59,7 @@ func TestPullFailureLogsRateLimited(t *testing.T) {
 	require.NoError(t, err)
 	dlog, logs := observed()
 	pr := newPair(t, p, pairOpts{decodeLog: dlog})
-	ctx := ctxT(t, 60*time.Second)
+	ctx := testenv.Context(t, 60*time.Second)
 	good := pr.prefill(t, ctx, "r", tinyBlock, 2)
 	const n = 200
 	for i := 0; i < n; i++ {

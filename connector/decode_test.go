@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gonixl/gonixl/connector/protocol"
+	"github.com/gonixl/gonixl/internal/testenv"
 )
 
 // kv_transfer_params that cannot be served are refused with ErrBadParams before anything is transferred:
@@ -16,7 +17,7 @@ func TestPullRejectsBadParams(t *testing.T) {
 	for _, p := range roleProfiles() {
 		t.Run(p.Name, func(t *testing.T) {
 			pr := newPair(t, p, pairOpts{prefillBlocks: 32, decodeBlocks: 16})
-			ctx := ctxT(t, 20*time.Second)
+			ctx := testenv.Context(t, 20*time.Second)
 			good := pr.prefill(t, ctx, "r", 2*tinyBlock, 9)
 			local := []int{1, 2}
 			with := func(f func(k *protocol.KVTransferParams)) protocol.KVTransferParams {

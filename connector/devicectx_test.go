@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gonixl/gonixl/connector/protocol"
+	"github.com/gonixl/gonixl/internal/testenv"
 )
 
 // fakeDevice is a DeviceContext that counts its Do calls and the ones still running, or refuses them.
@@ -70,10 +71,8 @@ func TestPrefillDeviceContext(t *testing.T) {
 			})
 			require.Eventually(t, func() bool { c, r := dev.counts(); return c == 2 && r == 1 }, 10*time.Second, time.Millisecond,
 				"one Do for the registration, one held by the loop")
-			d, err := NewDecode(DecodeConfig{RoleConfig: RoleConfig{Profile: p, Library: l, Cache: newCache(t, tinyGeom(t, p, 16)), Compat: tinyCompat(p)}})
-			require.NoError(t, err)
-			t.Cleanup(func() { require.NoError(t, d.Close()) })
-			ctx := ctxT(t, 10*time.Second)
+			d := tinyDecode(t, p, l, newCache(t, tinyGeom(t, p, 16)), nil)
+			ctx := testenv.Context(t, 10*time.Second)
 			kv, err := pre.Hold(ctx, "dc-1", 2*tinyBlock, patternFill(pc, 3))
 			require.NoError(t, err)
 			_, err = d.Pull(ctx, "dc-1", kv, []int{4, 5})
@@ -97,10 +96,8 @@ func TestWithDeviceRefusedLoopRuns(t *testing.T) {
 	pre, err := NewPrefill(PrefillConfig{RoleConfig: RoleConfig{Profile: p, Library: l, Cache: pc, Compat: tinyCompat(p), DeviceContext: dev}})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, pre.Close()) })
-	d, err := NewDecode(DecodeConfig{RoleConfig: RoleConfig{Profile: p, Library: l, Cache: newCache(t, tinyGeom(t, p, 16)), Compat: tinyCompat(p)}})
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, d.Close()) })
-	ctx := ctxT(t, 10*time.Second)
+	d := tinyDecode(t, p, l, newCache(t, tinyGeom(t, p, 16)), nil)
+	ctx := testenv.Context(t, 10*time.Second)
 	kv, err := pre.Hold(ctx, "dc-2", tinyBlock, patternFill(pc, 1))
 	require.NoError(t, err)
 	_, err = d.Pull(ctx, "dc-2", kv, []int{2})

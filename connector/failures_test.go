@@ -11,6 +11,7 @@ import (
 
 	"github.com/gonixl/gonixl/connector/protocol"
 	"github.com/gonixl/gonixl/connector/sidechannel"
+	"github.com/gonixl/gonixl/internal/testenv"
 	"github.com/gonixl/gonixl/nixl"
 )
 
@@ -25,7 +26,7 @@ func TestPrefillExpiry(t *testing.T) {
 			plog, plogs := observed()
 			clk := newFakeClock()
 			pr := newPair(t, p, pairOpts{hold: hold, prefillLog: plog, clock: clk})
-			ctx := ctxT(t, 30*time.Second)
+			ctx := testenv.Context(t, 30*time.Second)
 			kv := pr.prefill(t, ctx, "never-read", 3*tinyBlock, 3)
 			assert.EqualValues(t, 3, pr.preM.BlocksHeld())
 			advanceAndSettle(t, pr.pre, clk, hold-time.Millisecond)
@@ -68,7 +69,7 @@ func TestPrefillLeaseHeartbeats(t *testing.T) {
 			const hold, step = time.Second, 100 * time.Millisecond
 			clk := newFakeClock()
 			pr := newPair(t, p, pairOpts{hold: hold, clock: clk})
-			ctx := ctxT(t, 60*time.Second)
+			ctx := testenv.Context(t, 60*time.Second)
 			// Handshake with a first request, so the decode agent knows the prefill agent.
 			kv0, err := pr.pre.Hold(ctx, "warm", tinyBlock, nil)
 			require.NoError(t, err)
@@ -124,7 +125,7 @@ func TestHandshakeHashMismatch(t *testing.T) {
 			other.Model = "gonixl/another-model"
 			plog, plogs := observed()
 			pr := newPair(t, p, pairOpts{decodeCompat: &other, hold: 300 * time.Millisecond, prefillLog: plog})
-			ctx := ctxT(t, 10*time.Second)
+			ctx := testenv.Context(t, 10*time.Second)
 			kv, err := pr.pre.Hold(ctx, "h", tinyBlock, nil)
 			require.NoError(t, err)
 			_, err = pr.dec.Pull(ctx, "h", kv, []int{1})
@@ -165,7 +166,7 @@ func TestHandshakeProfileMismatch(t *testing.T) {
 			plog, plogs := observed()
 			dec := c.dec
 			pr := newPair(t, c.pre, pairOpts{decodeProfile: &dec, prefillLog: plog})
-			ctx := ctxT(t, 10*time.Second)
+			ctx := testenv.Context(t, 10*time.Second)
 			kv, err := pr.pre.Hold(ctx, "m", tinyBlock, nil)
 			require.NoError(t, err)
 			_, err = pr.dec.Pull(ctx, "m", kv, []int{1})
@@ -191,7 +192,7 @@ func TestHandshakeProfileMismatch(t *testing.T) {
 func TestBackendsConfig(t *testing.T) {
 	p, _ := protocol.ProfileByName("0.33")
 	pr := newPair(t, p, pairOpts{backends: ParseBackends([]string{"ucx"})})
-	ctx := ctxT(t, 10*time.Second)
+	ctx := testenv.Context(t, 10*time.Second)
 	kv := pr.prefill(t, ctx, "b", tinyBlock, 2)
 	_, err := pr.dec.Pull(ctx, "b", kv, []int{1})
 	require.NoError(t, err)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/gonixl/gonixl/connector/protocol"
 	"github.com/gonixl/gonixl/internal/nixltest"
+	"github.com/gonixl/gonixl/internal/testenv"
 )
 
 // forger is an agent that loaded the prefill's metadata (anyone who asks its side channel gets it) and
@@ -33,7 +34,7 @@ func TestForgedNotificationsIgnored(t *testing.T) {
 			p, err := protocol.ProfileByName(name)
 			require.NoError(t, err)
 			pr := newPair(t, p, pairOpts{})
-			ctx := ctxT(t, 60*time.Second)
+			ctx := testenv.Context(t, 60*time.Second)
 			kv := pr.prefill(t, ctx, "victim", 2*tinyBlock, 7)
 			require.True(t, strings.HasPrefix(kv.RemoteRequestID, "victim"+remoteIDSep), kv.RemoteRequestID)
 			require.Equal(t, "victim", LocalRequestID(kv.RemoteRequestID))
@@ -61,7 +62,7 @@ func TestForgedHeartbeatsIgnored(t *testing.T) {
 	require.NoError(t, err)
 	clock := newFakeClock()
 	pr := newPair(t, p, pairOpts{clock: clock, hold: 10 * time.Second})
-	ctx := ctxT(t, 60*time.Second)
+	ctx := testenv.Context(t, 60*time.Second)
 	kv := pr.prefill(t, ctx, "leased", tinyBlock, 1)
 	send := forger(t, pr)
 	advanceAndSettle(t, pr.pre, clock, 8*time.Second)

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gonixl/gonixl/connector/protocol"
+	"github.com/gonixl/gonixl/internal/testenv"
 	"github.com/gonixl/gonixl/nixl"
 )
 
@@ -18,7 +19,7 @@ import (
 func TestRemoteEngineRefcount(t *testing.T) {
 	p, _ := protocol.ProfileByName("0.33")
 	pr := newPair(t, p, pairOpts{})
-	ctx := ctxT(t, 20*time.Second)
+	ctx := testenv.Context(t, 20*time.Second)
 	kv := pr.prefill(t, ctx, "a", tinyBlock, 1)
 	_, err := pr.dec.Pull(ctx, "a", kv, []int{1})
 	require.NoError(t, err)
@@ -81,7 +82,7 @@ func TestRemoteEngineRefcount(t *testing.T) {
 func TestHandshakesCache(t *testing.T) {
 	var released []string
 	h := newHandshakes(func(re *remoteEngine) { released = append(released, re.id) })
-	ctx := ctxT(t, 10*time.Second)
+	ctx := testenv.Context(t, 10*time.Second)
 	re, mine, err := h.acquire(ctx, "e", "tcp://a:1", 1)
 	require.NoError(t, err)
 	require.True(t, mine, "the first caller handshakes")

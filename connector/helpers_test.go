@@ -14,7 +14,6 @@ import (
 
 	"github.com/gonixl/gonixl/connector/protocol"
 	"github.com/gonixl/gonixl/internal/nixltest"
-	"github.com/gonixl/gonixl/internal/testenv"
 	"github.com/gonixl/gonixl/layout"
 	"github.com/gonixl/gonixl/nixl"
 )
@@ -246,6 +245,3 @@ func localBlocks(n, off int) []int {
 // LocalBlocks is localBlocks for the external tests (package connector_test); like every name in a _test.go
 // file it exists only in test builds.
 var LocalBlocks = localBlocks
-
-// ctxT is testenv.Context: a context bounded by d and cancelled at the end of the test.
-var ctxT = testenv.Context

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gonixl/gonixl/connector/protocol"
+	"github.com/gonixl/gonixl/internal/testenv"
 	"github.com/gonixl/gonixl/nixl"
 )
 
@@ -65,6 +66,15 @@ func tinyPrefill(t testing.TB, p protocol.Profile, l *nixl.Library) (*Prefill, *
 	return pre, pc
 }
 
+// tinyDecode is a decode role over cache c for tinyPrefill's peer, closed at the end of the test; m may be nil.
+func tinyDecode(t testing.TB, p protocol.Profile, l *nixl.Library, c Cache, m *Metrics) *Decode {
+	t.Helper()
+	d, err := NewDecode(DecodeConfig{RoleConfig: RoleConfig{Profile: p, Library: l, Cache: c, Compat: tinyCompat(p), Metrics: m}})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, d.Close()) })
+	return d
+}
+
 // A host-buffered decode cache gets exactly one CopyToDevice per pulled request, with the local block ids,
 // after the READ; its time is reported; a failing copy fails the pull with the copy's error.
 func TestPullHostBuffered(t *testing.T) {
@@ -73,10 +83,8 @@ func TestPullHostBuffered(t *testing.T) {
 	pre, pc := tinyPrefill(t, p, l)
 	hb := newHostBufferedDRAM(t, p)
 	m := &Metrics{}
-	d, err := NewDecode(DecodeConfig{RoleConfig: RoleConfig{Profile: p, Library: l, Cache: hb, Compat: tinyCompat(p), Metrics: m}})
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, d.Close()) })
-	ctx := ctxT(t, 10*time.Second)
+	d := tinyDecode(t, p, l, hb, m)
+	ctx := testenv.Context(t, 10*time.Second)
 
 	kv, err := pre.Hold(ctx, "hb-1", 2*tinyBlock, patternFill(pc, 5))
 	require.NoError(t, err)
@@ -137,10 +145,8 @@ func TestPullHostBufferedSlices(t *testing.T) {
 	pre, pc := tinyPrefill(t, p, l)
 	hb := &hostBufferedPipe{hostBufferedDRAM: newHostBufferedDRAM(t, p)}
 	m := &Metrics{}
-	d, err := NewDecode(DecodeConfig{RoleConfig: RoleConfig{Profile: p, Library: l, Cache: hb, Compat: tinyCompat(p), Metrics: m}})
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, d.Close()) })
-	ctx := ctxT(t, 10*time.Second)
+	d := tinyDecode(t, p, l, hb, m)
+	ctx := testenv.Context(t, 10*time.Second)
 
 	kv, err := pre.Hold(ctx, "hbs-1", 10*tinyBlock, patternFill(pc, 7))
 	require.NoError(t, err)

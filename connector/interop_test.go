@@ -58,7 +58,7 @@ func TestInteropPythonDecodeGoPrefill(t *testing.T) {
 	for _, p := range roleProfiles() {
 		t.Run(p.Name, func(t *testing.T) {
 			pr := newPair(t, p, pairOpts{})
-			ctx := ctxT(t, 60*time.Second)
+			ctx := testenv.Context(t, 60*time.Second)
 			kv := pr.prefill(t, ctx, "py-dec-1", 40, 21)
 			raw, err := p.EncodeParams(kv)
 			require.NoError(t, err)
@@ -102,7 +102,7 @@ func TestInteropPythonDecodeHashMismatch(t *testing.T) {
 	py, script := pyPeer(t, "vllm_decode_peer.py")
 	p, _ := protocol.ProfileByName("0.33")
 	pr := newPair(t, p, pairOpts{hold: 500 * time.Millisecond})
-	ctx := ctxT(t, 60*time.Second)
+	ctx := testenv.Context(t, 60*time.Second)
 	kv, err := pr.pre.Hold(ctx, "py-mismatch", 16, nil)
 	require.NoError(t, err)
 	raw, err := p.EncodeParams(kv)
@@ -127,7 +127,7 @@ func TestInteropGoDecodePythonPrefill(t *testing.T) {
 	py, script := pyPeer(t, "vllm_prefill_peer.py")
 	for _, p := range roleProfiles() {
 		t.Run(p.Name, func(t *testing.T) {
-			ctx := ctxT(t, 60*time.Second)
+			ctx := testenv.Context(t, 60*time.Second)
 			args := append([]string{script}, pyModelArgs(t, p)...)
 			args = append(args, "--seed", "33", "--tokens", "40", "--num-blocks", "32", "--request-id", "py-pre-1", "--timeout", "30")
 			child := testenv.StartChild(t, exec.CommandContext(ctx, py, args...), false)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/gonixl/gonixl/connector/protocol"
 	"github.com/gonixl/gonixl/connector/sidechannel"
+	"github.com/gonixl/gonixl/internal/testenv"
 	"github.com/gonixl/gonixl/layout"
 )
 
@@ -113,7 +114,7 @@ func TestRegistrationGenerationRehandshake(t *testing.T) {
 	p, err := protocol.ProfileByName("0.33")
 	require.NoError(t, err)
 	pr := newPair(t, p, pairOpts{})
-	ctx := ctxT(t, 30*time.Second)
+	ctx := testenv.Context(t, 30*time.Second)
 	pull := func(id string, gen int64, local []int) {
 		t.Helper()
 		kv := pr.prefill(t, ctx, id, tinyBlock, 5)
@@ -145,7 +146,7 @@ type movingCache struct{ *DRAMCache }
 func TestPrefillReregister(t *testing.T) {
 	p, err := protocol.ProfileByName("0.33")
 	require.NoError(t, err)
-	ctx := ctxT(t, 30*time.Second)
+	ctx := testenv.Context(t, 30*time.Second)
 	g := tinyGeom(t, p, 16)
 	first, err := NewDRAMCache(g, false)
 	require.NoError(t, err)

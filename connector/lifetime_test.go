@@ -16,6 +16,7 @@ import (
 
 	"github.com/gonixl/gonixl/connector/protocol"
 	"github.com/gonixl/gonixl/connector/sidechannel"
+	"github.com/gonixl/gonixl/internal/testenv"
 	"github.com/gonixl/gonixl/nixl"
 )
 
@@ -49,7 +50,7 @@ func TestDecodeConcurrentPullsFailuresAndClose(t *testing.T) {
 	plog, _ := observed()
 	dlog, dlogs := observed()
 	pr := newPair(t, p, pairOpts{prefillBlocks: 4 * rounds * perRound, decodeBlocks: 4 * rounds * perRound, hold: time.Second, prefillLog: plog, decodeLog: dlog})
-	ctx := ctxT(t, 60*time.Second)
+	ctx := testenv.Context(t, 60*time.Second)
 
 	// A second prefill engine that dies after its handshake.
 	deadCache := newCache(t, tinyGeom(t, p, 8))
@@ -158,7 +159,7 @@ func TestDecodeConcurrentPullsFailuresAndClose(t *testing.T) {
 func TestCloseContract(t *testing.T) {
 	p, _ := protocol.ProfileByName("0.33")
 	pr := newPair(t, p, pairOpts{})
-	ctx := ctxT(t, 20*time.Second)
+	ctx := testenv.Context(t, 20*time.Second)
 	kv := pr.prefill(t, ctx, "a", tinyBlock, 1)
 	for _, c := range []interface{ Close() error }{pr.dec, pr.pre} {
 		var wg sync.WaitGroup

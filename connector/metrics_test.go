@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gonixl/gonixl/connector/protocol"
+	"github.com/gonixl/gonixl/internal/testenv"
 )
 
 // gather collects c through a pedantic registry (which checks Describe against Collect) and returns each
@@ -151,7 +152,7 @@ func TestMetricsRegistry(t *testing.T) {
 func TestMetricsAfterTraffic(t *testing.T) {
 	p, _ := protocol.ProfileByName("0.16")
 	pr := newPair(t, p, pairOpts{})
-	ctx := ctxT(t, 10*time.Second)
+	ctx := testenv.Context(t, 10*time.Second)
 	kv, err := pr.pre.Hold(ctx, "m1", 2*tinyBlock, nil)
 	require.NoError(t, err)
 	assert.EqualValues(t, 2, gather(t, pr.preM)["gonixl_blocks_held"])

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gonixl/gonixl/connector/protocol"
+	"github.com/gonixl/gonixl/internal/testenv"
 	"github.com/gonixl/gonixl/layout"
 )
 
@@ -184,7 +185,7 @@ func TestModelRoles(t *testing.T) {
 	assert.Regexp(t, "^gonixl-p-[0-9a-f]{16}$", pre.EngineID(), "a random engine id by default")
 	assert.Regexp(t, "^gonixl-d-[0-9a-f]{16}$", dec.EngineID(), "a random engine id by default")
 
-	ctx := ctxT(t, 10*time.Second)
+	ctx := testenv.Context(t, 10*time.Second)
 	kv, err := pre.Hold(ctx, "r1", 2*g.BlockSize, nil)
 	require.NoError(t, err)
 	res, err := dec.Pull(ctx, "r1", kv, []int{1, 2})

@@ -10,6 +10,7 @@ import (
 
 	"github.com/gonixl/gonixl/connector/protocol"
 	"github.com/gonixl/gonixl/connector/sidechannel"
+	"github.com/gonixl/gonixl/internal/testenv"
 )
 
 // hostileEngine serves, on a side channel of its own, the real prefill's handshake under engine id
@@ -56,7 +57,7 @@ func TestAgentNameCollision(t *testing.T) {
 		for _, hostileFirst := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s/hostile-first=%v", v.name, hostileFirst), func(t *testing.T) {
 				pr := newPair(t, p, pairOpts{})
-				ctx := ctxT(t, 60*time.Second)
+				ctx := testenv.Context(t, 60*time.Second)
 				seed := 3
 				pull := func(id string) error {
 					seed++

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gonixl/gonixl/connector/protocol"
+	"github.com/gonixl/gonixl/internal/testenv"
 )
 
 // The Go prefill role and the Go decode role move requests over real NIXL (UCX) and the real ZMQ side
@@ -26,7 +27,7 @@ func TestRolesRoundTrip(t *testing.T) {
 			plog, plogs := observed()
 			dlog, dlogs := observed()
 			pr := newPair(t, p, pairOpts{prefillLog: plog, decodeLog: dlog})
-			ctx := ctxT(t, 20*time.Second)
+			ctx := testenv.Context(t, 20*time.Second)
 
 			var total int64
 			for i, tokens := range []int{1, 16, 17, 40} {
@@ -158,7 +159,7 @@ func checkParams(t *testing.T, p protocol.Profile, pre *Prefill, kv protocol.KVT
 func TestRolesConcurrentPulls(t *testing.T) {
 	p, _ := protocol.ProfileByName("0.33")
 	pr := newPair(t, p, pairOpts{prefillBlocks: 64, decodeBlocks: 64})
-	ctx := ctxT(t, 20*time.Second)
+	ctx := testenv.Context(t, 20*time.Second)
 	const reqs = 8
 	kvs := make([]protocol.KVTransferParams, reqs)
 	for i := range kvs {
@@ -188,7 +189,7 @@ func TestRolesConcurrentPulls(t *testing.T) {
 func TestPrefillFailuresFreeBlocks(t *testing.T) {
 	p, _ := protocol.ProfileByName("0.16")
 	pr := newPair(t, p, pairOpts{prefillBlocks: 8})
-	ctx := ctxT(t, 10*time.Second)
+	ctx := testenv.Context(t, 10*time.Second)
 	boom := errors.New("device fault")
 	_, err := pr.pre.Hold(ctx, "f1", 40, func(context.Context, []int) error { return boom })
 	require.ErrorIs(t, err, boom)
@@ -225,7 +226,7 @@ func TestPrefillFailuresFreeBlocks(t *testing.T) {
 func TestPrefillDuplicateIDRace(t *testing.T) {
 	p, _ := protocol.ProfileByName("0.16")
 	pr := newPair(t, p, pairOpts{})
-	ctx := ctxT(t, 10*time.Second)
+	ctx := testenv.Context(t, 10*time.Second)
 	entered := make(chan struct{})
 	release := make(chan struct{})
 	var first error
@@ -259,7 +260,7 @@ func TestPrefillCloseReleasesHeld(t *testing.T) {
 	m := &Metrics{}
 	pre, err := NewPrefill(PrefillConfig{RoleConfig: RoleConfig{Profile: p, Library: testLib(t), Cache: c, Compat: tinyCompat(p), Metrics: m}})
 	require.NoError(t, err)
-	ctx := ctxT(t, 10*time.Second)
+	ctx := testenv.Context(t, 10*time.Second)
 	_, err = pre.Hold(ctx, "a", 3*tinyBlock, nil)
 	require.NoError(t, err)
 	_, err = pre.Hold(ctx, "b", tinyBlock, nil)

@@ -154,7 +154,7 @@ func TestPrefillKilledMidRead(t *testing.T) {
 			t.Cleanup(func() { require.NoError(t, d.Close()) })
 			local := localBlocks(len(kv.RemoteBlockIDs[0]), 0)
 
-			ctx := ctxT(t, 10*time.Second)
+			ctx := testenv.Context(t, 10*time.Second)
 			_, err = d.Pull(ctx, "first", kv, local)
 			require.NoError(t, err)
 			requirePattern(t, dc, local, kv.RemoteBlockIDs[0], 7)
@@ -208,7 +208,7 @@ func TestPrefillKilledMidRead(t *testing.T) {
 			peer2 := startPeer(t, p, engine, port, blocks, 3*tinyBlock, 1, 50)
 			kv2 := peer2.params[0]
 			local2 := localBlocks(3, 0)
-			res, err := d.Pull(ctxT(t, 10*time.Second), "after-restart", kv2, local2)
+			res, err := d.Pull(testenv.Context(t, 10*time.Second), "after-restart", kv2, local2)
 			require.NoError(t, err)
 			assert.Positive(t, res.Handshake)
 			requirePattern(t, dc, local2, kv2.RemoteBlockIDs[0], 50)
@@ -232,7 +232,7 @@ func TestPullNoPrefillEngine(t *testing.T) {
 		RemoteRequestID: "r", RemoteHost: "127.0.0.1", RemotePort: testenv.RefusedPort(t), TPSize: 1}
 	// The context is far longer than HandshakeTimeout × attempts (0.6 s): the handshake timeout ends the
 	// pull, not the context.
-	_, err = d.Pull(ctxT(t, 5*time.Minute), "r", kv, []int{1, 2})
+	_, err = d.Pull(testenv.Context(t, 5*time.Minute), "r", kv, []int{1, 2})
 	require.Error(t, err)
 	assert.ErrorIs(t, err, sidechannel.ErrTimeout)
 	assert.NotErrorIs(t, err, context.DeadlineExceeded)

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gonixl/gonixl/connector/protocol"
+	"github.com/gonixl/gonixl/internal/testenv"
 	"github.com/gonixl/gonixl/nixl"
 )
 
@@ -92,7 +93,7 @@ func TestDataPlaneStaysOnLoopback(t *testing.T) {
 		before[ip.String()] = true
 	}
 	pr := newPair(t, p, pairOpts{decodeDevice: lo})
-	ctx := ctxT(t, 30*time.Second)
+	ctx := testenv.Context(t, 30*time.Second)
 	kv := pr.prefill(t, ctx, "lo", 2*tinyBlock, 5)
 	_, err := pr.dec.Pull(ctx, "lo", kv, localBlocks(2, 0))
 	require.NoError(t, err)
@@ -159,7 +160,7 @@ func TestNotifyFromAllowList(t *testing.T) {
 
 	t.Run("no allow-list: a forged completion without the params' suffix is dropped", func(t *testing.T) {
 		pr := newPair(t, p, pairOpts{clock: newFakeClock()}) // the hold never expires here
-		ctx := ctxT(t, 30*time.Second)
+		ctx := testenv.Context(t, 30*time.Second)
 		_, err := pr.pre.Hold(ctx, "victim", 2*tinyBlock, nil)
 		require.NoError(t, err)
 		forge(t, pr, "victim")
@@ -175,7 +176,7 @@ func TestNotifyFromAllowList(t *testing.T) {
 		pr := newPair(t, p, pairOpts{prefillLog: plog, clock: newFakeClock(), notifyFrom: func(decID string) []string {
 			return []string{"someone-else", decID + "-*"}
 		}})
-		ctx := ctxT(t, 30*time.Second)
+		ctx := testenv.Context(t, 30*time.Second)
 		kv := pr.prefill(t, ctx, "victim", 2*tinyBlock, 8)
 		forge(t, pr, kv.RemoteRequestID) // even with the params' id: the sender is not listed
 		// The counter moves before the log line is written: wait for the line.

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gonixl/gonixl/connector/protocol"
+	"github.com/gonixl/gonixl/internal/testenv"
 )
 
 // The handshake READs the prefill side's null block into the local one (the warm-up that sets the data
@@ -24,7 +25,7 @@ func TestHandshakeWarmsUp(t *testing.T) {
 					region[i] = byte(0xa5 ^ r ^ int(i)) // block 0 of every region
 				}
 			}
-			ctx := ctxT(t, 10*time.Second)
+			ctx := testenv.Context(t, 10*time.Second)
 			kv, err := pr.pre.Hold(ctx, "w1", tinyBlock, patternFill(pr.pcache, 3))
 			require.NoError(t, err)
 			_, err = pr.dec.Pull(ctx, "w1", kv, []int{5})

@@ -38,17 +38,9 @@ func Example() {
 // A decode rank's VRAM KV cache: allocate it from the geometry, register it with a NIXL agent, and hand
 // the handshake fields (region bases, block lengths, memory type, device id) to the connector.
 func ExampleNewKVCache() {
-	drv, err := cuda.Load(cuda.LoadOptions{})
-	if err != nil {
-		log.Fatal(err)
-	}
-	dev, err := drv.Open(0)
-	if err != nil {
-		log.Fatal(err)
-	}
+	dev := openGPU0()
 	defer dev.Close()
-	g := layout.Geometry{NumLayers: 28, NumBlocks: 1024, BlockSize: 16, NumKVHeads: 8, HeadDim: 128,
-		DType: layout.BF16, Order: layout.HND, Plan: layout.PlanSplitKV}
+	g := qwen3Geometry(1024)
 	kv, err := cuda.NewKVCache(dev, g)
 	if err != nil {
 		log.Fatal(err)
@@ -73,17 +65,9 @@ func ExampleNewKVCache() {
 // Host-buffered decode (vLLM kv_buffer_device="cpu"): NIXL reads into a pinned host cache, then the
 // request's blocks go to the GPU in one batch.
 func ExampleKVCache_CopyFromHost() {
-	drv, err := cuda.Load(cuda.LoadOptions{})
-	if err != nil {
-		log.Fatal(err)
-	}
-	dev, err := drv.Open(0)
-	if err != nil {
-		log.Fatal(err)
-	}
+	dev := openGPU0()
 	defer dev.Close()
-	g := layout.Geometry{NumLayers: 28, NumBlocks: 256, BlockSize: 16, NumKVHeads: 8, HeadDim: 128,
-		DType: layout.BF16, Order: layout.HND, Plan: layout.PlanSplitKV}
+	g := qwen3Geometry(256)
 	host, err := cuda.NewHostKVCache(dev, g)
 	if err != nil {
 		log.Fatal(err)
@@ -98,4 +82,23 @@ func ExampleKVCache_CopyFromHost() {
 	if err := kv.CopyFromHost(host, []int{1, 2, 3}, []int{10, 11, 12}, nil); err != nil {
 		log.Fatal(err)
 	}
+}
+
+// openGPU0 loads the driver and opens device 0, as Example does.
+func openGPU0() *cuda.Device {
+	drv, err := cuda.Load(cuda.LoadOptions{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	dev, err := drv.Open(0)
+	if err != nil {
+		log.Fatal(err)
+	}
+	return dev
+}
+
+// qwen3Geometry is Qwen3-0.6B's KV cache in vLLM's HND layout with numBlocks blocks of 16 tokens.
+func qwen3Geometry(numBlocks int) layout.Geometry {
+	return layout.Geometry{NumLayers: 28, NumBlocks: numBlocks, BlockSize: 16, NumKVHeads: 8, HeadDim: 128,
+		DType: layout.BF16, Order: layout.HND, Plan: layout.PlanSplitKV}
 }

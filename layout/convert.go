@@ -216,44 +216,58 @@ func (g Geometry) ToPaged(dst []byte, kv KV, src []byte, s Source, q Seq) error 
 	}
 	pt := g.part(kv)
 	e := int64(g.ElemSize())
-	bs, nh := g.BlockSize, g.NumKVHeads
-	blen := g.BlockLen()
+	bs := g.BlockSize
 	sD := int64(s.HeadDim) * e // bytes of one source (h, p) row
 	sS := int64(s.SeqLen)
-	for j, b := range q.BlockIDs {
-		blk := dst[int64(b)*blen : int64(b+1)*blen]
-		p0 := j * bs
-		n := min(max(q.Tokens-p0, 0), bs) // valid tokens in this block
-		for h := range nh {
-			sh := int64(q.Row)*int64(s.Heads) + int64(q.FirstHead+h) // source (b, h) index
-			if g.Order == HND && pt.stride == pt.rowLen {
-				// One contiguous run per (block, head) in both source and destination.
-				o := pt.off + int64(h)*int64(bs)*pt.rowLen
-				if n > 0 && !s.Transposed {
-					so := (sh*sS + int64(p0)) * sD
-					copy(blk[o:o+int64(n)*pt.rowLen], src[so:so+int64(n)*sD])
-				} else if n > 0 {
-					gatherTransposed(blk[o:], pt.rowLen, src, s, sh, p0, n, e)
-				}
-				clear(blk[o+int64(n)*pt.rowLen : o+int64(bs)*pt.rowLen])
-				continue
+	g.eachHead(dst, q, func(blk []byte, _, h, p0, n int) {
+		sh := s.headRow(q, h)
+		if g.Order == HND && pt.stride == pt.rowLen {
+			// One contiguous run per (block, head) in both source and destination.
+			o := pt.off + int64(h)*int64(bs)*pt.rowLen
+			if n > 0 && !s.Transposed {
+				so := (sh*sS + int64(p0)) * sD
+				copy(blk[o:o+int64(n)*pt.rowLen], src[so:so+int64(n)*sD])
+			} else if n > 0 {
+				gatherTransposed(blk[o:], pt.rowLen, src, s, sh, p0, n, e)
 			}
-			for t := range bs {
-				o := pt.off + g.rowIndex(t, h)*pt.stride
-				row := blk[o : o+pt.rowLen]
-				switch {
-				case t >= n:
-					clear(row)
-				case s.Transposed:
-					gatherTransposed(row, pt.rowLen, src, s, sh, p0+t, 1, e)
-				default:
-					so := (sh*sS + int64(p0+t)) * sD
-					copy(row, src[so:so+sD])
-				}
+			clear(blk[o+int64(n)*pt.rowLen : o+int64(bs)*pt.rowLen])
+			return
+		}
+		for t := range bs {
+			o := pt.off + g.rowIndex(t, h)*pt.stride
+			row := blk[o : o+pt.rowLen]
+			switch {
+			case t >= n:
+				clear(row)
+			case s.Transposed:
+				gatherTransposed(row, pt.rowLen, src, s, sh, p0+t, 1, e)
+			default:
+				so := (sh*sS + int64(p0+t)) * sD
+				copy(row, src[so:so+sD])
 			}
 		}
-	}
+	})
 	return nil
+}
+
+// eachHead calls f for every block of q (at id b, its bytes blk inside region) and every head h of the
+// geometry, with the request's first position p0 in the block and its valid tokens there, n (0 for the
+// blocks past q.Tokens). It is the block walk of ToPaged, FromPaged and their CPU_ATTN forms.
+func (g Geometry) eachHead(region []byte, q Seq, f func(blk []byte, b, h, p0, n int)) {
+	blen, bs := g.BlockLen(), g.BlockSize
+	for j, b := range q.BlockIDs {
+		blk := region[int64(b)*blen : int64(b+1)*blen]
+		p0 := j * bs
+		n := min(max(q.Tokens-p0, 0), bs) // valid tokens in this block
+		for h := range g.NumKVHeads {
+			f(blk, b, h, p0, n)
+		}
+	}
+}
+
+// headRow is the (batch row, head) index in s of the geometry's head h of request q.
+func (s Source) headRow(q Seq, h int) int64 {
+	return int64(q.Row)*int64(s.Heads) + int64(q.FirstHead+h)
 }
 
 // gatherTransposed copies n consecutive positions p0.. of source head row sh from a transposed (B,H,D,S)
@@ -285,37 +299,31 @@ func (g Geometry) FromPaged(dst []byte, s Source, kv KV, src []byte, q Seq) erro
 	}
 	pt := g.part(kv)
 	e := int64(g.ElemSize())
-	bs, nh := g.BlockSize, g.NumKVHeads
-	blen := g.BlockLen()
+	bs := g.BlockSize
 	sD := int64(s.HeadDim) * e
 	sS := int64(s.SeqLen)
-	for j, b := range q.BlockIDs {
-		p0 := j * bs
-		n := min(max(q.Tokens-p0, 0), bs)
+	g.eachHead(src, q, func(blk []byte, _, h, p0, n int) {
 		if n == 0 {
-			break
+			return // past the request's tokens: nothing to read
 		}
-		blk := src[int64(b)*blen : int64(b+1)*blen]
-		for h := range nh {
-			sh := int64(q.Row)*int64(s.Heads) + int64(q.FirstHead+h)
-			if g.Order == HND && pt.stride == pt.rowLen && !s.Transposed {
-				o := pt.off + int64(h)*int64(bs)*pt.rowLen
-				do := (sh*sS + int64(p0)) * sD
-				copy(dst[do:do+int64(n)*sD], blk[o:o+int64(n)*pt.rowLen])
+		sh := s.headRow(q, h)
+		if g.Order == HND && pt.stride == pt.rowLen && !s.Transposed {
+			o := pt.off + int64(h)*int64(bs)*pt.rowLen
+			do := (sh*sS + int64(p0)) * sD
+			copy(dst[do:do+int64(n)*sD], blk[o:o+int64(n)*pt.rowLen])
+			return
+		}
+		for t := range n {
+			o := pt.off + g.rowIndex(t, h)*pt.stride
+			row := blk[o : o+pt.rowLen]
+			if s.Transposed {
+				scatterTransposed(dst, s, sh, p0+t, row, e)
 				continue
 			}
-			for t := range n {
-				o := pt.off + g.rowIndex(t, h)*pt.stride
-				row := blk[o : o+pt.rowLen]
-				if s.Transposed {
-					scatterTransposed(dst, s, sh, p0+t, row, e)
-					continue
-				}
-				do := (sh*sS + int64(p0+t)) * sD
-				copy(dst[do:do+sD], row)
-			}
+			do := (sh*sS + int64(p0+t)) * sD
+			copy(dst[do:do+sD], row)
 		}
-	}
+	})
 	return nil
 }
 

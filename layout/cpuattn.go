@@ -20,53 +20,55 @@ func (g Geometry) kTile() Source {
 	return Source{Batch: 1, Heads: 1, SeqLen: g.BlockSize, HeadDim: g.HeadDim, Transposed: true}
 }
 
+// cpuHeads calls f for every block of q (at id b inside region) and head h with that head's K or V bytes
+// of the block (chunk: block_size·head_dim elements), the request's first position p0 in the block and
+// its valid tokens there, n: eachHead for the CPU_ATTN packings, whose heads are cpuHead's slices.
+func (g Geometry) cpuHeads(region []byte, kv KV, q Seq, f func(chunk []byte, b int, h, p0, n int64)) {
+	off, hs := g.cpuHead(kv)
+	kvb := int64(g.BlockSize) * int64(g.RowBytes())
+	g.eachHead(region, q, func(blk []byte, b, h, p0, n int) {
+		o := off + int64(h)*hs
+		f(blk[o:o+kvb], b, int64(h), int64(p0), int64(n))
+	})
+}
+
 // toPagedCPU is ToPaged for CPUAttn and CPUAttnAMX (everything already checked).
 func (g Geometry) toPagedCPU(dst []byte, kv KV, src []byte, s Source, q Seq) {
 	if g.Order == CPUAttnAMX {
 		g.toPagedAMX(dst, kv, src, s, q)
 		return
 	}
-	off, hs := g.cpuHead(kv)
-	kt := g.kTile()
-	e := int64(g.ElemSize())
-	bs, nh, hd := int64(g.BlockSize), g.NumKVHeads, int64(g.HeadDim)
-	blen, row := g.BlockLen(), int64(g.RowBytes())
-	sS := int64(s.SeqLen)
-	for j, b := range q.BlockIDs {
-		blk := dst[int64(b)*blen : int64(b+1)*blen]
-		p0 := int64(j) * bs
-		n := min(max(int64(q.Tokens)-p0, 0), bs)
-		for h := range nh {
-			sh := int64(q.Row)*int64(s.Heads) + int64(q.FirstHead+h)
-			chunk := blk[off+int64(h)*hs : off+int64(h)*hs+bs*row]
-			if kv == V { // [block_size][head_dim]: HND rows
-				switch {
-				case n > 0 && !s.Transposed:
-					so := (sh*sS + p0) * row
-					copy(chunk[:n*row], src[so:so+n*row])
-				case n > 0:
-					gatherTransposed(chunk, row, src, s, sh, int(p0), int(n), e)
-				}
-				clear(chunk[n*row:])
-				continue
+	kt, e, row := g.kTile(), int64(g.ElemSize()), int64(g.RowBytes())
+	bs, hd, sS := int64(g.BlockSize), int64(g.HeadDim), int64(s.SeqLen)
+	g.cpuHeads(dst, kv, q, func(chunk []byte, _ int, h, p0, n int64) {
+		sh := s.headRow(q, int(h))
+		if kv == V { // [block_size][head_dim]: HND rows
+			switch {
+			case n > 0 && !s.Transposed:
+				so := (sh*sS + p0) * row
+				copy(chunk[:n*row], src[so:so+n*row])
+			case n > 0:
+				gatherTransposed(chunk, row, src, s, sh, int(p0), int(n), e)
 			}
-			// K: [head_dim][block_size]
-			if !s.Transposed {
-				for t := range n {
-					so := (sh*sS + p0 + t) * row
-					scatterTransposed(chunk, kt, 0, int(t), src[so:so+row], e)
-				}
-			}
-			for d := range hd {
-				line := chunk[d*bs*e : (d+1)*bs*e]
-				if s.Transposed && n > 0 { // source (B, H, D, S): a run of n positions per d
-					so := ((sh*hd+d)*sS + p0) * e
-					copy(line[:n*e], src[so:so+n*e])
-				}
-				clear(line[n*e:])
+			clear(chunk[n*row:])
+			return
+		}
+		// K: [head_dim][block_size]
+		if !s.Transposed {
+			for t := range n {
+				so := (sh*sS + p0 + t) * row
+				scatterTransposed(chunk, kt, 0, int(t), src[so:so+row], e)
 			}
 		}
-	}
+		for d := range hd {
+			line := chunk[d*bs*e : (d+1)*bs*e]
+			if s.Transposed && n > 0 { // source (B, H, D, S): a run of n positions per d
+				so := ((sh*hd+d)*sS + p0) * e
+				copy(line[:n*e], src[so:so+n*e])
+			}
+			clear(line[n*e:])
+		}
+	})
 }
 
 // fromPagedCPU is FromPaged for CPUAttn (everything already checked).
@@ -75,43 +77,33 @@ func (g Geometry) fromPagedCPU(dst []byte, s Source, kv KV, src []byte, q Seq) {
 		g.fromPagedAMX(dst, s, kv, src, q)
 		return
 	}
-	off, hs := g.cpuHead(kv)
-	kt := g.kTile()
-	e := int64(g.ElemSize())
-	bs, nh, hd := int64(g.BlockSize), g.NumKVHeads, int64(g.HeadDim)
-	blen, row := g.BlockLen(), int64(g.RowBytes())
-	sS := int64(s.SeqLen)
-	for j, b := range q.BlockIDs {
-		p0 := int64(j) * bs
-		n := min(max(int64(q.Tokens)-p0, 0), bs)
+	kt, e, row := g.kTile(), int64(g.ElemSize()), int64(g.RowBytes())
+	bs, hd, sS := int64(g.BlockSize), int64(g.HeadDim), int64(s.SeqLen)
+	g.cpuHeads(src, kv, q, func(chunk []byte, _ int, h, p0, n int64) {
 		if n == 0 {
-			break
+			return // past the request's tokens: nothing to read
 		}
-		blk := src[int64(b)*blen : int64(b+1)*blen]
-		for h := range nh {
-			sh := int64(q.Row)*int64(s.Heads) + int64(q.FirstHead+h)
-			chunk := blk[off+int64(h)*hs : off+int64(h)*hs+bs*row]
-			if kv == V {
-				if !s.Transposed {
-					do := (sh*sS + p0) * row
-					copy(dst[do:do+n*row], chunk[:n*row])
-					continue
-				}
-				for t := range n {
-					scatterTransposed(dst, s, sh, int(p0+t), chunk[t*row:(t+1)*row], e)
-				}
-				continue
-			}
+		sh := s.headRow(q, int(h))
+		if kv == V {
 			if !s.Transposed {
-				gatherTransposed(dst[(sh*sS+p0)*row:], row, chunk, kt, 0, 0, int(n), e)
-				continue
+				do := (sh*sS + p0) * row
+				copy(dst[do:do+n*row], chunk[:n*row])
+				return
 			}
-			for d := range hd {
-				do := ((sh*hd+d)*sS + p0) * e
-				copy(dst[do:do+n*e], chunk[d*bs*e:d*bs*e+n*e])
+			for t := range n {
+				scatterTransposed(dst, s, sh, int(p0+t), chunk[t*row:(t+1)*row], e)
 			}
+			return
 		}
-	}
+		if !s.Transposed {
+			gatherTransposed(dst[(sh*sS+p0)*row:], row, chunk, kt, 0, 0, int(n), e)
+			return
+		}
+		for d := range hd {
+			do := ((sh*hd+d)*sS + p0) * e
+			copy(dst[do:do+n*e], chunk[d*bs*e:d*bs*e+n*e])
+		}
+	})
 }
 
 // blocksToPagedCPU is BlocksToPaged into a CPUAttn geometry: each (token, head) row of the NxDI block moves
@@ -121,28 +113,32 @@ func (g Geometry) blocksToPagedCPU(dst []byte, kv KV, src []byte, s BlockSource,
 		g.blocksToPagedAMX(dst, kv, src, s, blockIDs)
 		return
 	}
-	off, hs := g.cpuHead(kv)
 	kt := g.kTile()
-	e := int64(g.ElemSize())
-	bs, nh := int64(g.BlockSize), int64(g.NumKVHeads)
-	blen, row, kvb := g.BlockLen(), int64(g.RowBytes()), g.KVBlockLen()
-	for _, b := range blockIDs {
-		sb := src[int64(b)*kvb : int64(b+1)*kvb]
-		db := dst[int64(b)*blen : int64(b+1)*blen]
-		for h := range nh {
-			chunk := db[off+h*hs : off+h*hs+bs*row]
-			for t := range bs {
-				si := t*nh + h
-				if s.Order == HND {
-					si = h*bs + t
-				}
-				r := sb[si*row : (si+1)*row]
-				if kv == V {
-					copy(chunk[t*row:(t+1)*row], r)
-					continue
-				}
-				scatterTransposed(chunk, kt, 0, int(t), r, e)
-			}
+	e, row := int64(g.ElemSize()), int64(g.RowBytes())
+	g.cpuBlockRows(dst, kv, src, s, blockIDs, func(chunk []byte, t int64, r []byte) {
+		if kv == V {
+			copy(chunk[t*row:(t+1)*row], r)
+			return
 		}
-	}
+		scatterTransposed(chunk, kt, 0, int(t), r, e)
+	})
+}
+
+// cpuBlockRows calls f for every listed block, head and token t with that head's K or V bytes of the block
+// in dst (chunk, as cpuHeads gives it) and the (t, head) row r of the same block of the NxDI tensor src:
+// the walk of BlocksToPaged into the CPU_ATTN packings.
+func (g Geometry) cpuBlockRows(dst []byte, kv KV, src []byte, s BlockSource, blockIDs []int, f func(chunk []byte, t int64, r []byte)) {
+	bs, nh := int64(g.BlockSize), int64(g.NumKVHeads)
+	row, kvb := int64(g.RowBytes()), g.KVBlockLen()
+	q := Seq{Tokens: len(blockIDs) * g.BlockSize, BlockIDs: blockIDs} // every block full
+	g.cpuHeads(dst, kv, q, func(chunk []byte, b int, h, _, _ int64) {
+		sb := src[int64(b)*kvb : int64(b+1)*kvb]
+		for t := range bs {
+			si := t*nh + h // NHD: (bs, H, D)
+			if s.Order == HND {
+				si = h*bs + t
+			}
+			f(chunk, t, sb[si*row:(si+1)*row])
+		}
+	})
 }

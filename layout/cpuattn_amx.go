@@ -23,28 +23,11 @@ func srcElem(s Source, sh, p, d int64) int64 {
 	return (sh*int64(s.SeqLen)+p)*int64(s.HeadDim) + d
 }
 
-// amxHeads calls f for every listed block j (at id b) and head h with that head's K or V bytes of the block
-// in blk, the request's first position p0 in the block and its valid tokens n.
-func (g Geometry) amxHeads(region []byte, kv KV, q Seq, f func(chunk []byte, h, p0, n int64)) {
-	off, hs := g.cpuHead(kv)
-	bs := int64(g.BlockSize)
-	blen, kvb := g.BlockLen(), bs*int64(g.RowBytes())
-	for j, b := range q.BlockIDs {
-		blk := region[int64(b)*blen : int64(b+1)*blen]
-		p0 := int64(j) * bs
-		n := min(max(int64(q.Tokens)-p0, 0), bs)
-		for h := range int64(g.NumKVHeads) {
-			o := off + h*hs
-			f(blk[o:o+kvb], h, p0, n)
-		}
-	}
-}
-
 // toPagedAMX is ToPaged for CPUAttnAMX (everything already checked).
 func (g Geometry) toPagedAMX(dst []byte, kv KV, src []byte, s Source, q Seq) {
 	hd := int64(g.HeadDim)
-	g.amxHeads(dst, kv, q, func(chunk []byte, h, p0, n int64) {
-		sh := int64(q.Row)*int64(s.Heads) + int64(q.FirstHead) + h
+	g.cpuHeads(dst, kv, q, func(chunk []byte, _ int, h, p0, n int64) {
+		sh := s.headRow(q, int(h))
 		clear(chunk) // positions ≥ n are zero
 		for t := range n {
 			if kv == K && !s.Transposed { // a head-element pair is one 4-byte word in both
@@ -65,8 +48,8 @@ func (g Geometry) toPagedAMX(dst []byte, kv KV, src []byte, s Source, q Seq) {
 // fromPagedAMX is FromPaged for CPUAttnAMX (everything already checked).
 func (g Geometry) fromPagedAMX(dst []byte, s Source, kv KV, src []byte, q Seq) {
 	hd := int64(g.HeadDim)
-	g.amxHeads(src, kv, q, func(chunk []byte, h, p0, n int64) {
-		sh := int64(q.Row)*int64(s.Heads) + int64(q.FirstHead) + h
+	g.cpuHeads(src, kv, q, func(chunk []byte, _ int, h, p0, n int64) {
+		sh := s.headRow(q, int(h))
 		for t := range n {
 			for d := range hd {
 				do, si := 2*srcElem(s, sh, p0+t, d), 2*g.amxElem(kv, t, d)
@@ -79,22 +62,11 @@ func (g Geometry) fromPagedAMX(dst []byte, s Source, kv KV, src []byte, q Seq) {
 // blocksToPagedAMX is BlocksToPaged into a CPUAttnAMX geometry: every (token, head) row of the NxDI block
 // is spread over the head's AMX groups (everything already checked).
 func (g Geometry) blocksToPagedAMX(dst []byte, kv KV, src []byte, s BlockSource, blockIDs []int) {
-	bs, nh, hd := int64(g.BlockSize), int64(g.NumKVHeads), int64(g.HeadDim)
-	row, kvb := int64(g.RowBytes()), g.KVBlockLen()
-	for _, b := range blockIDs {
-		sb := src[int64(b)*kvb : int64(b+1)*kvb]
-		g.amxHeads(dst, kv, Seq{Tokens: g.BlockSize, BlockIDs: []int{b}}, func(chunk []byte, h, _, _ int64) {
-			for t := range bs {
-				si := t*nh + h
-				if s.Order == HND {
-					si = h*bs + t
-				}
-				r := sb[si*row : (si+1)*row]
-				for d := range hd {
-					di := 2 * g.amxElem(kv, t, d)
-					copy(chunk[di:di+2], r[2*d:2*d+2])
-				}
-			}
-		})
-	}
+	hd := int64(g.HeadDim)
+	g.cpuBlockRows(dst, kv, src, s, blockIDs, func(chunk []byte, t int64, r []byte) {
+		for d := range hd {
+			di := 2 * g.amxElem(kv, t, d)
+			copy(chunk[di:di+2], r[2*d:2*d+2])
+		}
+	})
 }

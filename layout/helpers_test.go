@@ -112,18 +112,27 @@ func refToPaged(g Geometry, dst []byte, kv KV, src []byte, s Source, q Seq) {
 
 // cpuInner is the element index of (t, h, d) of layer kv inside a CPU_ATTN block, written the way vLLM's
 // cpu_attn reshape op addresses it (csrc/cpu/cpu_attn_vec.hpp: key_cache + head·head_stride + offset +
-// i·block_size; value_cache + head·head_stride + offset·head_dim), with the cache views of cpu_attn.py:
-// (2, nb, H, bs, D) unbound into K and V (PlanSplitKV), or (nb, H, 2·bs, D) chunked at dim 2 (PlanPackedKV).
+// i·block_size; value_cache + head·head_stride + offset·head_dim), the head's start as cpuHeadBase gives it.
 func cpuInner(g Geometry, kv KV, t, h, d int) int {
 	D, bs := g.HeadDim, g.BlockSize
-	headStride, vOff := bs*D, 0
+	if kv == K {
+		return cpuHeadBase(g, kv, h) + d*bs + t
+	}
+	return cpuHeadBase(g, kv, h) + t*D + d
+}
+
+// cpuHeadBase is where head h's K or V starts inside a CPU_ATTN block (either packing), in elements: the
+// cache views of cpu_attn.py, (2, nb, H, bs, D) unbound into K and V (PlanSplitKV) or (nb, H, 2·bs, D)
+// chunked at dim 2 (PlanPackedKV).
+func cpuHeadBase(g Geometry, kv KV, h int) int {
+	headStride, vOff := g.BlockSize*g.HeadDim, 0
 	if g.Plan == PlanPackedKV {
-		headStride, vOff = 2*bs*D, bs*D
+		headStride, vOff = 2*headStride, headStride
 	}
 	if kv == K {
-		return h*headStride + d*bs + t
+		return h * headStride
 	}
-	return h*headStride + vOff + t*D + d
+	return h*headStride + vOff
 }
 
 // amxInner is element (t, h, d)'s index in a CPUAttnAMX block, transcribed from vLLM's
@@ -131,19 +140,15 @@ func cpuInner(g Geometry, kv KV, t, h, d int) int {
 // token pairs (sub-groups of 2) inside groups of 16 head elements.
 func amxInner(g Geometry, kv KV, t, h, d int) int {
 	D, bs := g.HeadDim, g.BlockSize
-	headStride, vOff := bs*D, 0
-	if g.Plan == PlanPackedKV {
-		headStride, vOff = 2*bs*D, bs*D
-	}
 	if kv == K {
 		const tokenNumPerGroup = 16
 		quadwordNum := D / 2
 		quadword := (t/tokenNumPerGroup)*(tokenNumPerGroup*quadwordNum) + (t % tokenNumPerGroup) + (d/2)*tokenNumPerGroup
-		return h*headStride + 2*quadword + d%2
+		return cpuHeadBase(g, kv, h) + 2*quadword + d%2
 	}
 	const headElemsPerGroup, tokenNumPerSubGroup = 16, 2
 	groupSize := bs * headElemsPerGroup
-	return h*headStride + vOff + (t/tokenNumPerSubGroup)*tokenNumPerSubGroup*headElemsPerGroup + t%tokenNumPerSubGroup +
+	return cpuHeadBase(g, kv, h) + (t/tokenNumPerSubGroup)*tokenNumPerSubGroup*headElemsPerGroup + t%tokenNumPerSubGroup +
 		(d/headElemsPerGroup)*groupSize + (d%headElemsPerGroup)*tokenNumPerSubGroup
 }
 

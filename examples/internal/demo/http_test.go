@@ -1,7 +1,6 @@
 package demo
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -211,13 +210,7 @@ func TestHTTPTimeouts(t *testing.T) {
 	// An idle keep-alive connection after one request.
 	c, err = net.Dial("tcp", addr)
 	require.NoError(t, err)
-	_, err = io.WriteString(c, "GET /nothing HTTP/1.1\r\nHost: x\r\n\r\n")
-	require.NoError(t, err)
-	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-	require.NoError(t, err)
-	_, _ = io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	assert.Equal(t, http.StatusNotFound, resp.StatusCode)
+	assert.Equal(t, http.StatusNotFound, getOn(t, c, "/nothing"))
 	closedByServer(t, c)
 	c.Close()
 

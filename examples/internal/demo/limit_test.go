@@ -20,14 +20,20 @@ func keepAlive(t *testing.T, addr string) net.Conn {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = c.Close() })
 	require.NoError(t, c.SetDeadline(time.Now().Add(30*time.Second)))
-	_, err = io.WriteString(c, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+	require.Equal(t, http.StatusOK, getOn(t, c, "/health"))
+	return c
+}
+
+// getOn asks GET path on the open connection c (keep-alive), reads the whole answer and returns its status.
+func getOn(t *testing.T, c net.Conn, path string) int {
+	t.Helper()
+	_, err := io.WriteString(c, "GET "+path+" HTTP/1.1\r\nHost: x\r\n\r\n")
 	require.NoError(t, err)
 	res, err := http.ReadResponse(bufio.NewReader(c), nil)
 	require.NoError(t, err)
 	_, _ = io.Copy(io.Discard, res.Body)
 	res.Body.Close()
-	require.Equal(t, http.StatusOK, res.StatusCode)
-	return c
+	return res.StatusCode
 }
 
 // stillOpen reports whether the server has kept c open (a read times out instead of ending).

@@ -32,16 +32,12 @@ func RunPrefill(ctx context.Context, args []string) error {
 	cudaCtx := fs.String("cuda-context", CUDAContextAuto, "hold GPU 0's primary CUDA context: auto (when a CUDA driver and device are present), on, off. A decode worker on this host reading into GPU memory needs it: UCX then moves the bytes by cuda_copy / cuda_ipc instead of a software emulation over TCP")
 	notifyFrom := fs.String("notify-from", "", "comma-separated NIXL agent names (or prefixes ending in *) whose notifications may free or extend held blocks (default: any agent; the unguessable suffix of remote_request_id is checked either way)")
 	pin := fs.Bool("cuda-pin-staging", true, "with a CUDA context, page-lock the staging arena for CUDA (cuMemHostRegister)")
-	log, lib, order, err := c.parse(fs, args)
+	w, err := c.start(fs, args)
 	if err != nil {
 		return err
 	}
-	defer log.Sync()
-	stopTrace, err := c.StartTrace()
-	if err != nil {
-		return err
-	}
-	defer stopTrace()
+	defer w.stop()
+	log, lib, order := w.log, w.lib, w.order
 	s, err := NewPrefillServer(ctx, PrefillConfig{VLLMVersion: c.VLLMVersion, Model: Qwen3_0_6B, NumBlocks: c.NumBlocks, BatchRows: *rows,
 		MaxSeq: *maxSeq, Order: order, NRTPath: *nrt, Label: *label, Backends: c.BackendSpecs(), Library: lib, Logger: log, SideChannel: *side,
 		SideHost: *sideHost, DataDevice: c.DataDevice, CUDAContext: *cudaCtx, NoPinStaging: !*pin, NotifyFrom: splitList(*notifyFrom)})
@@ -72,16 +68,12 @@ func RunDecode(ctx context.Context, args []string) error {
 	addr := fs.String("http", "127.0.0.1:8200", "HTTP listen address (OpenAI-compatible API)")
 	where := fs.String("cache", "auto", "where the KV cache lives: auto (GPU memory when a CUDA GPU is present, else DRAM), gpu, dram, or hostbuf (NIXL into pinned DRAM, then copied to GPU memory)")
 	gpu := fs.Bool("gpu", false, "same as -cache gpu")
-	log, lib, order, err := c.parse(fs, args)
+	w, err := c.start(fs, args)
 	if err != nil {
 		return err
 	}
-	defer log.Sync()
-	stopTrace, err := c.StartTrace()
-	if err != nil {
-		return err
-	}
-	defer stopTrace()
+	defer w.stop()
+	log, lib, order := w.log, w.lib, w.order
 	cfg := DecodeConfig{VLLMVersion: c.VLLMVersion, Model: Qwen3_0_6B, NumBlocks: c.NumBlocks, Order: order,
 		Backends: c.BackendSpecs(), Library: lib, Logger: log, DataDevice: c.DataDevice}
 	if cfg.DataDevice == "" { // the decode worker's peers are where its HTTP API is: loopback in the demo
@@ -128,21 +120,39 @@ func RunDecode(ctx context.Context, args []string) error {
 	})
 }
 
-// parse parses the flags, then makes the logger, loads NIXL and reads the block order.
-func (c *Common) parse(fs *flag.FlagSet, args []string) (*zap.Logger, *nixl.Library, layout.BlockOrder, error) {
+// worker is what both workers' mains start from: the logger, NIXL, the block order and the running trace.
+type worker struct {
+	log       *zap.Logger
+	lib       *nixl.Library
+	order     layout.BlockOrder
+	stopTrace func() error
+}
+
+// start parses the flags, then makes the logger, loads NIXL, reads the block order and starts the -trace
+// execution trace. The caller defers stop.
+func (c *Common) start(fs *flag.FlagSet, args []string) (worker, error) {
 	if err := fs.Parse(args); err != nil {
-		return nil, nil, 0, err
+		return worker{}, err
 	}
-	log := c.Logger()
-	lib, err := c.Library(log)
-	if err != nil {
-		return nil, nil, 0, err
+	w := worker{log: c.Logger()}
+	var err error
+	if w.lib, err = c.Library(w.log); err != nil {
+		return worker{}, err
 	}
-	order, err := c.BlockOrder()
-	if err != nil {
-		return nil, nil, 0, err
+	if w.order, err = c.BlockOrder(); err != nil {
+		return worker{}, err
 	}
-	return log, lib, order, nil
+	if w.stopTrace, err = c.StartTrace(); err != nil {
+		w.log.Sync()
+		return worker{}, err
+	}
+	return w, nil
+}
+
+// stop stops the trace, then flushes the logger.
+func (w worker) stop() {
+	w.stopTrace()
+	w.log.Sync()
 }
 
 // splitList splits a comma-separated flag value, dropping empty items.

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/gonixl/gonixl/internal/testenv"
 	"github.com/gonixl/gonixl/nixl"
 )
 
@@ -20,7 +21,7 @@ func TestKeepAlive(t *testing.T) {
 			const hold = time.Second
 			clk := newFakeClock()
 			pr := newPair(t, p, pairOpts{hold: hold, clock: clk})
-			ctx := ctxT(t, 60*time.Second)
+			ctx := testenv.Context(t, 60*time.Second)
 			kv := pr.prefill(t, ctx, "waiting", 2*tinyBlock, 5)
 
 			bad := kv
