@@ -80,6 +80,30 @@ func (r *registered) xferOpts(notif []byte) []nixl.Option {
 	return opts
 }
 
+// maxWarmUpDescs bounds the warm-up READ's descriptors (warmUpDescs), whatever the pool's size.
+const maxWarmUpDescs = 256
+
+// warmUpDescs is how many descriptors a READ needs for NIXL's UCX thread pool to hand a share to each of its
+// threads, every one of which has its own UCX worker and so its own endpoint to each peer: num_threads ×
+// split_batch_size (NIXL's split_batch_size default when unset), at most maxWarmUpDescs; 1 without a pool.
+func warmUpDescs(specs []nixl.BackendSpec) int {
+	for _, s := range specs {
+		threads, err := strconv.Atoi(s.Params["num_threads"])
+		if s.Plugin != "UCX" || err != nil || threads <= 0 {
+			continue
+		}
+		split, err := strconv.Atoi(s.Params["split_batch_size"])
+		if err != nil || split <= 0 {
+			split = nixlDefaultSplitBatch
+		}
+		return min(threads*split, maxWarmUpDescs)
+	}
+	return 1
+}
+
+// nixlDefaultSplitBatch is NIXL's UCX split_batch_size when the backend's parameters leave it unset.
+const nixlDefaultSplitBatch = 1024
+
 // threadPool reports whether a UCX backend of specs runs NIXL's thread pool (num_threads > 0).
 func threadPool(specs []nixl.BackendSpec) bool {
 	for _, s := range specs {

@@ -325,7 +325,7 @@ func newPullRequest(kv protocol.KVTransferParams) (pullRequest, error) {
 // after dropping a cached handshake older than the params' registration generation.
 func (d *Decode) engine(ctx context.Context, req pullRequest) (*remoteEngine, time.Duration, error) {
 	d.advanceGeneration(req.kv.RemoteEngineID, req.kv.RemoteRegistrationGeneration)
-	return d.remote(ctx, req.kv.RemoteEngineID, req.addr, req.prefillTP)
+	return d.remote(ctx, req.kv.RemoteEngineID, req.addr, req.prefillTP, req.kv.RemoteRequestID)
 }
 
 // planPull checks the remote block ids against the handshaken prefill engine (once) and the local block
@@ -467,8 +467,10 @@ func (d *Decode) fetch(ctx context.Context, engineID, addr string, rank int) (pr
 }
 
 // handshake fetches the metadata of the prefill ranks this decode rank reads, plans the reads (layout.ReadPlan:
-// which ranks, which head slices), loads each rank's NIXL agent and prepares both descriptor lists per rank.
-func (d *Decode) handshake(ctx context.Context, engineID string, re *remoteEngine) (err error) {
+// which ranks, which head slices), loads each rank's NIXL agent, prepares both descriptor lists per rank and
+// warms the connection up (warmUp, warmUpNotification; remoteRequestID is the request that asked for the
+// handshake).
+func (d *Decode) handshake(ctx context.Context, engineID string, re *remoteEngine, remoteRequestID string) (err error) {
 	dTP, dRank := d.cfg.TPSize, d.cfg.Rank.TP
 	first := dRank * re.tp / dTP // the first prefill rank this rank reads, whichever TP is larger
 	md, geom, err := d.fetch(ctx, engineID, re.addr, first)
@@ -524,6 +526,7 @@ func (d *Decode) handshake(ctx context.Context, engineID string, re *remoteEngin
 			return fmt.Errorf("connector: preparing the local descriptors for prefill rank %d: %w", rank, err)
 		}
 		d.warmUp(ctx, re, src)
+		d.warmUpNotification(ctx, src, remoteRequestID)
 		d.log.Info("handshake done", zap.String("remote_engine_id", engineID), zap.String("addr", re.addr), zap.Int("remote_rank", rank),
 			zap.String("remote_agent", src.agent), zap.String("remote_geometry", geom.String()))
 	}
@@ -534,11 +537,18 @@ func (d *Decode) handshake(ctx context.Context, engineID string, re *remoteEngin
 // src into the local null block, without a notification, so that what UCX does on a peer's first transfer
 // (the endpoint's wire-up, the remote keys' unpacking, a GPU peer's IPC mappings and staging buffers) is
 // done in the handshake, not in the first request's READ (the demo's first request, docs/measured.md;
-// gonixl_xfer_wait_time_seconds shows it). A failed warm-up is only logged: the request's own READ
-// then reports what is wrong.
+// gonixl_xfer_wait_time_seconds shows it). The null block's descriptors are repeated up to warmUpDescs, so
+// that NIXL's UCX thread pool hands a share to every one of its threads: each has its own UCX worker and
+// endpoint to the peer, and a request that reaches a thread the warm-up missed pays that endpoint's set-up
+// in its post (the demo's "post ms" column, gonixl_xfer_post_time_seconds). A failed warm-up is only
+// logged: the request's own READ then reports what is wrong.
 func (d *Decode) warmUp(ctx context.Context, re *remoteEngine, src *source) {
 	defer trace.StartRegion(ctx, "gonixl.warmup").End()
 	li, ri := re.plan.AppendIndices(nil, nil, []int{0}, []int{0})
+	for n, want := len(li), warmUpDescs(d.reg.backends); n > 0 && len(li) < want; {
+		m := min(n, want-len(li))
+		li, ri = append(li, li[:m]...), append(ri, ri[:m]...)
+	}
 	var x *nixl.Xfer
 	err := d.reg.do(func() (err error) {
 		if x, err = d.reg.agent.MakeXfer(nixl.Read, src.local, li, src.remote, ri, d.reg.xferOpts(nil)[1:]...); err != nil {
@@ -561,6 +571,30 @@ func (d *Decode) warmUp(ctx context.Context, re *remoteEngine, src *source) {
 	}
 	if err != nil {
 		d.log.Warn("warm-up READ of the null block failed; the first request's READ sets the connection up", zap.String("remote_agent", src.agent), zap.Error(err))
+	}
+}
+
+// warmUpNotification sends src a lease heartbeat for the request that asked for the handshake, where the
+// profile has leases: the first notification to a peer sets up what UCX needs to send NIXL's notifications
+// (an active message) to it, which the warm-up READ, sent without one, does not, and the first request's
+// READ, whose notification goes out after its data, would otherwise pay it in its wait (the demo's first
+// request, docs/measured.md). A heartbeat is what vLLM's decode worker sends for a waiting request: it only
+// renews that request's lease. Rows without leases have no notification a prefill worker ignores (vLLM
+// logs one for an unknown request as an error), so there the first request pays it.
+func (d *Decode) warmUpNotification(ctx context.Context, src *source, remoteRequestID string) {
+	p := d.cfg.Profile
+	if !p.Leases || p.HeartbeatInterval <= 0 {
+		return
+	}
+	msg, err := p.EncodeHeartbeat([]string{remoteRequestID})
+	if err == nil {
+		defer trace.StartRegion(ctx, "gonixl.heartbeat").End()
+		if err = d.reg.agent.SendNotification(src.agent, msg); err == nil {
+			d.metrics.heartbeats.Add(1)
+		}
+	}
+	if err != nil {
+		d.log.Warn("warm-up heartbeat failed; the first request's notification sets it up", zap.String("remote_agent", src.agent), zap.Error(err))
 	}
 }
 

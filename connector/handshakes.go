@@ -201,7 +201,7 @@ func (d *Decode) advanceGeneration(engineID string, gen int64) bool {
 // which failed only because its owner's context ended tries again with its own context. While an earlier
 // generation of the same engine is still draining (dropped, but used by in-flight pulls), a new handshake
 // waits for it to be released, bounded by ctx.
-func (d *Decode) remote(ctx context.Context, engineID, addr string, prefillTP int) (*remoteEngine, time.Duration, error) {
+func (d *Decode) remote(ctx context.Context, engineID, addr string, prefillTP int, remoteRequestID string) (*remoteEngine, time.Duration, error) {
 	for {
 		re, mine, err := d.hs.acquire(ctx, engineID, addr, prefillTP)
 		if err != nil {
@@ -209,7 +209,7 @@ func (d *Decode) remote(ctx context.Context, engineID, addr string, prefillTP in
 		}
 		if mine {
 			start := time.Now()
-			re.err = d.handshake(ctx, engineID, re)
+			re.err = d.handshake(ctx, engineID, re, remoteRequestID)
 			re.took = time.Since(start)
 			if re.err == nil {
 				d.metrics.handshakes.Add(1)

@@ -25,7 +25,7 @@ func TestRemoteEngineRefcount(t *testing.T) {
 	require.NoError(t, err)
 
 	// An in-flight pull's reference.
-	re, took, err := pr.dec.remote(ctx, kv.RemoteEngineID, sideAddr(kv), 1)
+	re, took, err := pr.dec.remote(ctx, kv.RemoteEngineID, sideAddr(kv), 1, kv.RemoteRequestID)
 	require.NoError(t, err)
 	assert.Zero(t, took, "the handshake is cached")
 	pr.dec.forget(re) // another pull on the same engine failed

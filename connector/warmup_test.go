@@ -9,10 +9,13 @@ import (
 
 	"github.com/gonixl/gonixl/connector/protocol"
 	"github.com/gonixl/gonixl/internal/testenv"
+	"github.com/gonixl/gonixl/nixl"
 )
 
 // The handshake READs the prefill side's null block into the local one (the warm-up that sets the data
-// path up before the first request's READ), in every profile's layout, and touches no other local block.
+// path up before the first request's READ), in every profile's layout, and touches no other local block;
+// where the profile has leases it also sends the request's heartbeat (warmUpNotification), and none where
+// it has not.
 func TestHandshakeWarmsUp(t *testing.T) {
 	for _, name := range []string{"0.16", "0.33"} {
 		t.Run(name, func(t *testing.T) {
@@ -38,6 +41,35 @@ func TestHandshakeWarmsUp(t *testing.T) {
 					"region %d: block 1 untouched", r)
 			}
 			requirePattern(t, pr.dcache, []int{5}, kv.RemoteBlockIDs[0], 3)
+			if p.Leases {
+				require.Eventually(t, func() bool { return pr.preM.Heartbeats() >= 1 }, 10*time.Second, time.Millisecond,
+					"the handshake's heartbeat reached the prefill side")
+				require.GreaterOrEqual(t, pr.decM.Heartbeats(), int64(1))
+			} else {
+				require.Zero(t, pr.decM.Heartbeats(), "no leases: no heartbeat")
+			}
+			require.Zero(t, pr.preM.BadMessages())
+			require.Zero(t, pr.preM.ForgedNotifications())
 		})
+	}
+}
+
+// The warm-up READ has enough descriptors for NIXL's UCX thread pool to give each of its threads a share.
+func TestWarmUpDescs(t *testing.T) {
+	ucx := func(params map[string]string) []nixl.BackendSpec {
+		return []nixl.BackendSpec{{Plugin: "UCX", Params: params}}
+	}
+	for _, c := range []struct {
+		name  string
+		specs []nixl.BackendSpec
+		want  int
+	}{
+		{"none", nil, 1},
+		{"no pool", ucx(map[string]string{}), 1},
+		{"gonixl's pool", ucx(map[string]string{"num_threads": "16", "split_batch_size": "4"}), 64},
+		{"NIXL's split", ucx(map[string]string{"num_threads": "4"}), maxWarmUpDescs},
+		{"another plugin", []nixl.BackendSpec{{Plugin: "LIBFABRIC", Params: map[string]string{"num_threads": "8"}}}, 1},
+	} {
+		require.Equal(t, c.want, warmUpDescs(c.specs), c.name)
 	}
 }

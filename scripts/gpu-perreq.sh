@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Issue 25's per-request passes, on the GPU machine (no Go there), from the repository root, after
+# scripts/gpu-bundle.sh built $GPU_BUNDLE/bundle.tgz (default .gpu): PASSES passes (default 3), each
+# BenchmarkDRAMToVRAM/ucx=gonixl-defaults/block=32KiB/contiguous (the demo's block size and layout, the
+# baseline of the pass), then `disagg -gpu` for vLLM 0.33.0 and 0.16.0, one request at a time and four in
+# flight. Another demo binary put into the bundle's bin/ as disagg-NAME (e.g. main's, built with
+# `go build -o .../bin/disagg-main ./examples/disagg` in a checkout of main) runs one at a time beside it.
+# LENGTHS overrides the demo's -lengths. Logs go to $OUT (a logs.tgz of them), the table rows to stdout.
+set -uo pipefail
+out=${OUT:-/tmp/out}
+bundle=${GPU_BUNDLE:-.gpu}
+mkdir -p "$out"
+b=/tmp/gonixl-gpu
+rm -rf "$b" && mkdir -p "$b" && tar xzf "$bundle/bundle.tgz" -C "$b"
+export NIXL_LIB_DIR="$b/nixl/lib"
+cudart=$(find /usr/local/cuda*/ /usr/lib /opt -name 'libcudart.so.13*' 2>/dev/null | head -n 1)
+[ -n "$cudart" ] && export LD_LIBRARY_PATH="$(dirname "$cudart")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+cd "$b/bin"
+nproc; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+others=$(ls disagg-* 2>/dev/null)
+lengths=()
+[ -n "${LENGTHS:-}" ] && lengths=(-lengths "$LENGTHS")
+demo() { # binary version concurrency
+  local f="$out/$1-$2-c$3-p$p.log"
+  timeout 60 "./$1" -gpu -vllm-version "$2" -concurrency "$3" "${lengths[@]}" -nixl-lib-dir "$NIXL_LIB_DIR" >"$f" 2>&1
+  echo "== $1 $2 -concurrency $3: rc=$?"; grep -E '^ *req-|aggregate' "$f" | sed -E 's/ +/ /g' | cut -c1-110
+}
+for p in $(seq 1 "${PASSES:-3}"); do
+  echo "#### pass $p"
+  GONIXL_BENCH_SWEEP=1 timeout 90 ./cuda.test -test.run '^$' -test.bench '^BenchmarkDRAMToVRAM$/^ucx=gonixl-defaults$/^block=32KiB/^contiguous' -test.benchtime 5x -test.count 1 -test.timeout 85s >"$out/bench-p$p.log" 2>&1
+  grep -oE '[0-9.]+ nixl_GB/s' "$out/bench-p$p.log"
+  for v in 0.33.0 0.16.0; do
+    demo disagg "$v" 1
+    for o in $others; do demo "$o" "$v" 1; done
+    demo disagg "$v" 4
+  done
+done
+cd "$out" && tar czf logs.tgz ./*.log && rm ./*.log
