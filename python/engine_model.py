@@ -9,6 +9,10 @@ a word-level tokenizer, written locally (no hub), and their reference KV compute
                            transformers' past_key_values hold them — (1, kv_heads, seq, head_dim) in the model's
                            dtype, post-RoPE: NxDI's BHSD layout — layer after layer; print one JSON line per
                            prompt
+  cpu-attn CASES           CASES: a JSON list of [dtype, block_size, head_dim]; print one JSON list: per case
+                           the kernel ISA vLLM's CPU_ATTN backend picks on this CPU (its own _get_attn_isa),
+                           whether the CPU has AMX tiles (torch's check, the one vLLM asks), and "kernel": null
+                           when the release's op library packs a cache with that ISA, else its error
 
 Weights are random but scaled (std 0.15 instead of 0.02, lm_head 1.0) so that the next-token distribution is
 peaked: greedy decoding is decided by the model, not by float noise (the test requires a margin between the
@@ -83,6 +87,11 @@ def reference(folder: str, outdir: str, prompts: list[list[int]]) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
+    if not torch.cuda.is_available():
+        # The engine venvs run PyPI's CUDA build of torch on the CUDA stand-ins of torch_cuda_stubs.py; newer
+        # transformers (5.2x) ask torch.cuda.is_current_stream_capturing() on every forward, which reaches
+        # into those stand-ins and crashes. Without a CUDA device nothing can be capturing.
+        torch.cuda.is_current_stream_capturing = lambda: False
     torch.manual_seed(0)
     cfg = json.load(open(os.path.join(folder, "config.json")))
     dtype = getattr(torch, cfg["torch_dtype"])
@@ -106,6 +115,31 @@ def reference(folder: str, outdir: str, prompts: list[list[int]]) -> None:
         print(json.dumps({"tokens": len(ids)}), flush=True)
 
 
+def cpu_attn(cases: list) -> None:
+    import torch
+    from vllm.platforms import current_platform
+    from vllm.v1.attention.backends import cpu_attn as ca
+
+    if hasattr(current_platform, "import_kernels"):
+        current_platform.import_kernels()  # the op library vLLM itself loads on this CPU
+    amx = getattr(torch.cpu, "_is_amx_tile_supported", None) or torch._C._cpu._is_amx_tile_supported
+    op = torch.ops._C.cpu_attn_reshape_and_cache
+    extra = (1.0, 1.0, "auto") if len(op.default._schema.arguments) > 6 else ()
+    out = []
+    for dtype, bs, hd in cases:
+        dt = getattr(torch, dtype)
+        isa = ca._get_attn_isa(dt, bs, hd)
+        key = torch.zeros(2, 1, hd, dtype=dt)
+        kc, vc = torch.zeros(2, 2, 1, bs, hd, dtype=dt).unbind(0)
+        try:
+            op(key, key.clone(), kc, vc, torch.arange(2), isa, *extra)
+            err = None
+        except Exception as e:
+            err = str(e).splitlines()[0]
+        out.append({"isa": isa, "amx": bool(amx()), "kernel": err})
+    print(json.dumps(out))
+
+
 if __name__ == "__main__":
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     cmd = sys.argv[1] if len(sys.argv) > 1 else ""
@@ -113,5 +147,7 @@ if __name__ == "__main__":
         make_model(sys.argv[2], json.loads(sys.argv[3]))
     elif cmd == "reference" and len(sys.argv) == 4:
         reference(sys.argv[2], sys.argv[3], json.load(sys.stdin))
+    elif cmd == "cpu-attn" and len(sys.argv) == 3:
+        cpu_attn(json.loads(sys.argv[2]))
     else:
         sys.exit(__doc__)
