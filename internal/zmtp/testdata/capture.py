@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Captures the bytes libzmq (through pyzmq) writes on the wire, as seeds for the zmtp fuzz targets and as
-vectors for its tests. Run from the repository root: .venv/bin/python connector/sidechannel/internal/zmtp/testdata/capture.py
+vectors for its tests. Run from the repository root: .venv/bin/python internal/zmtp/testdata/capture.py
 
   req_*.bin:    what a pyzmq REQ socket sends to a ROUTER: greeting, READY, then a request ["", body].
   router_*.bin: what a pyzmq ROUTER sends to a REQ: greeting, READY, then a reply ["", payload, clock] (H4).
