@@ -360,23 +360,16 @@ func (f Format) encodeEvent(e *msgpack.Encoder, ev Event) error {
 		}
 		out = append(out, v)
 	}
+	if err := header(e, f.EventsAsMaps, len(out)+1, len(decl)+1); err != nil {
+		return err
+	}
 	if f.EventsAsMaps {
-		if err := e.EncodeMapLen(len(out) + 1); err != nil {
-			return err
-		}
 		if err := e.EncodeString("type"); err != nil {
 			return err
 		}
-		if err := e.EncodeString(ev.Tag()); err != nil {
-			return err
-		}
-	} else {
-		if err := e.EncodeArrayLen(len(out) + 1); err != nil {
-			return err
-		}
-		if err := e.EncodeString(ev.Tag()); err != nil {
-			return err
-		}
+	}
+	if err := e.EncodeString(ev.Tag()); err != nil {
+		return err
 	}
 	for _, v := range out {
 		if f.EventsAsMaps {
@@ -395,4 +388,25 @@ func (f Format) encodeEvent(e *msgpack.Encoder, ev Event) error {
 		}
 	}
 	return nil
+}
+
+// header writes a struct's map or array header of n entries as msgspec does for a struct of at most max
+// (fields and tag): msgspec sizes the header by max, not by n, when it omits defaults — a struct of more than
+// 15 fields gets a 16-bit header (0xde/0xdc) even for fewer entries (vLLM 0.33's BlockStored: 16).
+func header(e *msgpack.Encoder, isMap bool, n, max int) error {
+	if max <= 15 {
+		if isMap {
+			return e.EncodeMapLen(n)
+		}
+		return e.EncodeArrayLen(n)
+	}
+	code := byte(0xdc) // array16
+	if isMap {
+		code = 0xde // map16
+	}
+	if max > math.MaxUint16 {
+		return fmt.Errorf("%w: a struct of %d fields", ErrInvalid, max)
+	}
+	_, err := e.Writer().Write([]byte{code, byte(n >> 8), byte(n)})
+	return err
 }

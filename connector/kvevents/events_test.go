@@ -44,7 +44,10 @@ func TestEncodeShapes(t *testing.T) {
 	// "type" is the map's first key, as msgspec writes a tag.
 	i := bytes.Index(b033, []byte("\xa4type"))
 	require.Positive(t, i)
-	assert.Equal(t, byte(0x88), b033[i-1], "BlockStored: a fixmap of 8 entries with type first")
+	assert.Equal(t, []byte{0xde, 0, 8}, b033[i-3:i], "BlockStored: 8 entries, type first, under a map16 header (16 fields at most)")
+	j := bytes.Index(b033, []byte("\xa4type\xacBlockRemoved"))
+	require.Positive(t, j)
+	assert.Equal(t, byte(0x83), b033[j-1], "BlockRemoved: a fixmap (6 fields at most)")
 }
 
 // Byte for byte what vLLM 0.16's msgspec encoder writes for KVEventBatch(ts=1.5, events=[BlockStored(

@@ -119,7 +119,7 @@ def main():
     while len(ref._buffer) < n and time.time() < deadline:
         time.sleep(0.05)
     ref_replays = {start: replay(ctx, ref_ep, start) for start in go_replays}
-    ref_payloads = {int.from_bytes(s, "big"): p for s, p in ref._buffer}
+    ref_payloads = dict(ref._buffer)
     ref.shutdown()
 
     out = {
