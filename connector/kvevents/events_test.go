@@ -107,3 +107,20 @@ func TestFormatFor(t *testing.T) {
 }
 
 const golden016 = "93cb3ff80000000000009198ab426c6f636b53746f7265649307cfffffffffffffffffc40101059301ffcd012c10c0a3475055c000"
+
+// Byte for byte what vLLM 0.33's msgspec encoder writes for KVEventBatch(ts=1.5, events=[BlockStored(
+// block_hashes=[7, 2**64-1, b"\x01"], parent_block_hash=5, token_ids=[1, -1, 300], block_size=16, lora_id=None,
+// medium="GPU", lora_name=None, group_idx=0, extra_keys=[("lora", ("mm", 3)), None]), BlockRemoved(
+// block_hashes=[1], medium=None, ownership="o"), AllBlocksCleared()], data_parallel_rank=0) (that venv, python -c).
+func TestEncodeGolden033(t *testing.T) {
+	b, err := mustFormat(t, "0.33").EncodeBatch(Batch{TS: 1.5, DataParallelRank: Ptr(int64(0)), Events: []Event{
+		&BlockStored{BlockHashes: []BlockHash{IntHash(7), IntHash(1<<64 - 1), BytesHash([]byte{1})}, ParentBlockHash: Ptr(IntHash(5)),
+			TokenIDs: []int64{1, -1, 300}, BlockSize: 16, Medium: Ptr("GPU"), GroupIdx: Ptr(int64(0)),
+			ExtraKeys: [][]any{{"lora", []any{"mm", 3}}, nil}},
+		&BlockRemoved{BlockHashes: []BlockHash{IntHash(1)}, Ownership: Ptr("o")},
+		&AllBlocksCleared{}}})
+	require.NoError(t, err)
+	assert.Equal(t, golden033, hex.EncodeToString(b))
+}
+
+const golden033 = "93cb3ff800000000000093de000aa474797065ab426c6f636b53746f726564ac626c6f636b5f6861736865739307cfffffffffffffffffc40101b1706172656e745f626c6f636b5f6861736805a9746f6b656e5f6964739301ffcd012caa626c6f636b5f73697a6510a76c6f72615f6964c0a66d656469756da3475055a96c6f72615f6e616d65c0aa65787472615f6b6579739292a46c6f726192a26d6d03c0a967726f75705f6964780084a474797065ac426c6f636b52656d6f766564ac626c6f636b5f6861736865739101a66d656469756dc0a96f776e657273686970a16f81a474797065b0416c6c426c6f636b73436c656172656400"
