@@ -154,9 +154,6 @@ type oracleResult struct {
 // values published and re-encodes to the same bytes; and vLLM's own ZmqEventPublisher, given those batches,
 // answers the same replay requests with the same frames (testdata/vllm_oracle.py).
 func TestVLLMOracle(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts vLLM's Python side (-short)")
-	}
 	for _, version := range vllmVersions() {
 		t.Run(version, func(t *testing.T) {
 			py := vllmPython(t, version)
