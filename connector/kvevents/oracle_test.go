@@ -27,20 +27,9 @@ func vllmVersions() []string {
 	return []string{"0.16.0", "0.33.0"}
 }
 
-// vllmPython returns the interpreter of the release's venv under $GONIXL_VLLM_VENVS (default
-// ~/.cache/gonixl/venvs) once its completion stamp is there, or fails (CI=true) / skips the test.
+// vllmPython returns the interpreter of the release's venv (the connector tier's), or fails (CI=true) / skips.
 func vllmPython(t *testing.T, version string) string {
-	t.Helper()
-	root := os.Getenv("GONIXL_VLLM_VENVS")
-	if root == "" {
-		home, _ := os.UserHomeDir()
-		root = filepath.Join(home, ".cache", "gonixl", "venvs")
-	}
-	venv := filepath.Join(root, "vllm-"+version)
-	if _, err := os.Stat(filepath.Join(venv, ".gonixl-complete")); err != nil {
-		testenv.Missing(t, "the vLLM "+version+" venv ("+venv+")", "run `make vllm-venvs` or `scripts/vllm-venv.sh "+version+"`")
-	}
-	return filepath.Join(venv, "bin", "python")
+	return testenv.VenvPython(t, "vllm-"+version, "the vLLM "+version+" venv", "run `make vllm-venvs` or `scripts/vllm-venv.sh "+version+"`")
 }
 
 // oracleBatch is batch i of the oracle test: events of every kind, with every field the format has set in some
