@@ -187,3 +187,91 @@ func TestCloseAndConfig(t *testing.T) {
 	_, err = p.Publish(Batch{Events: []Event{&BlockStored{}}})
 	assert.ErrorIs(t, err, ErrInvalid)
 }
+
+// A subscriber that never reads cannot block Publish: its queue fills to MaxQueueBytes and further messages are
+// dropped for it (until its write timeout disconnects it); a reading subscriber gets messages in order.
+func TestSlowSubscriberNeverBlocks(t *testing.T) {
+	ctx := ctxT(t)
+	p := startPublisher(t, Config{Format: mustFormat(t, "0.33"), MaxQueueBytes: 256 << 10, WriteTimeout: time.Second})
+	_ = subscribe(t, ctx, p, "") // never reads
+	fast := subscribe(t, ctx, p, "")
+	big := sampleBatch(0)
+	big.Events[0].(*BlockStored).TokenIDs = make([]int64, 16<<10) // ~16 KiB per batch
+	const n = 2000                                                // ~32 MiB in all: far past the socket buffers
+	got := make(chan uint64, n)
+	go func() {
+		defer close(got)
+		for {
+			msg, err := fast.ReadMessage()
+			if err != nil {
+				return // the publisher closed
+			}
+			got <- binary.BigEndian.Uint64(msg[1])
+		}
+	}()
+	start := time.Now()
+	for i := 0; i < n; i++ {
+		_, err := p.Publish(big)
+		require.NoError(t, err)
+	}
+	elapsed := time.Since(start)
+	st := p.Stats()
+	require.NoError(t, p.Close())
+	count, last := 0, int64(-1)
+	for seq := range got {
+		require.Greater(t, int64(seq), last, "out of order")
+		last, count = int64(seq), count+1
+	}
+	t.Logf("%d batches published in %v; the reader got %d (last %d); %d dropped", n, elapsed, count, last, st.Dropped)
+	assert.Positive(t, count)
+	// Once the socket buffers are full the stuck subscriber's queue holds 16 batches at most; past its write
+	// timeout it is disconnected.
+	assert.Positive(t, st.Dropped, "the stuck subscriber missed nothing")
+	assert.Equal(t, uint64(n), st.Published)
+}
+
+// Concurrent publishers, subscribers coming and going, replays and Close: no race, no leak (goleak), no
+// deadlock.
+func TestConcurrentClose(t *testing.T) {
+	ctx := ctxT(t)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	rl, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	p, err := New(Config{Format: mustFormat(t, "0.16"), Listener: l, ReplayListener: rl, BufferSteps: 50, HWM: 10})
+	require.NoError(t, err)
+	done := make(chan struct{})
+	var workers []chan struct{}
+	for w := 0; w < 4; w++ {
+		fin := make(chan struct{})
+		workers = append(workers, fin)
+		go func() {
+			defer close(fin)
+			for i := 0; ; i++ {
+				if _, err := p.Publish(sampleBatch(i)); err != nil {
+					return // ErrClosed
+				}
+				select {
+				case <-done:
+					return
+				default:
+				}
+			}
+		}()
+	}
+	for i := 0; i < 3; i++ {
+		c := dial(t, ctx, p.Addr(), zmtp.SUB)
+		require.NoError(t, c.WriteMessage([][]byte{{1}})) // subscribe to everything
+		_, _, _ = recvPub(t, c)
+		d := dial(t, ctx, p.ReplayAddr(), zmtp.DEALER)
+		require.NoError(t, d.WriteMessage([][]byte{{}, make([]byte, 8)}))
+		require.NoError(t, c.Close())
+	}
+	require.NoError(t, p.Close())
+	close(done)
+	for _, fin := range workers {
+		<-fin
+	}
+	_, err = p.Publish(sampleBatch(0))
+	assert.ErrorIs(t, err, ErrClosed)
+}
