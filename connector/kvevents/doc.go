@@ -9,12 +9,12 @@
 //     everything.
 //   - An optional ROUTER socket answers replay requests: a DEALER (or REQ) sends [b"", start sequence as 8
 //     bytes big-endian] and gets every buffered batch from there on, one message each, then an end marker
-//     (sequence -1 and an empty payload). In 0.16 a replayed message is [b"", seq, payload] and the end marker
-//     [b"", -1, b""]; in 0.33 [b"", topic, seq, payload] and [b"", b"", -1, b""] (Format.ReplayTopic).
+//     (sequence -1 and an empty payload). Up to 0.20 a replayed message is [b"", seq, payload] and the end
+//     marker [b"", -1, b""]; from 0.26 [b"", topic, seq, payload] and [b"", b"", -1, b""] (Format.ReplayTopic).
 //   - The batch and its events are encoded exactly as msgspec encodes vLLM's structs for the consumer's
 //     release (Format, FormatFor): KVEventBatch [ts, events, data_parallel_rank]; BlockStored (block hashes,
 //     parent hash, token ids, block size, LoRA, medium, and the fields later releases added), BlockRemoved,
-//     AllBlocksCleared, as tagged arrays (0.16) or tagged maps with omitted defaults (0.33).
+//     AllBlocksCleared, as tagged arrays (0.16, 0.20) or tagged maps with omitted defaults (from 0.26).
 //
 // Publish never blocks on the network and memory stays bounded: the last Config.BufferSteps batches are kept
 // for replay, and each subscriber has a queue bounded by messages (HWM, like ZMQ's) and bytes; a subscriber
@@ -22,8 +22,8 @@
 // through replay. Connections, subscriptions per subscriber and request sizes are bounded too, and nothing a
 // peer sends can make the publisher panic. Stats and Collector (Prometheus) export the counters.
 //
-// Only the KV-event formats of vLLM 0.16 and 0.33 have been read from their wheels (Formats); FormatFor refuses
-// the releases between them until their rows are added. The tests check every format against vLLM itself:
+// The formats of vLLM 0.16, 0.20, 0.26, 0.29, 0.32 and 0.33 have been read (Formats); FormatFor refuses the
+// series between them until their rows are added. The tests check every format against vLLM itself:
 // msgspec decodes what the publisher sends into vLLM's KVEventBatch, and vLLM's own ZmqEventPublisher, given
 // the same batches, answers replay requests with the same frames.
 //

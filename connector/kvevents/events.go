@@ -309,11 +309,8 @@ func (f Format) EncodeBatch(b Batch) ([]byte, error) {
 	}
 	var buf bytes.Buffer
 	e := msgpack.NewEncoder(&buf)
-	n := 3
-	if b.DataParallelRank == nil {
-		n = 2 // omit_defaults drops a trailing None
-	}
-	if err := e.EncodeArrayLen(n); err != nil {
+	// array_like structs are written whole: msgspec's omit_defaults applies to map encodings only.
+	if err := e.EncodeArrayLen(3); err != nil {
 		return nil, err
 	}
 	if err := e.EncodeFloat64(b.TS); err != nil {
@@ -327,10 +324,12 @@ func (f Format) EncodeBatch(b Batch) ([]byte, error) {
 			return nil, err
 		}
 	}
-	if b.DataParallelRank != nil {
-		if err := e.EncodeInt(*b.DataParallelRank); err != nil {
+	if b.DataParallelRank == nil {
+		if err := e.EncodeNil(); err != nil {
 			return nil, err
 		}
+	} else if err := e.EncodeInt(*b.DataParallelRank); err != nil {
+		return nil, err
 	}
 	return buf.Bytes(), nil
 }
@@ -344,18 +343,12 @@ func (f Format) encodeEvent(e *msgpack.Encoder, ev Event) error {
 	for _, v := range ev.fields() {
 		byName[v.name] = v
 	}
-	// The fields on the wire: every field without a default; a default field only when set (omit_defaults).
-	// For arrays msgspec drops only trailing defaults, so a default field before a set one is written as None.
+	// The fields on the wire: in a map every field without a default and a default field only when set
+	// (omit_defaults); in an array every field, None or not (msgspec ignores omit_defaults for array_like).
 	var out []value
-	last := -1
-	for i, fd := range decl {
-		if !fd.Default || !byName[fd.Name].isNone {
-			last = i
-		}
-	}
-	for i, fd := range decl {
+	for _, fd := range decl {
 		v := byName[fd.Name]
-		if fd.Default && v.isNone && (f.EventsAsMaps || i > last) {
+		if f.EventsAsMaps && fd.Default && v.isNone {
 			continue
 		}
 		out = append(out, v)

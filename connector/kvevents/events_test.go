@@ -23,7 +23,7 @@ func decodeAny(t *testing.T, b []byte) any {
 }
 
 // The shapes msgspec gives vLLM's structs: 0.16 events are arrays with the tag first, 0.33 events are maps with
-// "type" first and omit_defaults; the batch is [ts, events, dp_rank] in both, dp_rank left off when None.
+// "type" first and omit_defaults; the batch is [ts, events, dp_rank] in both, dp_rank None when unset.
 func TestEncodeShapes(t *testing.T) {
 	ev := &BlockStored{BlockHashes: []BlockHash{IntHash(7)}, TokenIDs: []int64{1, 2}, BlockSize: 2}
 	b016, err := mustFormat(t, "0.16").EncodeBatch(Batch{TS: 1.5, Events: []Event{ev, &AllBlocksCleared{}}})
@@ -31,7 +31,11 @@ func TestEncodeShapes(t *testing.T) {
 	assert.Equal(t, []any{1.5, []any{
 		[]any{"BlockStored", []any{int64(7)}, nil, []any{int64(1), int64(2)}, int64(2), nil, nil, nil},
 		[]any{"AllBlocksCleared"},
-	}}, decodeAny(t, b016))
+	}, nil}, decodeAny(t, b016))
+	// 0.20's default fields are written as None in its arrays (msgspec: omit_defaults is for maps only).
+	b020, err := mustFormat(t, "0.20").EncodeBatch(Batch{TS: 1.5, Events: []Event{&BlockRemoved{}}})
+	require.NoError(t, err)
+	assert.Equal(t, []any{1.5, []any{[]any{"BlockRemoved", []any{}, nil, nil}}, nil}, decodeAny(t, b020))
 
 	rank := int64(3)
 	b033, err := mustFormat(t, "0.33").EncodeBatch(Batch{TS: 1.5, Events: []Event{ev, &BlockRemoved{}}, DataParallelRank: &rank})
@@ -91,12 +95,12 @@ func TestEncodeOmitDefaults(t *testing.T) {
 }
 
 func TestFormatFor(t *testing.T) {
-	for v, want := range map[string]string{"0.16.0": "0.16", "0.16.1.post1": "0.16", "0.33.0": "0.33", "0.33.2+cu129": "0.33"} {
+	for v, want := range map[string]string{"0.16.0": "0.16", "0.16.1.post1": "0.16", "0.20.2": "0.20", "0.26.0": "0.26", "0.29.1": "0.29", "0.32.0": "0.32", "0.33.0": "0.33", "0.33.2+cu129": "0.33", "v0.33.0": "0.33"} {
 		f, err := FormatFor(v)
 		require.NoError(t, err, v)
 		assert.Equal(t, want, f.Name, v)
 	}
-	for _, v := range []string{"0.20.0", "0.15.0", "0.33.0rc1", "x"} {
+	for _, v := range []string{"0.17.0", "0.25.0", "0.15.0", "0.33.0rc1", "x"} {
 		_, err := FormatFor(v)
 		assert.ErrorIs(t, err, ErrUnknownVersion, v)
 	}

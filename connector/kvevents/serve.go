@@ -205,6 +205,9 @@ func (s *subscriber) write() {
 			return
 		case <-s.notify:
 		}
+		if testHookWrite != nil {
+			testHookWrite()
+		}
 		s.mu.Lock()
 		q := s.queue
 		s.queue, s.bytes = nil, 0
@@ -217,6 +220,10 @@ func (s *subscriber) write() {
 		}
 	}
 }
+
+// testHookWrite, when a test sets it (before starting a publisher), runs before a subscriber's writer takes its
+// queue: a test holds it to make a subscriber fall behind deterministically.
+var testHookWrite func()
 
 // endSeq is vLLM's end-of-replay marker, (-1).to_bytes(8, "big", signed=True).
 var endSeq = seqBytes(-1)
