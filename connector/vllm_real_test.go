@@ -74,16 +74,7 @@ func vllmPython(t *testing.T, version string) string {
 // its completion stamp is there, or fails (CI) / skips the test saying what and fix.
 func venvPython(t *testing.T, name, what, fix string) string {
 	t.Helper()
-	root := os.Getenv("GONIXL_VLLM_VENVS")
-	if root == "" {
-		home, _ := os.UserHomeDir()
-		root = filepath.Join(home, ".cache", "gonixl", "venvs")
-	}
-	venv := filepath.Join(root, name)
-	if _, err := os.Stat(filepath.Join(venv, ".gonixl-complete")); err != nil {
-		testenv.Missing(t, what+" ("+venv+")", fix)
-	}
-	return filepath.Join(venv, "bin", "python")
+	return testenv.VenvPython(t, name, what, fix)
 }
 
 // realModel writes the model folder; its path is vLLM's model name, hashed as "model".

@@ -13,7 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/gonixl/gonixl/connector/protocol"
-	"github.com/gonixl/gonixl/connector/sidechannel/internal/zmtp"
+	"github.com/gonixl/gonixl/internal/zmtp"
 )
 
 // Errors of this package; errors also wrap protocol's sentinels where the bytes were at fault.

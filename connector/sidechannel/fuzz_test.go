@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/gonixl/gonixl/connector/protocol"
-	"github.com/gonixl/gonixl/connector/sidechannel/internal/zmtp"
+	"github.com/gonixl/gonixl/internal/zmtp"
 )
 
 // FuzzServerStream writes arbitrary bytes to a live Server as one peer's whole stream: the server never

@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gonixl/gonixl/connector/protocol"
-	"github.com/gonixl/gonixl/connector/sidechannel/internal/zmtp"
+	"github.com/gonixl/gonixl/internal/zmtp"
 )
 
 // startServer starts a Server of profile p, closed at the end of the test.

@@ -23,7 +23,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/gonixl/gonixl/connector/protocol"
-	"github.com/gonixl/gonixl/connector/sidechannel/internal/zmtp"
+	"github.com/gonixl/gonixl/internal/zmtp"
 )
 
 // Hostile peers. Waits are bounded by generous deadlines and never assert that something happened fast.

@@ -17,8 +17,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/gonixl/gonixl/connector/protocol"
-	"github.com/gonixl/gonixl/connector/sidechannel/internal/zmtp"
 	"github.com/gonixl/gonixl/internal/lifetime"
+	"github.com/gonixl/gonixl/internal/zmtp"
 )
 
 // DefaultMaxRequestSize bounds a side-channel request. vLLM's requests are 13–20 bytes; like libzmq with

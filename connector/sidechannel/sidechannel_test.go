@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gonixl/gonixl/connector/protocol"
-	"github.com/gonixl/gonixl/connector/sidechannel/internal/zmtp"
+	"github.com/gonixl/gonixl/internal/zmtp"
 )
 
 func testMeta(engine string, tp int) protocol.AgentMetadata {

@@ -17,8 +17,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gonixl/gonixl/connector/protocol"
-	"github.com/gonixl/gonixl/connector/sidechannel/internal/zmtp"
 	"github.com/gonixl/gonixl/internal/testenv"
+	"github.com/gonixl/gonixl/internal/zmtp"
 )
 
 // Interop of the ZMTP layer with libzmq (pyzmq, python/zmtp_peer.py) beyond vLLM's own framing: heartbeats

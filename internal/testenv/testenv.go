@@ -106,6 +106,23 @@ func Python(tb testing.TB) string {
 	return ""
 }
 
+// VenvPython returns the interpreter of the cached venv $GONIXL_VLLM_VENVS/name (default ~/.cache/gonixl/venvs,
+// where scripts/vllm-venv.sh and vllm-cpu-venv.sh put them) once its completion stamp (.gonixl-complete) is
+// there, or fails (CI) / skips the test saying what is missing and fix.
+func VenvPython(tb testing.TB, name, what, fix string) string {
+	tb.Helper()
+	root := os.Getenv("GONIXL_VLLM_VENVS")
+	if root == "" {
+		home, _ := os.UserHomeDir()
+		root = filepath.Join(home, ".cache", "gonixl", "venvs")
+	}
+	venv := filepath.Join(root, name)
+	if _, err := os.Stat(filepath.Join(venv, ".gonixl-complete")); err != nil {
+		Missing(tb, what+" ("+venv+")", fix)
+	}
+	return filepath.Join(venv, "bin", "python")
+}
+
 // PythonModules checks that the interpreter imports every module, failing/skipping the test otherwise.
 func PythonModules(tb testing.TB, python string, modules ...string) {
 	tb.Helper()

@@ -69,7 +69,7 @@ func Handshake(nc net.Conn, opts Options) (*Conn, error) {
 		opts.ReadBufferSize = 4096
 	}
 	switch opts.Type {
-	case REQ, REP, DEALER, ROUTER:
+	case REQ, REP, DEALER, ROUTER, PUB, SUB, XPUB, XSUB:
 	default:
 		return nil, fmt.Errorf("zmtp: socket type %q is not supported here", opts.Type)
 	}
@@ -238,8 +238,9 @@ func (c *Conn) readBody(n uint64) ([]byte, error) {
 }
 
 // ReadMessage reads the next message's frames. Commands between messages are handled: PING is answered with
-// PONG, PONG and other commands (SUBSCRIBE, CANCEL, JOIN, LEAVE, unknown ones) are ignored, ERROR ends the
-// connection with ErrPeerError. A message over MaxMessageSize or MaxFrames returns ErrTooLarge before its
+// PONG; on a PUB or XPUB socket a SUBSCRIBE or CANCEL command (ZMTP 3.1) is returned as a one-frame message in
+// the ZMTP 3.0 form ParseSubscription reads; PONG and other commands (SUBSCRIBE and CANCEL elsewhere, JOIN,
+// LEAVE, unknown ones) are ignored, ERROR ends the connection with ErrPeerError. A message over MaxMessageSize or MaxFrames returns ErrTooLarge before its
 // oversized frame is read: the caller should drop the connection, as libzmq does. Errors from the connection
 // (io.EOF, deadlines) are returned as they are, io.ErrUnexpectedEOF inside a frame.
 func (c *Conn) ReadMessage() ([][]byte, error) {
@@ -267,8 +268,12 @@ func (c *Conn) ReadMessage() ([][]byte, error) {
 			if err != nil {
 				return nil, err
 			}
-			if err := c.command(body); err != nil {
+			sub, err := c.command(body)
+			if err != nil {
 				return nil, err
+			}
+			if sub != nil {
+				return [][]byte{sub}, nil
 			}
 			continue
 		}
@@ -290,26 +295,32 @@ func (c *Conn) ReadMessage() ([][]byte, error) {
 	}
 }
 
-func (c *Conn) command(body []byte) error {
+// command handles a command frame; for a subscription on a PUB or XPUB socket it returns the subscription in
+// its ZMTP 3.0 message form.
+func (c *Conn) command(body []byte) ([]byte, error) {
 	cmd, err := ParseCommand(body)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	switch cmd.Name {
+	case "SUBSCRIBE", "CANCEL":
+		if c.opts.Type == PUB || c.opts.Type == XPUB {
+			return AppendSubscription(make([]byte, 0, 1+len(cmd.Data)), Subscription{Subscribe: cmd.Name == "SUBSCRIBE", Topic: cmd.Data}), nil
+		}
 	case "PING":
 		// ping = command-size "PING" ping-ttl(2) ping-context(0..16); pong echoes the context.
 		if len(cmd.Data) < 2 || len(cmd.Data) > 2+16 {
-			return fmt.Errorf("%w: PING with %d bytes of data", ErrProtocol, len(cmd.Data))
+			return nil, fmt.Errorf("%w: PING with %d bytes of data", ErrProtocol, len(cmd.Data))
 		}
 		if err := c.writeFrames(flagCommand, [][]byte{AppendCommand(nil, "PONG", cmd.Data[2:])}); err != nil {
-			return fmt.Errorf("zmtp: send PONG: %w", err)
+			return nil, fmt.Errorf("zmtp: send PONG: %w", err)
 		}
 	case "ERROR":
-		return fmt.Errorf("%w: %q", ErrPeerError, ParseError(cmd.Data))
+		return nil, fmt.Errorf("%w: %q", ErrPeerError, ParseError(cmd.Data))
 	case "READY":
-		return fmt.Errorf("%w: a second READY command", ErrProtocol)
+		return nil, fmt.Errorf("%w: a second READY command", ErrProtocol)
 	}
-	return nil
+	return nil, nil
 }
 
 // WriteMessage sends one message (every frame but the last with MORE) in one write, within WriteTimeout.

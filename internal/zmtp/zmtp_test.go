@@ -149,8 +149,9 @@ func TestGreeting(t *testing.T) {
 }
 
 func TestCompatible(t *testing.T) {
-	ok := map[SocketType][]SocketType{REQ: {REP, ROUTER}, REP: {REQ, DEALER}, DEALER: {REP, DEALER, ROUTER}, ROUTER: {REQ, DEALER, ROUTER}}
-	all := []SocketType{REQ, REP, DEALER, ROUTER, "PUB", "SUB", "PAIR", "PUSH", "PULL", "XPUB", ""}
+	ok := map[SocketType][]SocketType{REQ: {REP, ROUTER}, REP: {REQ, DEALER}, DEALER: {REP, DEALER, ROUTER}, ROUTER: {REQ, DEALER, ROUTER},
+		PUB: {SUB, XSUB}, XPUB: {SUB, XSUB}, SUB: {PUB, XPUB}, XSUB: {PUB, XPUB}}
+	all := []SocketType{REQ, REP, DEALER, ROUTER, PUB, SUB, "PAIR", "PUSH", "PULL", XPUB, XSUB, ""}
 	for _, local := range all {
 		for _, peer := range all {
 			want := false
@@ -375,4 +376,55 @@ func must(b []byte, ok bool) []byte {
 		panic("missing")
 	}
 	return b
+}
+
+// What a pyzmq SUB sends (testdata/capture.py): SUBSCRIBE/CANCEL commands to a ZMTP 3.1 PUB, 3.0 subscription
+// messages to a 3.0 one; a PUB socket reads both as the same subscriptions, other socket types never see them.
+func TestSubscriptionsCaptured(t *testing.T) {
+	want := []Subscription{{true, []byte("kv")}, {true, []byte{}}, {false, []byte("kv")}}
+	for _, name := range []string{"sub_zmtp31.bin", "sub_to_zmtp30.bin"} {
+		c, err := Handshake(newFake(readSeed(t, name)), Options{Type: PUB})
+		require.NoError(t, err, name)
+		assert.Equal(t, SUB, c.PeerType())
+		var got []Subscription
+		for {
+			msg, err := c.ReadMessage()
+			if err != nil {
+				require.ErrorIs(t, err, io.EOF, name)
+				break
+			}
+			s, ok := ParseSubscription(msg)
+			require.True(t, ok, "%s: %q is not a subscription", name, msg)
+			got = append(got, s)
+		}
+		assert.Equal(t, want, got, name)
+	}
+	// A ROUTER ignores SUBSCRIBE commands (they are not messages).
+	in := append(peerBytes(DEALER, 1, nil), "\x04\x0c\x09SUBSCRIBEkv"...)
+	c, err := Handshake(newFake(in), Options{Type: ROUTER})
+	require.NoError(t, err)
+	_, err = c.ReadMessage()
+	require.ErrorIs(t, err, io.EOF)
+}
+
+func TestParseSubscription(t *testing.T) {
+	for _, tc := range []struct {
+		msg  [][]byte
+		want Subscription
+		ok   bool
+	}{
+		{[][]byte{{1}}, Subscription{true, []byte{}}, true},
+		{[][]byte{[]byte("\x00abc")}, Subscription{false, []byte("abc")}, true},
+		{[][]byte{[]byte("\x02abc")}, Subscription{}, false},
+		{[][]byte{{}}, Subscription{}, false},
+		{[][]byte{{1}, {2}}, Subscription{}, false},
+		{nil, Subscription{}, false},
+	} {
+		s, ok := ParseSubscription(tc.msg)
+		assert.Equal(t, tc.ok, ok, "%q", tc.msg)
+		assert.Equal(t, tc.want, s, "%q", tc.msg)
+		if ok {
+			assert.Equal(t, tc.msg[0], AppendSubscription(nil, s))
+		}
+	}
 }

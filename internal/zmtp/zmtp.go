@@ -1,8 +1,10 @@
-// Package zmtp is the small part of ZMTP 3.x (rfc.zeromq.org 23/ZMTP and 37/ZMTP) that vLLM's side channel
-// needs, in pure Go: the greeting, the NULL security mechanism's READY command with Socket-Type and Identity
-// metadata, short and long frames with the MORE flag, commands beside messages, and PING/PONG. It speaks to
+// Package zmtp is the small part of ZMTP 3.x (rfc.zeromq.org 23/ZMTP and 37/ZMTP) that vLLM's side channel and
+// its KV-events publisher need, in pure Go: the greeting, the NULL security mechanism's READY command with
+// Socket-Type and Identity metadata, short and long frames with the MORE flag, commands beside messages,
+// PING/PONG, and a subscriber's SUBSCRIBE/CANCEL (3.1 commands or 3.0 messages, ParseSubscription). It speaks to
 // libzmq 4.x peers (pyzmq) as ZMTP 3.1 by default, or as 3.0, and accepts 3.0 and 3.1 peers. Socket-type
-// compatibility is checked as libzmq does (REQ↔REP|ROUTER, DEALER↔REP|DEALER|ROUTER, ROUTER↔REQ|DEALER|ROUTER).
+// compatibility is checked as libzmq does (REQ↔REP|ROUTER, DEALER↔REP|DEALER|ROUTER, ROUTER↔REQ|DEALER|ROUTER,
+// PUB|XPUB↔SUB|XSUB).
 //
 // It is a wire codec for one connection (Conn); the socket patterns on top (a ROUTER that answers each peer, a
 // REQ that sends one request and waits) are the caller's. Nothing here trusts the peer: every size is checked
@@ -58,10 +60,14 @@ const (
 	REP    SocketType = "REP"
 	DEALER SocketType = "DEALER"
 	ROUTER SocketType = "ROUTER"
+	PUB    SocketType = "PUB"
+	SUB    SocketType = "SUB"
+	XPUB   SocketType = "XPUB"
+	XSUB   SocketType = "XSUB"
 )
 
 // Compatible reports whether a local socket of type local may talk to a peer of type peer (libzmq's
-// mechanism_t::check_socket_type for the request-reply types).
+// mechanism_t::check_socket_type for the request-reply and publish-subscribe types).
 func Compatible(local, peer SocketType) bool {
 	switch local {
 	case REQ:
@@ -72,6 +78,10 @@ func Compatible(local, peer SocketType) bool {
 		return peer == REP || peer == DEALER || peer == ROUTER
 	case ROUTER:
 		return peer == REQ || peer == DEALER || peer == ROUTER
+	case PUB, XPUB:
+		return peer == SUB || peer == XSUB
+	case SUB, XSUB:
+		return peer == PUB || peer == XPUB
 	}
 	return false
 }
@@ -255,6 +265,34 @@ func AppendFrameHeader(b []byte, flags byte, size int) []byte {
 		return binary.BigEndian.AppendUint64(b, uint64(size))
 	}
 	return append(b, flags, byte(size))
+}
+
+// Subscription is a subscriber's SUBSCRIBE or CANCEL: a topic prefix it wants (or no longer wants) messages for.
+// An empty Topic matches every message.
+type Subscription struct {
+	Subscribe bool // false: CANCEL (unsubscribe)
+	Topic     []byte
+}
+
+// ParseSubscription decodes a subscription as a PUB socket receives it: in ZMTP 3.0 a one-frame message whose
+// first byte is 1 (subscribe) or 0 (cancel) followed by the topic; from 3.1 a SUBSCRIBE or CANCEL command, which
+// Conn.ReadMessage hands to a PUB or XPUB socket in the same one-frame form. ok is false for any other message
+// (a PUB socket drops those, as libzmq does). Topic aliases msg.
+func ParseSubscription(msg [][]byte) (Subscription, bool) {
+	if len(msg) != 1 || len(msg[0]) == 0 || msg[0][0] > 1 {
+		return Subscription{}, false
+	}
+	return Subscription{Subscribe: msg[0][0] == 1, Topic: msg[0][1:]}, true
+}
+
+// AppendSubscription appends a subscription in the ZMTP 3.0 message form (what a SUB sends to a 3.0 peer).
+func AppendSubscription(b []byte, s Subscription) []byte {
+	if s.Subscribe {
+		b = append(b, 1)
+	} else {
+		b = append(b, 0)
+	}
+	return append(b, s.Topic...)
 }
 
 // printable keeps what a log line can show of peer-chosen text.

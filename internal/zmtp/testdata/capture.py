@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """Captures the bytes libzmq (through pyzmq) writes on the wire, as seeds for the zmtp fuzz targets and as
-vectors for its tests. Run from the repository root: .venv/bin/python connector/sidechannel/internal/zmtp/testdata/capture.py
+vectors for its tests. Run from the repository root: .venv/bin/python internal/zmtp/testdata/capture.py
 
   req_*.bin:    what a pyzmq REQ socket sends to a ROUTER: greeting, READY, then a request ["", body].
   router_*.bin: what a pyzmq ROUTER sends to a REQ: greeting, READY, then a reply ["", payload, clock] (H4).
   dealer_*.bin: what a pyzmq DEALER sends: greeting, READY (with an Identity), then a 3-frame message with a
                 long (300-byte) frame.
   heartbeat_req.bin: a REQ with ZMQ_HEARTBEAT_IVL set: greeting, READY, then PING commands (ZMTP 3.1).
+  sub_zmtp31.bin, sub_to_zmtp30.bin: what a pyzmq SUB sends to a PUB peer speaking ZMTP 3.1 or 3.0: greeting,
+                READY, then subscriptions to "kv" and "" and the cancel of "kv" (commands or 3.0 messages).
 The "peer" side of each capture is a raw socket that writes a ZMTP 3.1 greeting and READY of the matching
 socket type, so libzmq completes its handshake.
 """
@@ -100,6 +102,17 @@ def capture_router(name):
     ctx.term()
 
 
+def subscribe(s):
+    s.setsockopt(zmq.SUBSCRIBE, b"kv")
+    s.setsockopt(zmq.SUBSCRIBE, b"")
+    s.setsockopt(zmq.UNSUBSCRIBE, b"kv")
+
+
+def capture_sub():
+    capture_client(zmq.SUB, b"PUB", 1, subscribe, "sub_zmtp31.bin")
+    capture_client(zmq.SUB, b"PUB", 0, subscribe, "sub_to_zmtp30.bin")
+
+
 def main():
     req = bytes.fromhex("93c40c6765745f6d6574615f6d73670001")
     capture_client(zmq.REQ, b"ROUTER", 1, lambda s: s.send(req), "req_zmtp31.bin")
@@ -109,6 +122,7 @@ def main():
     capture_client(zmq.REQ, b"ROUTER", 1, lambda s: None, "heartbeat_req.bin",
                    opts=[(zmq.HEARTBEAT_IVL, 100), (zmq.HEARTBEAT_TTL, 2000), (zmq.HEARTBEAT_TIMEOUT, 5000)])
     capture_router("router_reply_h4.bin")
+    capture_sub()
     print("pyzmq", zmq.pyzmq_version(), "libzmq", zmq.zmq_version(), file=sys.stderr)
 
 

@@ -1,6 +1,7 @@
 package zmtp
 
 import (
+	"bytes"
 	"errors"
 	"io"
 	"os"
@@ -26,6 +27,28 @@ func seeds(f *testing.F) {
 	f.Add(append(peerBytes(REQ, 1, nil), "\x04\x0a\x04PING\x00\x0actx\x00\x05hello"...))
 	f.Add(append(peerBytes(REQ, 1, nil), "\x02\x00\x00\x00\x00\x06\x40\x00\x00"...))
 	f.Add(AppendGreeting(nil, 1))
+	f.Add(append(peerBytes(SUB, 1, nil), "\x04\x0c\x09SUBSCRIBEkv\x04\x09\x06CANCELkv"...))
+	f.Add(peerBytes(SUB, 0, nil, [][]byte{[]byte("\x01kv")}, [][]byte{{0}}))
+}
+
+// FuzzParseSubscription: a subscription frame a PUB socket reads decodes without panicking and round-trips.
+func FuzzParseSubscription(f *testing.F) {
+	f.Add([]byte("\x01kv"))
+	f.Add([]byte("\x00"))
+	f.Add([]byte("\x02"))
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, in []byte) {
+		s, ok := ParseSubscription([][]byte{in})
+		if !ok {
+			if len(in) > 0 && in[0] <= 1 {
+				t.Fatalf("refused % x", in)
+			}
+			return
+		}
+		if !bytes.Equal(AppendSubscription(nil, s), in) {
+			t.Fatalf("round trip % x", in)
+		}
+	})
 }
 
 // FuzzConn: any bytes from a peer end in an error or messages within the limits, never a panic, a hang or an
@@ -33,7 +56,7 @@ func seeds(f *testing.F) {
 func FuzzConn(f *testing.F) {
 	seeds(f)
 	f.Fuzz(func(t *testing.T, in []byte) {
-		for _, st := range []SocketType{ROUTER, REQ} {
+		for _, st := range []SocketType{ROUTER, REQ, PUB} {
 			c, err := Handshake(newFake(in), Options{Type: st, MaxMessageSize: 1 << 16, MaxFrames: 8})
 			if err != nil {
 				if c != nil {
@@ -52,6 +75,11 @@ func FuzzConn(f *testing.F) {
 						break
 					}
 					t.Fatalf("unexpected error kind: %v", err)
+				}
+				if sub, ok := ParseSubscription(msg); ok && st == PUB {
+					if !bytes.Equal(AppendSubscription(nil, sub), msg[0]) {
+						t.Fatalf("subscription %q does not round-trip", msg[0])
+					}
 				}
 				if len(msg) == 0 || len(msg) > 8 {
 					t.Fatalf("%d frames", len(msg))
