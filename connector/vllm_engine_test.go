@@ -845,7 +845,7 @@ const (
 )
 
 // count is how many times line stands in e's output.
-func count(e *vllmengine.Engine, line string) int { return strings.Count(e.Output(), line) }
+func count(e *vllmengine.Engine, line string) int { return e.Count(line) }
 
 // waitUntil polls cond every 50 ms until it holds or limit passes, and reports how long it took.
 func waitUntil(t *testing.T, limit time.Duration, cond func() bool, msg string, args ...any) time.Duration {

@@ -10,6 +10,7 @@
 package vllmengine
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -286,6 +287,9 @@ func (e *Engine) Stop() {
 // Output is the engine's output so far (the last 8 MiB at most).
 func (e *Engine) Output() string { return e.out.String() }
 
+// Count is how many times s stands in the engine's output so far (its last 8 MiB), without copying it.
+func (e *Engine) Count(s string) int { return e.out.Count(s) }
+
 // Tail is the last n bytes of the engine's output.
 func (e *Engine) Tail(n int) string { return e.out.Tail(n) }
 
@@ -326,6 +330,13 @@ func (b *Buffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return string(b.b)
+}
+
+// Count is how many times s stands in what the buffer holds.
+func (b *Buffer) Count(s string) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return bytes.Count(b.b, []byte(s))
 }
 
 // Tail returns the last n bytes.

@@ -73,6 +73,8 @@ func TestBuffer(t *testing.T) {
 	assert.LessOrEqual(t, len(s), 100)
 	assert.True(t, strings.HasSuffix(s, "line 49\n"), s)
 	assert.Equal(t, "line 49\n", b.Tail(8)[len("…"):])
+	assert.Equal(t, 1, b.Count("line 49"))
+	assert.Equal(t, strings.Count(s, "line"), b.Count("line"))
 }
 
 // Prompts are the tokenizer's words and their ids; ReadKV refuses a file of the wrong size.
