@@ -36,16 +36,11 @@ package connector_test
 // (a) decoded to other tokens from the first one on and (b) read K back transposed: both checks caught it.
 
 import (
-	"bytes"
 	"context"
 	"encoding/binary"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"math"
-	"math/rand/v2"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -56,7 +51,6 @@ import (
 	"sort"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -70,6 +64,7 @@ import (
 	"github.com/gonixl/gonixl/connector/protocol"
 	"github.com/gonixl/gonixl/internal/nixltest"
 	"github.com/gonixl/gonixl/internal/testenv"
+	"github.com/gonixl/gonixl/internal/vllmengine"
 	"github.com/gonixl/gonixl/layout"
 	"github.com/gonixl/gonixl/neuron"
 	"github.com/gonixl/gonixl/neuron/neurontest"
@@ -78,11 +73,10 @@ import (
 
 // The engine tier's engine settings and tolerances.
 const (
-	engFirstWord = 3  // token id of "w0" (after <unk>, <s>, </s>)
-	engSteps     = 16 // greedy tokens per request
-	engMaxSeq    = 512
-	engBlocks    = 32 // gonixl's caches
-	engConc      = 8  // concurrent requests against one decode engine
+	engSteps  = 16 // greedy tokens per request
+	engMaxSeq = 512
+	engBlocks = 32 // gonixl's caches
+	engConc   = 8  // concurrent requests against one decode engine
 	// engLease is the behaviour cases' engine's hold of blocks no decode reads (vLLM's default: 480 s up to
 	// 0.21, a 30 s lease from 0.22), and engHold gonixl's prefill's in those cases.
 	engLease = 30 * time.Second // the transferred cases must handshake and READ inside it on a loaded machine
@@ -112,9 +106,8 @@ func (s engSpec) torchDType() string {
 	return "float32"
 }
 
-func (s engSpec) json() string {
-	return fmt.Sprintf(`{"arch": %q, "layers": %d, "heads": %d, "kv_heads": %d, "head_dim": %d, "dtype": %q}`,
-		s.arch, s.layers, s.heads, s.kvHeads, s.headDim, s.torchDType())
+func (s engSpec) modelSpec() vllmengine.ModelSpec {
+	return vllmengine.ModelSpec{Arch: s.arch, Layers: s.layers, Heads: s.heads, KVHeads: s.kvHeads, HeadDim: s.headDim, DType: s.torchDType()}
 }
 
 // minMargin is the smallest top-2 logprob margin that the engine's own greedy continuation of a prompt must
@@ -225,28 +218,8 @@ func enginePython(t *testing.T, version string) string {
 // model's name, hashed).
 func engineModel(t *testing.T, py string, s engSpec) string {
 	dir := filepath.Join(t.TempDir(), s.name)
-	out, err := exec.Command(py, filepath.Join(testenv.RepoRoot(), "python", "engine_model.py"), "make-model", dir, s.json()).CombinedOutput()
-	require.NoError(t, err, "make-model: %s", out)
+	require.NoError(t, vllmengine.WriteModel(t.Context(), py, testenv.RepoRoot(), dir, s.modelSpec()))
 	return dir
-}
-
-// prompt is a prompt of n words, distinct per seed: its text and its token ids.
-type prompt struct {
-	text string
-	ids  []int
-}
-
-func makePrompt(n int, seed uint64) prompt {
-	r := rand.New(rand.NewPCG(seed, 20))
-	var p prompt
-	words := make([]string, n)
-	for i := range words {
-		w := r.IntN(4096)
-		words[i] = fmt.Sprintf("w%d", w)
-		p.ids = append(p.ids, engFirstWord+w)
-	}
-	p.text = strings.Join(words, " ")
-	return p
 }
 
 // refKV is transformers' KV of a prompt: per layer, K then V, each (1, kv_heads, seq, head_dim) in the model's
@@ -257,321 +230,77 @@ type refKV struct {
 }
 
 // computeRefKVs runs transformers over every prompt in one process (python/engine_model.py reference).
-func computeRefKVs(t *testing.T, py, model string, s engSpec, ps []prompt) []refKV {
+func computeRefKVs(t *testing.T, py, model string, s engSpec, ps []vllmengine.Prompt) []refKV {
 	t.Helper()
-	dir := t.TempDir()
-	ids := make([][]int, len(ps))
-	for i, p := range ps {
-		ids[i] = p.ids
-	}
-	in, err := json.Marshal(ids)
+	files, err := vllmengine.ComputeReferences(t.Context(), py, testenv.RepoRoot(), model, t.TempDir(), ps)
 	require.NoError(t, err)
-	cmd := exec.Command(py, filepath.Join(testenv.RepoRoot(), "python", "engine_model.py"), "reference", model, dir)
-	cmd.Env = append(os.Environ(), "HF_HUB_OFFLINE=1", "TRANSFORMERS_OFFLINE=1", "OMP_NUM_THREADS=1")
-	cmd.Stdin = bytes.NewReader(in)
-	stdout, err := cmd.Output()
-	require.NoError(t, err, "reference: %s", testenv.ExitStderr(err))
-	lines := strings.Split(strings.TrimSpace(string(stdout)), "\n")
-	require.Len(t, lines, len(ps), "reference: %s", stdout)
+	c := vllmengine.Config{Layers: s.layers, KVHeads: s.kvHeads, HeadDim: s.headDim, DType: s.torchDType()}
 	out := make([]refKV, len(ps))
 	for i, p := range ps {
-		var res struct {
-			Tokens int `json:"tokens"`
-		}
-		require.NoError(t, json.Unmarshal([]byte(lines[i]), &res), "reference: %s", lines[i])
-		require.Equal(t, len(p.ids), res.Tokens)
-		raw, err := os.ReadFile(filepath.Join(dir, fmt.Sprintf("kv-%d.bin", i)))
+		kv := refKV{tokens: len(p.IDs)}
+		kv.k, kv.v, err = vllmengine.ReadKV(files[i], c, len(p.IDs))
 		require.NoError(t, err)
-		n := len(p.ids) * s.kvHeads * s.headDim * s.dtype.Size()
-		require.Len(t, raw, 2*s.layers*n)
-		kv := refKV{tokens: len(p.ids)}
-		for l := range s.layers {
-			kv.k = append(kv.k, raw[(2*l)*n:(2*l+1)*n])
-			kv.v = append(kv.v, raw[(2*l+1)*n:(2*l+2)*n])
-		}
 		out[i] = kv
 	}
 	return out
 }
 
-// waitEngines waits until each engine spawned (spawnEngine, all at once) serves /health. vLLM's NIXL side channel
-// listens on VLLM_NIXL_SIDE_CHANNEL_PORT, which vLLM cannot take as 0 (it publishes that number): each port is
-// random in 20000..59999, and an engine whose port vLLM reports in use is started again with another.
-func waitEngines(t *testing.T, ctx context.Context, py string, models map[string]string, opts map[string]engineOpts, out map[string]*engine) map[string]*engine {
-	t.Helper()
-	for name, e := range out {
-		for attempt := 0; ; attempt++ {
-			err := e.waitReady(t, ctx)
-			if err == nil {
-				break
-			}
-			if !errors.Is(err, syscall.EADDRINUSE) || attempt == 4 {
-				require.NoError(t, err)
-			}
-			t.Logf("engine %s: side-channel port in use, starting it again with another", name)
-			e = spawnEngine(t, py, models[name], name, opts[name])
-			out[name] = e
-		}
+// engineSpec is how the tier starts spec s's engine (vllmengine: as a user starts it, HTTP on a Unix socket,
+// kv_both, prefix caching on, the compatibility hash enforced), serving model.
+func engineSpec(t *testing.T, rel *engineRelease, s engSpec, model string) vllmengine.Spec {
+	es := vllmengine.Spec{Python: rel.py, Model: model, Name: "engine " + s.name, BlockSize: s.blockSize, DType: s.torchDType(),
+		MaxNumSeqs: engConc, PrefixCaching: true, EnforceCompat: true, Logf: t.Logf}
+	if engineNobindBroken[rel.version] {
+		es.Env = append(es.Env, fmt.Sprintf("VLLM_CPU_OMP_THREADS_BIND=0-%d", runtime.NumCPU()-1))
 	}
-	return out
+	if s.behaviour {
+		es.Lease, es.Leases, es.LogRequests = engLease, rel.p.Leases, true
+	}
+	return es
 }
 
-// engine is one vLLM OpenAI server (python -m vllm.entrypoints.openai.api_server), HTTP on a Unix socket.
-type engine struct {
-	name     string
-	sock     string
-	model    string
-	sidePort int
-	timeout  time.Duration
-	stderr   *testenv.Buffer
-	client   *http.Client
-	waited   chan error
-	exited   chan struct{}
-	stop     func()
-	started  time.Time
+// tryComplete posts a greedy completion with logprobs (the top 2: Completion.Margin) to url (an engine's or
+// gonixl's /v1/completions); salt, when set, is vLLM's cache_salt (the request's prefix-cache entries are its
+// own).
+func tryComplete(ctx context.Context, client *http.Client, url, model string, p vllmengine.Prompt, maxTokens int, kv json.RawMessage, salt string) (vllmengine.Completion, error) {
+	return vllmengine.Complete(ctx, client, url, vllmengine.Request{Model: model, Prompt: p.Text, MaxTokens: maxTokens, Logprobs: 2,
+		KVTransferParams: kv, CacheSalt: salt})
 }
 
-type engineOpts struct {
-	spec           engSpec
-	prefixCaching  bool
-	enforceCompat  bool
-	startupTimeout time.Duration
-	env            []string // more environment
-	// lease, when set, is how long the engine holds a prefilled request's blocks for a decode that never
-	// reads them: kv_lease_duration (releases with leases, 0.22+) or VLLM_NIXL_ABORT_REQUEST_TIMEOUT.
-	lease  time.Duration
-	leases bool // the release has leases
-	// logRequests is --enable-log-requests: vLLM logs each request, and "Aborted request(s) …" only then.
-	logRequests bool
-}
-
-func spawnEngine(t *testing.T, py, model, name string, o engineOpts) *engine {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "gonixl-engine-") // short: a Unix socket path has 108 bytes
-	require.NoError(t, err)
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	e := &engine{name: name, sock: filepath.Join(dir, "http.sock"), model: model, sidePort: 20000 + rand.IntN(12000), // below Linux's ephemeral range (32768-60999)
-		timeout: o.startupTimeout, waited: make(chan error, 1), exited: make(chan struct{}), started: time.Now()}
-	if e.timeout == 0 {
-		// Bounded, and generous: on a loaded 2-core machine importing vLLM alone can take minutes.
-		e.timeout = 15 * time.Minute
-	}
-	e.client = &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, "unix", e.sock)
-	}}}
-	t.Cleanup(e.client.CloseIdleConnections)
-	kvc := map[string]any{"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_buffer_device": "cpu"}
-	extra := map[string]any{}
-	if !o.enforceCompat {
-		extra["enforce_handshake_compat"] = false
-	}
-	env := o.env
-	if o.lease > 0 && o.leases {
-		extra["kv_lease_duration"] = int(o.lease.Seconds())
-	} else if o.lease > 0 {
-		env = append(env, fmt.Sprintf("VLLM_NIXL_ABORT_REQUEST_TIMEOUT=%d", int(o.lease.Seconds())))
-	}
-	if len(extra) > 0 {
-		kvc["kv_connector_extra_config"] = extra
-	}
-	kvcJSON, err := json.Marshal(kvc)
-	require.NoError(t, err)
-	args := []string{"-m", "vllm.entrypoints.openai.api_server", "--model", model, "--uds", e.sock,
-		"--block-size", fmt.Sprint(o.spec.blockSize), "--enforce-eager", "--dtype", o.spec.torchDType(), "--max-model-len", "1024",
-		"--max-num-seqs", fmt.Sprint(engConc), "--kv-transfer-config", string(kvcJSON)}
-	if o.logRequests {
-		args = append(args, "--enable-log-requests")
-	}
-	if o.prefixCaching {
-		args = append(args, "--enable-prefix-caching")
-	} else {
-		args = append(args, "--no-enable-prefix-caching")
-	}
-	cmd := exec.Command(py, args...)
-	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "VLLM_TARGET_DEVICE=cpu", "UCX_NET_DEVICES=lo", "VLLM_CPU_KVCACHE_SPACE=1",
-		"VLLM_HOST_IP=127.0.0.1", "VLLM_NIXL_SIDE_CHANNEL_HOST=127.0.0.1", fmt.Sprintf("VLLM_NIXL_SIDE_CHANNEL_PORT=%d", e.sidePort),
-		"VLLM_CPU_OMP_THREADS_BIND=nobind", "OMP_NUM_THREADS=1", "HF_HUB_OFFLINE=1", "TRANSFORMERS_OFFLINE=1",
-		"VLLM_NO_USAGE_STATS=1", "DO_NOT_TRACK=1", "PYTHONUNBUFFERED=1")
-	cmd.Env = append(cmd.Env, env...)
-	// The API server starts the engine core in a child process of its own: both are in this process group.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	child := testenv.StartChild(t, cmd, false)
-	e.stderr = child.Stderr
-	// vLLM logs to stdout: it goes into the same locked buffer, and Wait (which closes the pipe) only once the
-	// copy has read it to the end, so no tail is lost.
-	copied := make(chan struct{})
-	go func() { _, _ = io.Copy(e.stderr, child.Stdout); close(copied) }()
-	go func() { <-copied; e.waited <- cmd.Wait(); close(e.exited) }()
-	var once sync.Once // stopped from waitReady and again at clean-up: signal the process group once
-	e.stop = func() {
-		once.Do(func() {
-			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM)
-			select {
-			case <-e.exited:
-			case <-time.After(20 * time.Second):
-			}
-			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-			<-e.exited
-		})
-	}
-	t.Cleanup(e.stop)
-	return e
-}
-
-// waitReady waits until the engine serves /health; an error wrapping EADDRINUSE means its side-channel port
-// was taken (the engine is stopped then).
-func (e *engine) waitReady(t *testing.T, ctx context.Context) error {
-	deadline := time.Now().Add(e.timeout)
-	for {
-		if inUseText(e.stderr.String()) {
-			e.stop()
-			return fmt.Errorf("engine %s: side-channel port %d: %w", e.name, e.sidePort, syscall.EADDRINUSE)
-		}
-		select {
-		case err := <-e.waited:
-			e.waited <- err
-			return fmt.Errorf("engine %s exited during start-up (%v): %s", e.name, err, e.stderr.Tail(6000))
-		case <-ctx.Done():
-			return fmt.Errorf("engine %s: %w: %s", e.name, ctx.Err(), e.stderr.Tail(4000))
-		case <-time.After(500 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("engine %s not healthy after %v: %s", e.name, e.timeout, e.stderr.Tail(6000))
-		}
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://engine/health", nil)
-		if err != nil {
-			return err
-		}
-		if resp, err := e.client.Do(req); err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				t.Logf("engine %s ready %.1f s after its start (side channel 127.0.0.1:%d)", e.name, time.Since(e.started).Seconds(), e.sidePort)
-				return nil
-			}
-		}
-	}
-}
-
-// completion is what the tier compares: the generated tokens (the word-level tokenizer's words) and their
-// completion is what the tier compares: the generated tokens (the word-level tokenizer's words) and their
-// logprobs, plus the kv_transfer_params of a prefill answer.
-type completion struct {
-	text     string
-	tokens   []string
-	logprobs []float64
-	margin   float64 // the smallest gap between the top two logprobs over the generated tokens
-	params   json.RawMessage
-	ttft     time.Duration
-}
-
-// remoteDecodeParams is what vLLM's disaggregated proxy sends with the prefill request.
-var remoteDecodeParams = json.RawMessage(`{"do_remote_decode": true, "do_remote_prefill": false, "remote_engine_id": null,
- "remote_block_ids": null, "remote_host": null, "remote_port": null}`)
-
-// tryComplete posts a greedy completion with logprobs to url (an engine's or gonixl's /v1/completions); salt,
-// when set, is vLLM's cache_salt (the request's prefix-cache entries are its own).
-func tryComplete(ctx context.Context, client *http.Client, url, model string, p prompt, maxTokens int, kv json.RawMessage, salt string) (completion, error) {
-	body := map[string]any{"model": model, "prompt": p.text, "max_tokens": maxTokens, "temperature": 0, "logprobs": 2,
-		"ignore_eos": true, "stream": false}
-	if kv != nil {
-		body["kv_transfer_params"] = kv
-	}
-	if salt != "" {
-		body["cache_salt"] = salt
-	}
-	b, err := json.Marshal(body)
-	if err != nil {
-		return completion{}, err
-	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/completions", bytes.NewReader(b))
-	if err != nil {
-		return completion{}, err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	start := time.Now()
-	resp, err := client.Do(req)
-	if err != nil {
-		return completion{}, err
-	}
-	defer resp.Body.Close()
-	raw, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return completion{}, err
-	}
-	if resp.StatusCode != http.StatusOK {
-		return completion{}, fmt.Errorf("%s: %s: %s", url, resp.Status, raw)
-	}
-	var out struct {
-		Choices []struct {
-			Text     string `json:"text"`
-			Logprobs *struct {
-				Tokens        []string             `json:"tokens"`
-				TokenLogprobs []float64            `json:"token_logprobs"`
-				TopLogprobs   []map[string]float64 `json:"top_logprobs"`
-			} `json:"logprobs"`
-		} `json:"choices"`
-		KVTransferParams json.RawMessage `json:"kv_transfer_params"`
-	}
-	if err := json.Unmarshal(raw, &out); err != nil {
-		return completion{}, fmt.Errorf("%s: %w: %s", url, err, raw)
-	}
-	if len(out.Choices) != 1 {
-		return completion{}, fmt.Errorf("%s: %d choices: %s", url, len(out.Choices), raw)
-	}
-	c := completion{text: out.Choices[0].Text, params: out.KVTransferParams, ttft: time.Since(start)}
-	if lp := out.Choices[0].Logprobs; lp != nil {
-		c.tokens, c.logprobs = lp.Tokens, lp.TokenLogprobs
-		c.margin = math.Inf(1)
-		for _, top := range lp.TopLogprobs {
-			var v []float64
-			for _, x := range top {
-				v = append(v, x)
-			}
-			if len(v) < 2 {
-				continue // the chosen token alone (or a tie merged by name)
-			}
-			sort.Sort(sort.Reverse(sort.Float64Slice(v)))
-			c.margin = min(c.margin, v[0]-v[1])
-		}
-	}
-	return c, nil
-}
-
-func complete(t *testing.T, ctx context.Context, client *http.Client, url, model string, p prompt, maxTokens int, kv json.RawMessage, salt string) completion {
+func complete(t *testing.T, ctx context.Context, client *http.Client, url, model string, p vllmengine.Prompt, maxTokens int, kv json.RawMessage, salt string) vllmengine.Completion {
 	t.Helper()
 	c, err := tryComplete(ctx, client, url, model, p, maxTokens, kv, salt)
 	require.NoError(t, err)
 	return c
 }
 
-func (e *engine) complete(t *testing.T, ctx context.Context, p prompt, maxTokens int, kv json.RawMessage, salt string) completion {
+// engComplete is complete against engine e.
+func engComplete(t *testing.T, ctx context.Context, e *vllmengine.Engine, p vllmengine.Prompt, maxTokens int, kv json.RawMessage, salt string) vllmengine.Completion {
 	t.Helper()
-	return complete(t, ctx, e.client, "http://engine", e.model, p, maxTokens, kv, salt)
+	return complete(t, ctx, e.Client(), vllmengine.BaseURL, e.Model, p, maxTokens, kv, salt)
 }
 
 // sameOutput requires got to be want's tokens with logprobs within s.logprobTol(), and returns the largest
 // logprob difference.
-func sameOutput(t *testing.T, s engSpec, want, got completion, what string) float64 {
+func sameOutput(t *testing.T, s engSpec, want, got vllmengine.Completion, what string) float64 {
 	t.Helper()
-	require.Len(t, want.tokens, engSteps, "reference of %s", what)
+	require.Len(t, want.Tokens, engSteps, "reference of %s", what)
 	requireMargin(t, s, want, what)
-	require.Equal(t, want.tokens, got.tokens, "%s: other tokens than the engine alone (text %q, engine alone %q)", what, got.text, want.text)
-	require.Len(t, got.logprobs, len(want.logprobs))
+	require.Equal(t, want.Tokens, got.Tokens, "%s: other tokens than the engine alone (text %q, engine alone %q)", what, got.Text, want.Text)
+	require.Len(t, got.Logprobs, len(want.Logprobs))
 	worst := 0.0
-	for i := range want.logprobs {
-		worst = max(worst, math.Abs(want.logprobs[i]-got.logprobs[i]))
+	for i := range want.Logprobs {
+		worst = max(worst, math.Abs(want.Logprobs[i]-got.Logprobs[i]))
 	}
-	assert.LessOrEqual(t, worst, s.logprobTol(), "%s: logprobs %v, engine alone %v", what, got.logprobs, want.logprobs)
+	assert.LessOrEqual(t, worst, s.logprobTol(), "%s: logprobs %v, engine alone %v", what, got.Logprobs, want.Logprobs)
 	return worst
 }
 
 // requireMargin requires the reference's greedy choices to be decided by the model, not by float noise: the
 // top-2 logprob gap of every generated token is at least s.minMargin().
-func requireMargin(t *testing.T, s engSpec, ref completion, what string) {
+func requireMargin(t *testing.T, s engSpec, ref vllmengine.Completion, what string) {
 	t.Helper()
-	require.GreaterOrEqual(t, ref.margin, s.minMargin(), "reference of %s: the model's greedy margin is too small for a token comparison", what)
+	require.GreaterOrEqual(t, ref.Margin, s.minMargin(), "reference of %s: the model's greedy margin is too small for a token comparison", what)
 }
 
 // neuronPrefill is gonixl's prefill worker of case (a): NxDI-shaped KV tensors (batch 1, engMaxSeq positions)
@@ -691,14 +420,14 @@ type engineRun struct {
 	s       engSpec
 	order   layout.BlockOrder // the engine's CPU_ATTN packing on this CPU (engineISAs)
 	model   string
-	e       *engine
+	e       *vllmengine.Engine
 	// the prompts: a ends inside a block, b too, c at a block's end; conc (spec.concurrent) alternate; seed
 	// is their seeds' base
-	pa, pb, pc prompt
+	pa, pb, pc vllmengine.Prompt
 	seed       uint64
-	conc       []prompt
+	conc       []vllmengine.Prompt
 	kvs        map[string]refKV // transformers' KV of pa, pb and conc
-	refs       map[string]completion
+	refs       map[string]vllmengine.Completion
 }
 
 func (r *engineRun) cm() connector.Model { return r.s.engModel(r.model, r.order) }
@@ -712,30 +441,30 @@ const engPromptTries = 8
 // prompts of p's length (seeds seed+k·2³², apart from every other prompt's) whose reference is. The choice is made on the engine's own output
 // before anything is transferred, so it cannot favour a transfer; it only keeps undecidable prompts out of
 // the token comparison. An fp32 prompt's reference KV is computed (transformers) when the prompt changed.
-func (r *engineRun) decidedPrompt(t *testing.T, ctx context.Context, p prompt, seed uint64, salt string) prompt {
+func (r *engineRun) decidedPrompt(t *testing.T, ctx context.Context, p vllmengine.Prompt, seed uint64, salt string) vllmengine.Prompt {
 	t.Helper()
 	var margins []float64
 	for k := range engPromptTries {
 		if k > 0 {
-			p = makePrompt(len(p.ids), seed+uint64(k)<<32)
+			p = vllmengine.MakePrompt(len(p.IDs), seed+uint64(k)<<32)
 		}
-		ref := r.e.complete(t, ctx, p, engSteps, nil, fmt.Sprintf("%s-%d", salt, k))
-		if ref.margin < r.s.minMargin() {
-			margins = append(margins, ref.margin)
+		ref := engComplete(t, ctx, r.e, p, engSteps, nil, fmt.Sprintf("%s-%d", salt, k))
+		if ref.Margin < r.s.minMargin() {
+			margins = append(margins, ref.Margin)
 			continue
 		}
 		if k > 0 {
 			t.Logf("%s: prompt of %d tokens, seed %d: the first %d prompts' references had greedy margins %v (< %g)",
-				salt, len(p.ids), seed+uint64(k)<<32, k, margins, r.s.minMargin())
-			if _, ok := r.kvs[p.text]; !ok && r.s.dtype != layout.BF16 {
-				r.kvs[p.text] = computeRefKVs(t, r.py, r.model, r.s, []prompt{p})[0]
+				salt, len(p.IDs), seed+uint64(k)<<32, k, margins, r.s.minMargin())
+			if _, ok := r.kvs[p.Text]; !ok && r.s.dtype != layout.BF16 {
+				r.kvs[p.Text] = computeRefKVs(t, r.py, r.model, r.s, []vllmengine.Prompt{p})[0]
 			}
 		}
-		r.refs[p.text] = ref
+		r.refs[p.Text] = ref
 		return p
 	}
 	require.FailNow(t, "no decided prompt", "%s: %d prompts of %d tokens: every reference has a greedy margin below %g (%v); "+
-		"the model cannot tell its tokens from float noise", salt, engPromptTries, len(p.ids), r.s.minMargin(), margins)
+		"the model cannot tell its tokens from float noise", salt, engPromptTries, len(p.IDs), r.s.minMargin(), margins)
 	return p
 }
 
@@ -743,14 +472,14 @@ func newEngineRun(r *engineRun) {
 	b := r.s.blockSize
 	r.seed = uint64(len(r.s.name)) * 1000
 	seed := r.seed
-	r.pa, r.pb, r.pc = makePrompt(2*b+5, seed+1), makePrompt(b+b/2+1, seed+2), makePrompt(3*b, seed+3)
+	r.pa, r.pb, r.pc = vllmengine.MakePrompt(2*b+5, seed+1), vllmengine.MakePrompt(b+b/2+1, seed+2), vllmengine.MakePrompt(3*b, seed+3)
 	if r.s.concurrent {
 		for i := range engConc {
 			n := (i/2 + 1) * b // even: a block's end; odd: inside the next block
 			if i%2 == 1 {
 				n += 7
 			}
-			r.conc = append(r.conc, makePrompt(n, seed+10+uint64(i)))
+			r.conc = append(r.conc, vllmengine.MakePrompt(n, seed+10+uint64(i)))
 		}
 	}
 }
@@ -799,7 +528,7 @@ func engineGroup(t *testing.T, rel *engineRelease, specs []engSpec) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
 	runs := map[string]*engineRun{}
-	models, opts := map[string]string{}, map[string]engineOpts{}
+	starts := map[string]vllmengine.Spec{}
 	isas := engineISAs(t, rel.py, specs)
 	var served []engSpec
 	for i, s := range specs {
@@ -818,37 +547,35 @@ func engineGroup(t *testing.T, rel *engineRelease, specs []engSpec) {
 		require.NoError(t, err)
 		t.Logf("%s on vllm-cpu %s: CPU_ATTN ISA %q (AMX tiles %v): %v blocks", s.name, rel.version, isas[i].ISA, isas[i].AMX, order)
 		r := &engineRun{version: rel.version, py: rel.py, p: rel.p, lib: rel.lib, s: s, order: order, model: engineModel(t, rel.py, s),
-			refs: map[string]completion{}, kvs: map[string]refKV{}}
+			refs: map[string]vllmengine.Completion{}, kvs: map[string]refKV{}}
 		newEngineRun(r)
-		runs[s.name], models[s.name] = r, r.model
-		opts[s.name] = engineOpts{spec: s, prefixCaching: true, enforceCompat: true}
-		if engineNobindBroken[rel.version] {
-			o := opts[s.name]
-			o.env = append(o.env, fmt.Sprintf("VLLM_CPU_OMP_THREADS_BIND=0-%d", runtime.NumCPU()-1))
-			opts[s.name] = o
-		}
-		if s.behaviour {
-			o := opts[s.name]
-			o.lease, o.leases, o.logRequests = engLease, rel.p.Leases, true
-			opts[s.name] = o
-		}
+		runs[s.name] = r
+		starts[s.name] = engineSpec(t, rel, s, r.model)
 	}
 	start := time.Now()
 	// The engines start while transformers computes the references.
-	spawned := map[string]*engine{}
-	for name, o := range opts {
-		spawned[name] = spawnEngine(t, rel.py, models[name], name, o)
+	starting := map[string]*vllmengine.Starting{}
+	for name, es := range starts {
+		starting[name] = vllmengine.Begin(ctx, es)
+		t.Cleanup(starting[name].Abort)
 	}
 	refStart := time.Now()
 	for _, s := range served {
 		r := runs[s.name]
-		ps := append([]prompt{r.pa, r.pb}, r.conc...)
+		ps := append([]vllmengine.Prompt{r.pa, r.pb}, r.conc...)
 		for i, kv := range computeRefKVs(t, rel.py, r.model, s, ps) {
-			r.kvs[ps[i].text] = kv
+			r.kvs[ps[i].Text] = kv
 		}
 	}
 	t.Logf("transformers' references of %d models in %.1f s", len(served), time.Since(refStart).Seconds())
-	es := waitEngines(t, ctx, rel.py, models, opts, spawned)
+	es := map[string]*vllmengine.Engine{}
+	for _, name := range keys(starting) {
+		e, err := starting[name].Wait()
+		require.NoError(t, err)
+		t.Cleanup(e.Stop)
+		t.Logf("engine %s ready %.1f s after its start (side channel 127.0.0.1:%d)", name, e.Ready.Sub(e.Started).Seconds(), e.SidePort)
+		es[name] = e
+	}
 	t.Logf("vllm-cpu %s: engines %v up in %.1f s", rel.version, keys(es), time.Since(start).Seconds())
 	for _, s := range served {
 		r := runs[s.name]
@@ -873,20 +600,20 @@ func engineCases(t *testing.T, ctx context.Context, r *engineRun) {
 	r.pa = r.decidedPrompt(t, ctx, r.pa, r.seed+1, "ref-a")
 	r.pc = r.decidedPrompt(t, ctx, r.pc, r.seed+3, "ref-c")
 	t.Run("a-gonixl-prefill-vllm-decode", func(t *testing.T) {
-		kv := r.kvs[r.pa.text]
+		kv := r.kvs[r.pa.Text]
 		if r.s.dtype == layout.BF16 {
 			// bf16: transformers' KV is not the engine's to within the model's margins (two implementations
 			// rounding differently, compounding through the layers; see case (b)), so gonixl stages the
 			// engine's own KV, read back to BHSD by case (b)'s path: every byte then must decode to its tokens.
 			kv, _ = pullBHSD(t, ctx, r, r.pa, "a-kv")
 		}
-		engineCaseA(t, ctx, r, r.pa, kv, r.refs[r.pa.text])
+		engineCaseA(t, ctx, r, r.pa, kv, r.refs[r.pa.Text])
 	})
 	t.Run("b-vllm-prefill-gonixl-decode", func(t *testing.T) {
-		engineCaseB(t, ctx, r, r.pb, r.kvs[r.pb.text])
+		engineCaseB(t, ctx, r, r.pb, r.kvs[r.pb.Text])
 	})
 	t.Run("c-relay-vllm-gonixl-vllm", func(t *testing.T) {
-		engineCaseC(t, ctx, r, r.pc, r.refs[r.pc.text])
+		engineCaseC(t, ctx, r, r.pc, r.refs[r.pc.Text])
 	})
 	if r.s.concurrent {
 		t.Run("concurrent-8-gonixl-prefill-vllm-decode", func(t *testing.T) { engineCaseConcurrent(t, ctx, r) })
@@ -899,22 +626,22 @@ func engineCases(t *testing.T, ctx context.Context, r *engineRun) {
 
 // engineCaseA: gonixl's prefill (reference KV on the fake Neuron device) → the engine's decode; then the
 // engine alone with the same prompt and no salt (its prefix cache now holds what gonixl sent).
-func engineCaseA(t *testing.T, ctx context.Context, r *engineRun, p prompt, kv refKV, ref completion) {
-	np := startNeuronPrefill(t, r.lib, r.version, r.s, r.cm(), map[string]refKV{p.text: kv}, 0, nil)
-	pre := complete(t, ctx, http.DefaultClient, np.url, r.model, p, 1, remoteDecodeParams, "")
-	got := r.e.complete(t, ctx, p, engSteps, pre.params, "")
+func engineCaseA(t *testing.T, ctx context.Context, r *engineRun, p vllmengine.Prompt, kv refKV, ref vllmengine.Completion) {
+	np := startNeuronPrefill(t, r.lib, r.version, r.s, r.cm(), map[string]refKV{p.Text: kv}, 0, nil)
+	pre := complete(t, ctx, http.DefaultClient, np.url, r.model, p, 1, vllmengine.RemoteDecodeParams, "")
+	got := engComplete(t, ctx, r.e, p, engSteps, pre.Params, "")
 	worst := sameOutput(t, r.s, ref, got, "vLLM decode of gonixl's KV")
 	require.Eventually(t, func() bool { return np.role.Held() == 0 }, time.Minute, 10*time.Millisecond,
 		"vLLM's decode did not notify gonixl's prefill")
-	local := r.e.complete(t, ctx, p, engSteps, nil, "")
+	local := engComplete(t, ctx, r.e, p, engSteps, nil, "")
 	sameOutput(t, r.s, ref, local, "the engine alone after the transfer (prefix cache)")
 	t.Logf("(a) gonixl prefill → vLLM %s decode, %d tokens: %d tokens equal, max |Δlogprob| %.2g (greedy margin %.2g); text %q",
-		r.version, len(p.ids), len(got.tokens), worst, ref.margin, got.text)
+		r.version, len(p.IDs), len(got.Tokens), worst, ref.Margin, got.Text)
 }
 
 // engineCaseB: the engine prefills, gonixl's decode pulls; what it received, read back with FromPaged, equals
 // transformers' KV.
-func engineCaseB(t *testing.T, ctx context.Context, r *engineRun, p prompt, kv refKV) {
+func engineCaseB(t *testing.T, ctx context.Context, r *engineRun, p vllmengine.Prompt, kv refKV) {
 	got, res := pullBHSD(t, ctx, r, p, "b")
 	worst, deeper := 0.0, 0.0
 	for l := range r.s.layers {
@@ -942,29 +669,29 @@ func engineCaseB(t *testing.T, ctx context.Context, r *engineRun, p prompt, kv r
 		note = fmt.Sprintf(" (layer 0; bf16 layers past 0: %.2g, not asserted)", deeper)
 	}
 	t.Logf("(b) vLLM %s prefill → gonixl decode, %d tokens: %d blocks (%d bytes) in %v; KV equals transformers' to %.2g relative%s",
-		r.version, len(p.ids), res.Blocks, res.Bytes, res.Transfer, worst, note)
+		r.version, len(p.IDs), res.Blocks, res.Bytes, res.Transfer, worst, note)
 }
 
 // pullBHSD has the engine prefill p (under salt), gonixl's decode pull it, and reads every layer's K and V
 // back with layout.FromPaged: the engine's own KV in NxDI's BHSD layout.
-func pullBHSD(t *testing.T, ctx context.Context, r *engineRun, p prompt, salt string) (refKV, connector.Result) {
+func pullBHSD(t *testing.T, ctx context.Context, r *engineRun, p vllmengine.Prompt, salt string) (refKV, connector.Result) {
 	m := r.cm()
 	g, err := m.Geometry(r.p, engBlocks, 1)
 	require.NoError(t, err)
 	c := realCache(t, g)
 	dec := startDecode(t, connector.DecodeConfig{RoleConfig: connector.RoleConfig{VLLMVersion: r.version, Model: m, Library: r.lib, Cache: c}})
-	pre := r.e.complete(t, ctx, p, 1, remoteDecodeParams, salt)
-	params := decodeParams(t, r.p, event{Params: pre.params})
+	pre := engComplete(t, ctx, r.e, p, 1, vllmengine.RemoteDecodeParams, salt)
+	params := decodeParams(t, r.p, event{Params: pre.Params})
 	nb := len(params.RemoteBlockIDs[0])
-	require.Equal(t, g.NeededBlocks(len(p.ids)), nb)
+	require.Equal(t, g.NeededBlocks(len(p.IDs)), nb)
 	local := connector.LocalBlocks(nb, 0)
 	res, err := dec.Pull(ctx, "gonixl-"+salt, params, local)
 	require.NoError(t, err)
-	src := layout.Source{Batch: 1, Heads: r.s.kvHeads, SeqLen: len(p.ids), HeadDim: r.s.headDim}
-	q := layout.Seq{Tokens: len(p.ids), BlockIDs: local}
+	src := layout.Source{Batch: 1, Heads: r.s.kvHeads, SeqLen: len(p.IDs), HeadDim: r.s.headDim}
+	q := layout.Seq{Tokens: len(p.IDs), BlockIDs: local}
 	n, err := src.Bytes(r.s.dtype.Size())
 	require.NoError(t, err)
-	out := refKV{tokens: len(p.ids)}
+	out := refKV{tokens: len(p.IDs)}
 	for l := range r.s.layers {
 		for _, part := range []layout.KV{layout.K, layout.V} {
 			dst := make([]byte, n)
@@ -982,7 +709,7 @@ func pullBHSD(t *testing.T, ctx context.Context, r *engineRun, p prompt, salt st
 // engineCaseC: the engine prefills (under a salt of its own: the decode must not find those blocks in its
 // prefix cache), gonixl's decode pulls, a gonixl prefill holds the same bytes, the engine decodes; then the
 // engine alone with the same prompt.
-func engineCaseC(t *testing.T, ctx context.Context, r *engineRun, p prompt, ref completion) {
+func engineCaseC(t *testing.T, ctx context.Context, r *engineRun, p vllmengine.Prompt, ref vllmengine.Completion) {
 	m := r.cm()
 	g, err := m.Geometry(r.p, engBlocks, 1)
 	require.NoError(t, err)
@@ -990,13 +717,13 @@ func engineCaseC(t *testing.T, ctx context.Context, r *engineRun, p prompt, ref 
 	dec := startDecode(t, connector.DecodeConfig{RoleConfig: connector.RoleConfig{VLLMVersion: r.version, Model: m, Library: r.lib, Cache: cd}})
 	relay := startPrefill(t, connector.PrefillConfig{RoleConfig: connector.RoleConfig{VLLMVersion: r.version, Model: m, Library: r.lib, Cache: cp,
 		EngineID: fmt.Sprintf("gonixl-relay-%d", time.Now().UnixNano())}})
-	pre := r.e.complete(t, ctx, p, 1, remoteDecodeParams, "c-prefill")
-	params := decodeParams(t, r.p, event{Params: pre.params})
+	pre := engComplete(t, ctx, r.e, p, 1, vllmengine.RemoteDecodeParams, "c-prefill")
+	params := decodeParams(t, r.p, event{Params: pre.Params})
 	local := connector.LocalBlocks(len(params.RemoteBlockIDs[0]), 0)
 	_, err = dec.Pull(ctx, "gonixl-c", params, local)
 	require.NoError(t, err)
 	bl := int(g.BlockLen())
-	out, err := relay.Hold(ctx, "relay-c", len(p.ids), func(_ context.Context, blocks []int) error {
+	out, err := relay.Hold(ctx, "relay-c", len(p.IDs), func(_ context.Context, blocks []int) error {
 		for reg := range g.NumRegions() {
 			for j, b := range blocks {
 				copy(cp.Region(reg)[b*bl:(b+1)*bl], cd.Region(reg)[local[j]*bl:(local[j]+1)*bl])
@@ -1005,13 +732,13 @@ func engineCaseC(t *testing.T, ctx context.Context, r *engineRun, p prompt, ref 
 		return nil
 	})
 	require.NoError(t, err)
-	got := r.e.complete(t, ctx, p, engSteps, encodeParams(t, r.p, out), "")
+	got := engComplete(t, ctx, r.e, p, engSteps, encodeParams(t, r.p, out), "")
 	worst := sameOutput(t, r.s, ref, got, "relay vLLM → gonixl → vLLM")
 	require.Eventually(t, func() bool { return relay.Held() == 0 }, time.Minute, 10*time.Millisecond)
-	local2 := r.e.complete(t, ctx, p, engSteps, nil, "")
+	local2 := engComplete(t, ctx, r.e, p, engSteps, nil, "")
 	sameOutput(t, r.s, ref, local2, "the engine alone after the relay (prefix cache)")
 	t.Logf("(c) relay vLLM %s → gonixl → vLLM, %d tokens (a block's end): %d tokens equal, max |Δlogprob| %.2g",
-		r.version, len(p.ids), len(got.tokens), worst)
+		r.version, len(p.IDs), len(got.Tokens), worst)
 }
 
 // engineCaseConcurrent: engConc prompts (ending at a block's end and inside one, alternately) held by gonixl's
@@ -1020,15 +747,15 @@ func engineCaseC(t *testing.T, ctx context.Context, r *engineRun, p prompt, ref 
 func engineCaseConcurrent(t *testing.T, ctx context.Context, r *engineRun) {
 	kvs := map[string]refKV{}
 	for _, p := range r.conc {
-		kvs[p.text] = r.kvs[p.text]
+		kvs[p.Text] = r.kvs[p.Text]
 	}
 	// References: the engine alone, concurrently too (one batch), each under its own salt.
-	refs := make([]completion, len(r.conc))
+	refs := make([]vllmengine.Completion, len(r.conc))
 	errs := make([]error, len(r.conc))
 	var wg sync.WaitGroup
 	for i, p := range r.conc {
 		wg.Go(func() {
-			refs[i], errs[i] = tryComplete(ctx, r.e.client, "http://engine", r.model, p, engSteps, nil, fmt.Sprintf("ref-conc-%d", i))
+			refs[i], errs[i] = tryComplete(ctx, r.e.Client(), vllmengine.BaseURL, r.model, p, engSteps, nil, fmt.Sprintf("ref-conc-%d", i))
 		})
 	}
 	wg.Wait()
@@ -1039,14 +766,14 @@ func engineCaseConcurrent(t *testing.T, ctx context.Context, r *engineRun) {
 	np := startNeuronPrefill(t, r.lib, r.version, r.s, r.cm(), kvs, 0, nil)
 	params := make([]json.RawMessage, len(r.conc))
 	for i, p := range r.conc {
-		params[i] = complete(t, ctx, http.DefaultClient, np.url, r.model, p, 1, remoteDecodeParams, "").params
+		params[i] = complete(t, ctx, http.DefaultClient, np.url, r.model, p, 1, vllmengine.RemoteDecodeParams, "").Params
 	}
 	held := np.role.Held()
-	got := make([]completion, len(r.conc))
+	got := make([]vllmengine.Completion, len(r.conc))
 	start := time.Now()
 	for i, p := range r.conc {
 		wg.Go(func() {
-			got[i], errs[i] = tryComplete(ctx, r.e.client, "http://engine", r.model, p, engSteps, params[i], "")
+			got[i], errs[i] = tryComplete(ctx, r.e.Client(), vllmengine.BaseURL, r.model, p, engSteps, params[i], "")
 		})
 	}
 	wg.Wait()
@@ -1054,7 +781,7 @@ func engineCaseConcurrent(t *testing.T, ctx context.Context, r *engineRun) {
 	worst := 0.0
 	for i, p := range r.conc {
 		require.NoError(t, errs[i])
-		worst = max(worst, sameOutput(t, r.s, refs[i], got[i], fmt.Sprintf("concurrent request %d (%d tokens)", i, len(p.ids))))
+		worst = max(worst, sameOutput(t, r.s, refs[i], got[i], fmt.Sprintf("concurrent request %d (%d tokens)", i, len(p.IDs))))
 	}
 	require.Eventually(t, func() bool { return np.role.Held() == 0 }, time.Minute, 10*time.Millisecond,
 		"vLLM's decode did not notify gonixl's prefill of every request")
@@ -1096,26 +823,17 @@ func maxRelDiff(t *testing.T, dtype layout.DType, a, b []byte) float64 {
 // vllm:gpu_cache_usage_perc), 0..1: blocks referenced by a request; blocks only kept by the prefix cache count
 // as free. vLLM updates it after each engine step, and an idle engine does not step: a one-token request (a
 // one-word prompt under a salt of its own, finished and freed within its step) makes it current first.
-func (e *engine) kvUsage(t *testing.T, ctx context.Context) float64 {
+func kvUsage(t *testing.T, ctx context.Context, e *vllmengine.Engine) float64 {
 	t.Helper()
-	e.complete(t, ctx, prompt{text: "w1", ids: []int{engFirstWord + 1}}, 1, nil, fmt.Sprintf("usage-%d", time.Now().UnixNano()))
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://engine/metrics", nil)
-	require.NoError(t, err)
-	resp, err := e.client.Do(req)
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	raw, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
-	for _, line := range strings.Split(string(raw), "\n") {
-		if strings.HasPrefix(line, "vllm:kv_cache_usage_perc{") || strings.HasPrefix(line, "vllm:gpu_cache_usage_perc{") {
-			f := strings.Fields(line)
-			var v float64
-			_, err := fmt.Sscan(f[len(f)-1], &v)
-			require.NoError(t, err, "%s", line)
+	engComplete(t, ctx, e, vllmengine.Prompt{Text: "w1", IDs: []int{vllmengine.FirstWord + 1}}, 1, nil, fmt.Sprintf("usage-%d", time.Now().UnixNano()))
+	for _, name := range []string{"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"} {
+		v, ok, err := vllmengine.Scrape(ctx, e.Client(), vllmengine.BaseURL, name)
+		require.NoError(t, err)
+		if ok {
 			return v
 		}
 	}
-	require.FailNow(t, "no KV cache usage in the engine's /metrics", "%.2000s", raw)
+	require.FailNow(t, "no KV cache usage in the engine's /metrics", "%.2000s", e.Tail(2000))
 	return 0
 }
 
@@ -1126,7 +844,8 @@ const (
 	vllmAbortedLine = "Aborted request"
 )
 
-func (e *engine) count(line string) int { return strings.Count(e.stderr.String(), line) }
+// count is how many times line stands in e's output.
+func count(e *vllmengine.Engine, line string) int { return e.Count(line) }
 
 // waitUntil polls cond every 50 ms until it holds or limit passes, and reports how long it took.
 func waitUntil(t *testing.T, limit time.Duration, cond func() bool, msg string, args ...any) time.Duration {
@@ -1147,26 +866,26 @@ func waitUntil(t *testing.T, limit time.Duration, cond func() bool, msg string, 
 func engineBehaviour(t *testing.T, ctx context.Context, r *engineRun) {
 	b := r.s.blockSize
 	seed := uint64(len(r.s.name))*1000 + 100
-	pd, pe, pf, pg := makePrompt(2*b+3, seed+1), makePrompt(2*b+9, seed+2), makePrompt(b+5, seed+3), makePrompt(2*b, seed+4)
-	kvs := computeRefKVs(t, r.py, r.model, r.s, []prompt{pd, pe})
-	refE := r.e.complete(t, ctx, pe, engSteps, nil, "ref-e")
-	require.Eventually(t, func() bool { return r.e.kvUsage(t, ctx) == 0 }, time.Minute, 100*time.Millisecond,
+	pd, pe, pf, pg := vllmengine.MakePrompt(2*b+3, seed+1), vllmengine.MakePrompt(2*b+9, seed+2), vllmengine.MakePrompt(b+5, seed+3), vllmengine.MakePrompt(2*b, seed+4)
+	kvs := computeRefKVs(t, r.py, r.model, r.s, []vllmengine.Prompt{pd, pe})
+	refE := engComplete(t, ctx, r.e, pe, engSteps, nil, "ref-e")
+	require.Eventually(t, func() bool { return kvUsage(t, ctx, r.e) == 0 }, time.Minute, 100*time.Millisecond,
 		"the engine holds blocks before the behaviour cases")
-	expired0 := r.e.count(vllmExpiredLine)
+	expired0 := count(r.e, vllmExpiredLine)
 	wantExpired := 0
 
 	// 1. vLLM prefill whose decode never comes: vLLM holds the blocks for its lease / abort timeout, logs
 	// "Releasing expired KV blocks …" and frees them. Started first; checked at the end (the others run meanwhile).
-	preF := r.e.complete(t, ctx, pf, 1, remoteDecodeParams, "never-read")
+	preF := engComplete(t, ctx, r.e, pf, 1, vllmengine.RemoteDecodeParams, "never-read")
 	heldSince := time.Now()
-	require.NotEmpty(t, preF.params)
-	require.Greater(t, r.e.kvUsage(t, ctx), 0.0, "vLLM does not hold the blocks of a request prefilled for a remote decode")
+	require.NotEmpty(t, preF.Params)
+	require.Greater(t, kvUsage(t, ctx, r.e), 0.0, "vLLM does not hold the blocks of a request prefilled for a remote decode")
 	wantExpired++
 	var expiredAfter time.Duration
 	expiredSeen := make(chan struct{})
 	go func() {
 		defer close(expiredSeen)
-		for r.e.count(vllmExpiredLine) == expired0 && time.Since(heldSince) < engLease+2*time.Minute {
+		for count(r.e, vllmExpiredLine) == expired0 && time.Since(heldSince) < engLease+2*time.Minute {
 			time.Sleep(50 * time.Millisecond)
 		}
 		expiredAfter = time.Since(heldSince)
@@ -1176,12 +895,12 @@ func engineBehaviour(t *testing.T, ctx context.Context, r *engineRun) {
 	t.Run("gonixl-prefill-decode-never-comes", func(t *testing.T) {
 		core, logs := observer.New(zapcore.DebugLevel)
 		log := zap.New(core)
-		np := startNeuronPrefill(t, r.lib, r.version, r.s, r.cm(), map[string]refKV{pd.text: kvs[0]}, engHold, log)
-		pre := complete(t, ctx, http.DefaultClient, np.url, r.model, pd, 1, remoteDecodeParams, "")
+		np := startNeuronPrefill(t, r.lib, r.version, r.s, r.cm(), map[string]refKV{pd.Text: kvs[0]}, engHold, log)
+		pre := complete(t, ctx, http.DefaultClient, np.url, r.model, pd, 1, vllmengine.RemoteDecodeParams, "")
 		start := time.Now()
-		require.NotEmpty(t, pre.params)
+		require.NotEmpty(t, pre.Params)
 		require.Equal(t, 1, np.role.Held())
-		nb := int64((len(pd.ids) + b - 1) / b)
+		nb := int64((len(pd.IDs) + b - 1) / b)
 		require.Equal(t, nb, np.role.Metrics().BlocksHeld())
 		took := waitUntil(t, engHold+30*time.Second, func() bool { return np.role.Held() == 0 }, "gonixl's prefill held the blocks past its hold")
 		assert.GreaterOrEqual(t, time.Since(start), engHold-100*time.Millisecond, "freed before the hold")
@@ -1202,9 +921,9 @@ func engineBehaviour(t *testing.T, ctx context.Context, r *engineRun) {
 		core, logs := observer.New(zapcore.DebugLevel)
 		log := zap.New(core)
 		hold := 10 * time.Second
-		np := startNeuronPrefill(t, r.lib, r.version, r.s, r.cm(), map[string]refKV{pe.text: kvs[1]}, hold, log)
-		pre := complete(t, ctx, http.DefaultClient, np.url, r.model, pe, 1, remoteDecodeParams, "")
-		aborted0 := r.e.count(vllmAbortedLine)
+		np := startNeuronPrefill(t, r.lib, r.version, r.s, r.cm(), map[string]refKV{pe.Text: kvs[1]}, hold, log)
+		pre := complete(t, ctx, http.DefaultClient, np.url, r.model, pe, 1, vllmengine.RemoteDecodeParams, "")
+		aborted0 := count(r.e, vllmAbortedLine)
 		cctx, ccancel := context.WithCancel(ctx)
 		defer ccancel()
 		heldAtCancel := make(chan int, 1)
@@ -1218,19 +937,19 @@ func engineBehaviour(t *testing.T, ctx context.Context, r *engineRun) {
 			heldAtCancel <- np.role.Held()
 			ccancel()
 		}()
-		_, err := tryComplete(cctx, r.e.client, "http://engine", r.model, pe, engSteps, pre.params, "")
+		_, err := tryComplete(cctx, r.e.Client(), vllmengine.BaseURL, r.model, pe, engSteps, pre.Params, "")
 		require.ErrorIs(t, err, context.Canceled, "the request finished before the client disconnected")
-		waitUntil(t, 30*time.Second, func() bool { return r.e.count(vllmAbortedLine) > aborted0 }, "the engine did not log the abort")
+		waitUntil(t, 30*time.Second, func() bool { return count(r.e, vllmAbortedLine) > aborted0 }, "the engine did not log the abort")
 		took := waitUntil(t, hold+30*time.Second, func() bool { return np.role.Held() == 0 }, "gonixl's prefill held the blocks past its hold")
 		m := np.role.Metrics()
-		nb := int64((len(pe.ids) + b - 1) / b)
+		nb := int64((len(pe.IDs) + b - 1) / b)
 		assert.Equal(t, nb, m.BlocksFreed()+m.BlocksExpired())
 		how := "notified"
 		if m.BlocksExpired() > 0 {
 			how = "at expiry"
 		}
 		// (the engine's own blocks: the final check, once every lease has passed, finds its usage 0)
-		after := r.e.complete(t, ctx, pe, engSteps, nil, "")
+		after := engComplete(t, ctx, r.e, pe, engSteps, nil, "")
 		sameOutput(t, r.s, refE, after, "the engine alone after an aborted transfer (prefix cache)")
 		t.Logf("client disconnected 100 ms after the decode request (gonixl still held %d request(s) then); the engine logged %q; gonixl's prefill freed %d blocks %s %.1f s later (%d expiry logs); the engine alone then gives the reference",
 			<-heldAtCancel, vllmAbortedLine, nb, how, took.Seconds(), logs.FilterMessage("decode peer never confirmed reading; blocks freed at expiry").Len())
@@ -1244,8 +963,8 @@ func engineBehaviour(t *testing.T, ctx context.Context, r *engineRun) {
 		require.NoError(t, err)
 		c := realCache(t, g)
 		dec := startDecode(t, connector.DecodeConfig{RoleConfig: connector.RoleConfig{VLLMVersion: r.version, Model: m, Library: r.lib, Cache: c}})
-		pre := r.e.complete(t, ctx, pg, 1, remoteDecodeParams, "g")
-		params := decodeParams(t, r.p, event{Params: pre.params})
+		pre := engComplete(t, ctx, r.e, pg, 1, vllmengine.RemoteDecodeParams, "g")
+		params := decodeParams(t, r.p, event{Params: pre.Params})
 		cctx, ccancel := context.WithCancel(ctx)
 		defer ccancel()
 		go func() {
@@ -1270,19 +989,19 @@ func engineBehaviour(t *testing.T, ctx context.Context, r *engineRun) {
 	// local request every 2 s (with the 15 s lease of the first runs the other cases kept it busy).
 	var lastPoke time.Time
 	waitUntil(t, engLease+2*time.Minute, func() bool {
-		if r.e.count(vllmExpiredLine)-expired0 >= wantExpired {
+		if count(r.e, vllmExpiredLine)-expired0 >= wantExpired {
 			return true
 		}
 		if time.Since(heldSince) > engLease && time.Since(lastPoke) > 2*time.Second {
 			lastPoke = time.Now()
-			r.e.complete(t, ctx, prompt{text: "w1", ids: []int{engFirstWord + 1}}, 1, nil, fmt.Sprintf("poke-%d", lastPoke.UnixNano()))
+			engComplete(t, ctx, r.e, vllmengine.Prompt{Text: "w1", IDs: []int{vllmengine.FirstWord + 1}}, 1, nil, fmt.Sprintf("poke-%d", lastPoke.UnixNano()))
 		}
 		return false
-	}, "vLLM logged %d expiries, want %d", r.e.count(vllmExpiredLine)-expired0, wantExpired)
+	}, "vLLM logged %d expiries, want %d", count(r.e, vllmExpiredLine)-expired0, wantExpired)
 	<-expiredSeen
 	assert.GreaterOrEqual(t, expiredAfter, engLease-time.Second, "vLLM freed unread blocks before its lease")
-	freed := waitUntil(t, time.Minute, func() bool { return r.e.kvUsage(t, ctx) == 0 }, "the engine holds blocks after every lease")
-	assert.Equal(t, wantExpired, r.e.count(vllmExpiredLine)-expired0, "vLLM expired other requests than those never read")
+	freed := waitUntil(t, time.Minute, func() bool { return kvUsage(t, ctx, r.e) == 0 }, "the engine holds blocks after every lease")
+	assert.Equal(t, wantExpired, count(r.e, vllmExpiredLine)-expired0, "vLLM expired other requests than those never read")
 	t.Logf("vLLM prefill, no decode: %q %.1f s after the prefill answered (lease %v); %d expiries in all; KV usage 0 %.1f s later",
 		vllmExpiredLine, expiredAfter.Seconds(), engLease, wantExpired, freed.Seconds())
 }

@@ -7,17 +7,23 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
 )
 
-// Request is a greedy completion request as the demo sends it (temperature 0, ignore_eos, logprobs 1).
+// Request is a greedy completion request (temperature 0, ignore_eos) with logprobs.
 type Request struct {
 	Model     string
 	Prompt    string
 	MaxTokens int
+	// Logprobs is how many of the top logprobs come back per token (0: 1); 2 or more gives Completion.Margin.
+	Logprobs int
+	// CacheSalt is vLLM's cache_salt ("" = none): the request's prefix-cache entries are its own.
+	CacheSalt string
 	// KVTransferParams: a prefill request's {do_remote_decode: true, …}, or a decode request's copy of what
 	// the prefill returned (nil: none).
 	KVTransferParams json.RawMessage
@@ -34,18 +40,30 @@ type Completion struct {
 	Params json.RawMessage
 	// Raw is a non-streamed answer's body (the gonixl workers add their timings there).
 	Raw json.RawMessage
+	// Margin is the smallest gap between the top two logprobs over the generated tokens (+Inf where no
+	// token had two: Logprobs 1; 0 without logprobs): how far float noise is from flipping a greedy choice.
+	Margin float64
 	// TTFT is the time from sending the request to the first generated token (streamed: the first chunk
 	// carrying a token; not streamed: the whole answer); Total to the end of the answer.
 	TTFT, Total time.Duration
 	// First is when the first generated token arrived.
 	First time.Time
+
+	hasLogprobs bool
 }
 
 func (r Request) body(stream bool) ([]byte, error) {
-	b := map[string]any{"model": r.Model, "prompt": r.Prompt, "max_tokens": r.MaxTokens, "temperature": 0, "logprobs": 1,
+	logprobs := r.Logprobs
+	if logprobs == 0 {
+		logprobs = 1
+	}
+	b := map[string]any{"model": r.Model, "prompt": r.Prompt, "max_tokens": r.MaxTokens, "temperature": 0, "logprobs": logprobs,
 		"ignore_eos": true, "stream": stream}
 	if r.KVTransferParams != nil {
 		b["kv_transfer_params"] = r.KVTransferParams
+	}
+	if r.CacheSalt != "" {
+		b["cache_salt"] = r.CacheSalt
 	}
 	return json.Marshal(b)
 }
@@ -53,8 +71,9 @@ func (r Request) body(stream bool) ([]byte, error) {
 type choice struct {
 	Text     string `json:"text"`
 	Logprobs *struct {
-		Tokens        []string  `json:"tokens"`
-		TokenLogprobs []float64 `json:"token_logprobs"`
+		Tokens        []string             `json:"tokens"`
+		TokenLogprobs []float64            `json:"token_logprobs"`
+		TopLogprobs   []map[string]float64 `json:"top_logprobs"`
 	} `json:"logprobs"`
 }
 
@@ -65,9 +84,25 @@ type answer struct {
 
 func (c *Completion) add(ch choice) {
 	c.Text += ch.Text
-	if lp := ch.Logprobs; lp != nil {
-		c.Tokens = append(c.Tokens, lp.Tokens...)
-		c.Logprobs = append(c.Logprobs, lp.TokenLogprobs...)
+	lp := ch.Logprobs
+	if lp == nil {
+		return
+	}
+	c.Tokens = append(c.Tokens, lp.Tokens...)
+	c.Logprobs = append(c.Logprobs, lp.TokenLogprobs...)
+	if !c.hasLogprobs {
+		c.hasLogprobs, c.Margin = true, math.Inf(1)
+	}
+	for _, top := range lp.TopLogprobs {
+		var v []float64
+		for _, x := range top {
+			v = append(v, x)
+		}
+		if len(v) < 2 {
+			continue // the chosen token alone (or a tie merged by name)
+		}
+		sort.Sort(sort.Reverse(sort.Float64Slice(v)))
+		c.Margin = min(c.Margin, v[0]-v[1])
 	}
 }
 

