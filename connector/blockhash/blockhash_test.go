@@ -41,13 +41,13 @@ func TestReleasesRecorded(t *testing.T) {
 func TestReleaseFor(t *testing.T) {
 	for version, want := range map[string]string{
 		"0.16.0": "0.16", "0.16.0.post1": "0.16", "0.20.1+cpu": "0.16", "0.26.0": "0.16",
-		"0.29.0": "0.29", "0.32.0": "0.32", "0.33.1+cu129": "0.32",
+		"0.18.0": "0.16", "0.29.0": "0.29", "0.31.0": "0.31", "0.32.0": "0.31", "0.33.1+cu129": "0.31",
 	} {
 		r, err := ReleaseFor(version)
 		require.NoError(t, err, version)
 		assert.Equal(t, want, r.Name, version)
 	}
-	for _, version := range []string{"0.17.0", "0.30.0", "0.33.0rc1", "garbage", ""} {
+	for _, version := range []string{"0.17.0", "0.19.0", "0.30.0", "0.33.0rc1", "garbage", ""} {
 		_, err := ReleaseFor(version)
 		assert.ErrorIs(t, err, ErrUnknownVersion, version)
 	}
@@ -60,7 +60,7 @@ func TestReleaseFor(t *testing.T) {
 
 func TestNewErrors(t *testing.T) {
 	r016, _ := ReleaseByName("0.16")
-	r032, _ := ReleaseByName("0.32")
+	r032, _ := ReleaseByName("0.31")
 	for _, c := range []struct {
 		cfg  Config
 		want error
@@ -86,7 +86,7 @@ func TestNewErrors(t *testing.T) {
 
 // Append continues a chain as vLLM's hasher does when a request grows: the same hashes as hashing it whole.
 func TestAppend(t *testing.T) {
-	r, _ := ReleaseByName("0.32")
+	r, _ := ReleaseByName("0.31")
 	h, err := New(Config{Release: r, BlockSize: 4})
 	require.NoError(t, err)
 	toks := tokens(23, 9, 151936)

