@@ -97,6 +97,10 @@ type engSpec struct {
 	blockSize     int
 	concurrent    bool // also the case of engConc concurrent requests
 	behaviour     bool // also the engine-level behaviour cases (expiry, disconnects, aborts)
+	// tp is the engine's tensor-parallel size (0: one rank). gonixl's roles stay one rank, so with tp 2 every
+	// case is heterogeneous TP: (a) two vLLM decode ranks each read their head from gonixl's one prefill rank,
+	// (b) gonixl's one decode rank reads both vLLM prefill ranks' heads into its blocks, (c) both.
+	tp int
 }
 
 func (s engSpec) torchDType() string {
@@ -167,8 +171,11 @@ func engineISAs(t *testing.T, py string, specs []engSpec) []cpuAttnISA {
 	cmd.Env = append(os.Environ(), "OMP_NUM_THREADS=1")
 	out, err := cmd.Output()
 	require.NoError(t, err, "cpu-attn: %s", testenv.ExitStderr(err))
+	// The answer is the last line: importing vLLM logs to stdout first in some releases (0.16: "Triton not
+	// installed …").
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
 	var isas []cpuAttnISA
-	require.NoError(t, json.Unmarshal(out, &isas), "cpu-attn: %s", out)
+	require.NoError(t, json.Unmarshal([]byte(lines[len(lines)-1]), &isas), "cpu-attn: %s", out)
 	require.Len(t, isas, len(specs), "cpu-attn: %s", out)
 	for i, s := range specs {
 		o, err := layout.CPUAttnOrder(isas[i].ISA)
@@ -179,14 +186,16 @@ func engineISAs(t *testing.T, py string, specs []engSpec) []cpuAttnISA {
 	return isas
 }
 
-// engineSpecs are the models of a run: the two of `make test` (each dimension folded into as few engines as
-// possible: Qwen3 and Llama, head_dim 64 and 128, GQA 2 and 8, fp32 and bf16, block sizes 32 and 64), and with
+// engineSpecs are the models of a run: the three of `make test` (each dimension folded into as few engines as
+// possible: Qwen3 and Llama, head_dim 64 and 128, GQA 2 and 8, fp32 and bf16, block sizes 32 and 64, an engine
+// of TP 1 and one of TP 2 against gonixl's one-rank roles), and with
 // GONIXL_ENGINE_MATRIX=full two more (GQA 1 and 4, head_dim 128 in fp32, blocks of 128 and 64);
 // GONIXL_ENGINE_SPECS="name …" runs only the specs named.
 func engineSpecs() []engSpec {
 	specs := []engSpec{
 		{name: "qwen3-h64-q4kv2-fp32-b32", arch: "qwen3", layers: 4, heads: 4, kvHeads: 2, headDim: 64, dtype: layout.FP32, blockSize: 32, concurrent: true, behaviour: true},
 		{name: "llama-h128-q8kv1-bf16-b64", arch: "llama", layers: 2, heads: 8, kvHeads: 1, headDim: 128, dtype: layout.BF16, blockSize: 64},
+		{name: "qwen3-h64-q4kv2-fp32-b32-tp2", arch: "qwen3", layers: 2, heads: 4, kvHeads: 2, headDim: 64, dtype: layout.FP32, blockSize: 32, tp: 2},
 	}
 	if os.Getenv("GONIXL_ENGINE_MATRIX") == "full" || os.Getenv("GONIXL_ENGINE_SPECS") != "" {
 		specs = append(specs,
@@ -249,7 +258,7 @@ func computeRefKVs(t *testing.T, py, model string, s engSpec, ps []vllmengine.Pr
 // kv_both, prefix caching on, the compatibility hash enforced), serving model.
 func engineSpec(t *testing.T, rel *engineRelease, s engSpec, model string) vllmengine.Spec {
 	es := vllmengine.Spec{Python: rel.py, Model: model, Name: "engine " + s.name, BlockSize: s.blockSize, DType: s.torchDType(),
-		MaxNumSeqs: engConc, PrefixCaching: true, EnforceCompat: true, Logf: t.Logf}
+		MaxNumSeqs: engConc, PrefixCaching: true, EnforceCompat: true, TP: s.tp, Logf: t.Logf}
 	if engineNobindBroken[rel.version] {
 		es.Env = append(es.Env, fmt.Sprintf("VLLM_CPU_OMP_THREADS_BIND=0-%d", runtime.NumCPU()-1))
 	}

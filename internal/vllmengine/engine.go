@@ -46,6 +46,9 @@ type Spec struct {
 	StartupTimeout time.Duration
 	DType          string // --dtype ("": float32)
 	MaxNumSeqs     int    // --max-num-seqs (0: 8)
+	// TP is --tensor-parallel-size: 0 or 1 is one rank; more run vLLM's mp executor, one worker process (and
+	// NIXL agent) per rank, every rank served by the one side channel.
+	TP int
 	// Lease, when set, is how long the engine holds a prefilled request's blocks for a decode that never
 	// reads them: NixlConnector's kv_lease_duration where the release has leases (Leases: 0.22 on), else
 	// VLLM_NIXL_ABORT_REQUEST_TIMEOUT.
@@ -188,6 +191,9 @@ func spawn(s Spec) (*Engine, error) {
 	args := []string{"-m", "vllm.entrypoints.openai.api_server", "--model", s.Model, "--uds", e.sock,
 		"--block-size", fmt.Sprint(s.BlockSize), "--enforce-eager", "--dtype", s.DType, "--max-model-len", "1024",
 		"--max-num-seqs", fmt.Sprint(s.MaxNumSeqs), "--kv-transfer-config", string(kvcJSON)}
+	if s.TP > 1 {
+		args = append(args, "--tensor-parallel-size", fmt.Sprint(s.TP), "--distributed-executor-backend", "mp")
+	}
 	if s.LogRequests {
 		args = append(args, "--enable-log-requests")
 	}
