@@ -194,12 +194,12 @@ func TestSpecCommandLine(t *testing.T) {
 	py := filepath.Join(dir, "args")
 	require.NoError(t, os.WriteFile(py, []byte("#!/bin/sh\necho \"ARGS $*\"; echo \"ABORT=$VLLM_NIXL_ABORT_REQUEST_TIMEOUT X=$X\"; exit 3\n"), 0o755))
 	st := Begin(ctx, Spec{Python: py, Model: dir, Name: "stand-in", BlockSize: 64, DType: "bfloat16", MaxNumSeqs: 4, PrefixCaching: true,
-		EnforceCompat: true, LogRequests: true, Lease: 30 * time.Second, Leases: true, Env: []string{"X=y"}})
+		EnforceCompat: true, LogRequests: true, Lease: 30 * time.Second, Leases: true, TP: 2, Env: []string{"X=y"}})
 	_, err := st.Wait()
 	st.Abort()
 	require.ErrorContains(t, err, "exited during start-up")
 	for _, want := range []string{"--block-size 64", "--dtype bfloat16", "--max-num-seqs 4", "--enable-log-requests --enable-prefix-caching",
-		`"kv_lease_duration":30`, "ABORT= X=y"} {
+		`"kv_lease_duration":30`, "ABORT= X=y", "--tensor-parallel-size 2 --distributed-executor-backend mp"} {
 		assert.ErrorContains(t, err, want)
 	}
 	assert.NotContains(t, err.Error(), "enforce_handshake_compat")
@@ -209,6 +209,7 @@ func TestSpecCommandLine(t *testing.T) {
 	assert.ErrorContains(t, err, "--dtype float32 --max-model-len 1024 --max-num-seqs 8")
 	assert.ErrorContains(t, err, "--no-enable-prefix-caching")
 	assert.NotContains(t, err.Error(), "kv_lease_duration")
+	assert.NotContains(t, err.Error(), "--tensor-parallel-size")
 }
 
 // Abort before Wait ends the start-up and leaves nothing running.
