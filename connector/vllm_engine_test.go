@@ -442,7 +442,7 @@ type engineRun struct {
 func (r *engineRun) cm() connector.Model { return r.s.engModel(r.model, r.order) }
 
 // engPromptTries is how many prompts of one length decidedPrompt tries.
-const engPromptTries = 8
+const engPromptTries = 16
 
 // decidedPrompt computes the reference of p (the engine alone, under a cache_salt of its own, before any
 // transfer of it) and returns p, or — when some greedy choice of that reference is not decided by the model
