@@ -490,12 +490,14 @@ func vllmDecodeGoPrefill(t *testing.T, lib *nixl.Library, r release, model strin
 
 	// Leases: vLLM's decode holds the request (waiting in its queue) for longer than gonixl's hold and sends
 	// heartbeats meanwhile; gonixl's prefill counts them and they keep the blocks alive until the READ.
-	pre2, c2, m2 := newPrefill(3 * time.Second)
+	// gonixl's hold (8 s) must outlast the gap before vLLM's first heartbeat (its handshake, then its steps)
+	// on a loaded 2-core machine: with 3 s one `make test` beside another expired the request once.
+	pre2, c2, m2 := newPrefill(8 * time.Second)
 	if p.Leases {
 		kv, err := pre2.Hold(ctx, "hb", 64, randomFill(c2))
 		require.NoError(t, err)
 		want := blockHashes(c2, int64sToInts(kv.RemoteBlockIDs[0]))
-		res := pull("hb", kv, 64, 6*time.Second)
+		res := pull("hb", kv, 64, 16*time.Second)
 		require.True(t, res.OK, res.raw)
 		assert.Equal(t, want, res.Hashes)
 		assert.Positive(t, res.HBs, "vLLM's decode sent no heartbeat")
@@ -503,7 +505,7 @@ func vllmDecodeGoPrefill(t *testing.T, lib *nixl.Library, r release, model strin
 		require.Eventually(t, func() bool { return pre2.Held() == 0 }, time.Minute, 10*time.Millisecond)
 		assert.Zero(t, m2.RequestsExpired(), "the heartbeats did not extend the lease")
 		assert.EqualValues(t, 1, m2.Notifications())
-		t.Logf("vLLM sent %d heartbeats while holding the request 6 s; gonixl counted %d", res.HBs, m2.Heartbeats())
+		t.Logf("vLLM sent %d heartbeats while holding the request 16 s; gonixl counted %d", res.HBs, m2.Heartbeats())
 	}
 	// Expiry: a request vLLM never reads is freed by gonixl at its hold timeout.
 	_, err := pre2.Hold(ctx, "never-read", 64, randomFill(c2))
