@@ -130,7 +130,15 @@ func releaseSeries(version string) string {
 	return parts[0] + "." + minor
 }
 
+// StoredHas reports whether the release's BlockStored has the field (its msgspec name, e.g. "group_idx"):
+// event fields a release lacks must stay unset.
+func (f Format) StoredHas(name string) bool { return has(f.Stored, name) }
+
+// RemovedHas reports whether the release's BlockRemoved has the field.
+func (f Format) RemovedHas(name string) bool { return has(f.Removed, name) }
+
 // has reports whether fields include name.
+
 func has(fields []Field, name string) bool {
 	for _, f := range fields {
 		if f.Name == name {

@@ -20,6 +20,7 @@ const (
 	DefaultMaxSubscriptions = 256
 	DefaultWriteTimeout     = 10 * time.Second
 	DefaultHandshakeTimeout = 5 * time.Second
+	DefaultLinger           = time.Second
 	// maxRequestSize bounds a replay request or subscription message (vLLM's request is 1 + 8 bytes).
 	maxRequestSize = 4 << 10
 )
@@ -58,6 +59,10 @@ type Config struct {
 	WriteTimeout time.Duration
 	// HandshakeTimeout bounds a peer's ZMTP handshake (DefaultHandshakeTimeout).
 	HandshakeTimeout time.Duration
+	// Linger bounds how long Close waits for the messages already queued to reach their subscribers (as
+	// ZMQ_LINGER does), so that a last batch (AllBlocksCleared at shutdown) is not lost: DefaultLinger when 0;
+	// a negative value discards queued messages at once.
+	Linger time.Duration
 }
 
 // Stats are the publisher's counters since it started.
@@ -66,8 +71,9 @@ type Stats struct {
 	Published uint64
 	// Dropped: messages a subscriber missed because its queue was full (HWM or MaxQueueBytes).
 	Dropped uint64
-	// Subscribers: subscribers connected now.
-	Subscribers int
+	// Subscribers: subscribers connected now; Matching: those of them subscribed to the topic (they receive
+	// what is published from now on).
+	Subscribers, Matching int
 	// ReplayRequests: replay requests answered; Replayed: batches they resent.
 	ReplayRequests, Replayed uint64
 	// BadRequests: replay requests that were not vLLM's two frames (ignored, as vLLM does).
@@ -132,6 +138,9 @@ func New(cfg Config) (*Publisher, error) {
 	}
 	if cfg.HandshakeTimeout == 0 {
 		cfg.HandshakeTimeout = DefaultHandshakeTimeout
+	}
+	if cfg.Linger == 0 {
+		cfg.Linger = DefaultLinger
 	}
 	p := &Publisher{cfg: cfg, topic: []byte(cfg.Topic), subs: map[*subscriber]struct{}{}, conns: map[net.Conn]bool{}}
 	p.ring = make([]entry, 0, min(cfg.BufferSteps, 1024))
@@ -214,14 +223,20 @@ func (p *Publisher) Publish(b Batch) (uint64, error) {
 // Stats returns the counters.
 func (p *Publisher) Stats() Stats {
 	p.mu.Lock()
-	n := len(p.subs)
+	n, m := len(p.subs), 0
+	for s := range p.subs {
+		if s.matches.Load() {
+			m++
+		}
+	}
 	p.mu.Unlock()
-	return Stats{Published: p.published.Load(), Dropped: p.dropped.Load(), Subscribers: n,
+	return Stats{Published: p.published.Load(), Dropped: p.dropped.Load(), Subscribers: n, Matching: m,
 		ReplayRequests: p.replays.Load(), Replayed: p.replayed.Load(), BadRequests: p.bad.Load(), RefusedPeers: p.refused.Load()}
 }
 
-// Close stops serving: it closes the listeners and every connection and waits for the publisher's goroutines.
-// Queued messages not yet written are discarded. Close is idempotent.
+// Close stops serving: it refuses further batches and closes the listeners, waits up to Config.Linger for
+// the messages already queued to be written to their subscribers, then closes every connection and waits
+// for the publisher's goroutines. Messages still queued then are discarded. Close is idempotent.
 func (p *Publisher) Close() error {
 	p.mu.Lock()
 	if p.closed {
@@ -233,6 +248,9 @@ func (p *Publisher) Close() error {
 	if p.rep != nil {
 		err = errors.Join(err, p.rep.Close())
 	}
+	p.mu.Unlock()
+	p.linger()
+	p.mu.Lock()
 	for c := range p.conns {
 		_ = c.Close()
 	}
@@ -242,6 +260,23 @@ func (p *Publisher) Close() error {
 		err = nil
 	}
 	return err
+}
+
+// linger waits until no subscriber has a message queued or being written, at most Config.Linger.
+func (p *Publisher) linger() {
+	deadline := time.Now().Add(p.cfg.Linger)
+	for time.Now().Before(deadline) {
+		p.mu.Lock()
+		var pending int64
+		for s := range p.subs {
+			pending += s.pending.Load()
+		}
+		p.mu.Unlock()
+		if pending == 0 {
+			return
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
 }
 
 // replaySince returns the buffered batches with a sequence number of at least start, oldest first.

@@ -275,3 +275,43 @@ func TestConcurrentClose(t *testing.T) {
 	_, err = p.Publish(sampleBatch(0))
 	assert.ErrorIs(t, err, ErrClosed)
 }
+
+// TestCloseLingers: batches published just before Close still reach a subscriber that reads (Config.Linger),
+// and a subscriber that does not read delays Close by Linger at most.
+func TestCloseLingers(t *testing.T) {
+	ctx := ctxT(t)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	p, err := New(Config{Format: mustFormat(t, "0.33"), Listener: l, Linger: 2 * time.Second})
+	require.NoError(t, err)
+	reader := subscribe(t, ctx, p, "")
+	stalled := subscribe(t, ctx, p, "") // never reads: its queue stays pending once its socket is full
+	_ = stalled
+	const n = 50
+	big := sampleBatch(0)
+	ids := make([]int64, 64<<10) // 9 bytes each in msgpack: about 576 KiB a batch, 28 MiB in all, more than
+	for i := range ids {         // loopback's socket buffers hold
+		ids[i] = 1 << 40
+	}
+	big.Events[0].(*BlockStored).TokenIDs = ids
+	for i := 0; i < n; i++ {
+		_, err := p.Publish(big)
+		require.NoError(t, err)
+	}
+	got := make(chan int, 1)
+	go func() {
+		k := 0
+		for ; k < n; k++ {
+			if _, err := reader.ReadMessage(); err != nil {
+				break
+			}
+		}
+		got <- k
+	}()
+	start := time.Now()
+	require.NoError(t, p.Close())
+	took := time.Since(start)
+	require.Equal(t, n, <-got, "every batch queued before Close reached the reading subscriber")
+	require.Less(t, took, 10*time.Second, "Close waits for the stalled subscriber only as long as Linger")
+	require.GreaterOrEqual(t, took, 2*time.Second, "the stalled subscriber's queue kept Close lingering")
+}

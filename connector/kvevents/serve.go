@@ -96,11 +96,13 @@ type subscriber struct {
 	topics map[string]int // read goroutine only
 	nsubs  int
 
-	mu     sync.Mutex
-	queue  []entry
-	bytes  int64
-	notify chan struct{} // capacity 1: the queue has something
-	done   chan struct{}
+	mu    sync.Mutex
+	queue []entry
+	bytes int64
+	// pending counts messages queued or being written (Close lingers until it is 0 everywhere).
+	pending atomic.Int64
+	notify  chan struct{} // capacity 1: the queue has something
+	done    chan struct{}
 }
 
 // enqueue adds e to the queue unless that would pass HWM or MaxQueueBytes; called with p.mu held.
@@ -112,6 +114,7 @@ func (s *subscriber) enqueue(e entry) bool {
 	}
 	s.queue = append(s.queue, e)
 	s.bytes += int64(len(e.payload))
+	s.pending.Add(1)
 	select {
 	case s.notify <- struct{}{}:
 	default:
@@ -212,11 +215,13 @@ func (s *subscriber) write() {
 		q := s.queue
 		s.queue, s.bytes = nil, 0
 		s.mu.Unlock()
-		for _, e := range q {
+		for i, e := range q {
 			if err := s.conn.WriteMessage([][]byte{s.p.topic, seqBytes(int64(e.seq)), e.payload}); err != nil {
-				_ = s.conn.Close() // the read goroutine sees it and ends the subscriber
+				s.pending.Add(-int64(len(q) - i)) // never written: nothing to linger for
+				_ = s.conn.Close()                // the read goroutine sees it and ends the subscriber
 				return
 			}
+			s.pending.Add(-1)
 		}
 	}
 }
