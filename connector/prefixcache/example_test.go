@@ -29,7 +29,7 @@ func ExampleCache() {
 
 	first, _ := h.Hashes([]int64{1, 2, 3, 4, 5, 6, 7, 8}, "")
 	blocks, _, _ := cache.Alloc(len(first)) // nothing cached yet: fill both blocks
-	_ = cache.Commit(first, blocks)         // once filled
+	_, _ = cache.Commit(first, blocks)      // once filled
 	_, _ = cache.Release(blocks)            // the decode peer has read them
 
 	second, _ := h.Hashes([]int64{1, 2, 3, 4, 9, 9, 9, 9}, "")

@@ -58,7 +58,8 @@ func FuzzOps(f *testing.F) {
 				require.Zero(t, holders[b], "block %d handed out while held", b)
 			}
 			_ = evicted
-			require.NoError(t, c.Commit(want[len(hit):], rest))
+			_, err = c.Commit(want[len(hit):], rest)
+			require.NoError(t, err)
 			blocks := append(hit, rest...)
 			for _, b := range blocks {
 				holders[b]++

@@ -4,7 +4,7 @@
 // it and is only evicted (returned to the pool) while no request holds it: under allocation pressure or past
 // Config.MaxBlocks. The caller reports each eviction (vLLM's BlockRemoved event) from Alloc's result.
 //
-// It is not yet used by the prefill role (issue 23 item 1).
+// The prefill role uses it when PrefillConfig.PrefixCache is set (connector.Prefill.HoldTokens).
 //
 // The package builds with CGO_ENABLED=0.
 package prefixcache
@@ -57,7 +57,7 @@ type Cache struct {
 	byHash  map[blockhash.Hash]*entry
 	byBlock map[int]*entry
 	held    map[int]bool // blocks allocated by Alloc and not cached (held once, by their request)
-	lru     *list.List  // unheld entries, most recently released first
+	lru     *list.List   // unheld entries, most recently released first
 }
 
 // New returns an empty cache over pool.
@@ -118,18 +118,19 @@ func (c *Cache) Alloc(n int) (blocks []int, evicted []blockhash.Hash, err error)
 }
 
 // Commit caches blocks the caller holds from Alloc under their hashes (blocks[i] holds the tokens hashes[i]
-// covers; call it once they are filled). A hash already cached keeps its block, and the caller's block stays
-// uncached (it goes back to the pool when released). Blocks not from Alloc, or already cached, are refused.
-func (c *Cache) Commit(hashes []blockhash.Hash, blocks []int) error {
+// covers; call it once they are filled) and returns the indices i whose hash it cached (to report as stored).
+// A hash already cached keeps its block, and the caller's block stays uncached (it goes back to the pool
+// when released). Blocks not from Alloc, or already cached, are refused and nothing is cached.
+func (c *Cache) Commit(hashes []blockhash.Hash, blocks []int) (stored []int, err error) {
 	if len(hashes) != len(blocks) {
-		return fmt.Errorf("%w: %d hashes for %d blocks", ErrInvalid, len(hashes), len(blocks))
+		return nil, fmt.Errorf("%w: %d hashes for %d blocks", ErrInvalid, len(hashes), len(blocks))
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	seen := make(map[int]bool, len(blocks))
 	for _, b := range blocks {
 		if !c.held[b] || seen[b] {
-			return fmt.Errorf("%w: block %d is not held from Alloc (or already cached, or listed twice)", ErrInvalid, b)
+			return nil, fmt.Errorf("%w: block %d is not held from Alloc (or already cached, or listed twice)", ErrInvalid, b)
 		}
 		seen[b] = true
 	}
@@ -137,13 +138,14 @@ func (c *Cache) Commit(hashes []blockhash.Hash, blocks []int) error {
 		if _, ok := c.byHash[h]; ok {
 			continue
 		}
+		stored = append(stored, i)
 		b := blocks[i]
 		e := &entry{hash: h, block: b, refs: 1}
 		delete(c.held, b)
 		c.byHash[h] = e
 		c.byBlock[b] = e
 	}
-	return nil
+	return stored, nil
 }
 
 // Release drops one hold of each block (from Acquire or Alloc). An uncached block goes back to the pool with
@@ -194,6 +196,17 @@ func (c *Cache) evict(n int) []blockhash.Hash {
 	}
 	c.pool.Free(blocks)
 	return hashes
+}
+
+// Reset evicts every cached block (returned to the pool) and returns their hashes, as vLLM's
+// reset_prefix_cache does; like it, it does nothing and reports false while a request holds a cached block.
+func (c *Cache) Reset() ([]blockhash.Hash, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.lru.Len() != len(c.byHash) {
+		return nil, false
+	}
+	return c.evict(c.lru.Len()), true
 }
 
 // Stats are a cache's block counts.

@@ -70,7 +70,9 @@ func TestReuseAndEviction(t *testing.T) {
 	blocksA, ev, err := c.Alloc(3)
 	require.NoError(t, err)
 	assert.Empty(t, ev)
-	require.NoError(t, c.Commit(a, blocksA))
+	stored, err := c.Commit(a, blocksA)
+	require.NoError(t, err)
+	assert.Equal(t, []int{0, 1, 2}, stored)
 
 	// B shares A's first two blocks while A still holds them: shared, read-only.
 	b := hashes(t, []int64{1, 2, 3, 4, 9, 9})
@@ -78,7 +80,8 @@ func TestReuseAndEviction(t *testing.T) {
 	assert.Equal(t, blocksA[:2], hit)
 	rest, _, err := c.Alloc(1)
 	require.NoError(t, err)
-	require.NoError(t, c.Commit(b[2:], rest))
+	_, err = c.Commit(b[2:], rest)
+	require.NoError(t, err)
 	assert.Equal(t, Stats{Cached: 4}, c.Stats())
 
 	// A finishes: its blocks stay cached; B still holds two of them.
@@ -115,8 +118,10 @@ func TestReuseAndEviction(t *testing.T) {
 	// Misuse is refused.
 	_, err = c.Release(blocksA[:1])
 	require.ErrorIs(t, err, ErrInvalid)
-	require.ErrorIs(t, c.Commit(a[:1], []int{blocksA[0]}), ErrInvalid)
-	require.ErrorIs(t, c.Commit(a, blocksA[:1]), ErrInvalid)
+	_, err = c.Commit(a[:1], []int{blocksA[0]})
+	require.ErrorIs(t, err, ErrInvalid)
+	_, err = c.Commit(a, blocksA[:1])
+	require.ErrorIs(t, err, ErrInvalid)
 	_, _, err = c.Alloc(-1)
 	require.ErrorIs(t, err, ErrInvalid)
 	_, err = New(p, Config{MaxBlocks: -1})
@@ -131,7 +136,8 @@ func TestMaxBlocks(t *testing.T) {
 	hs := hashes(t, []int64{1, 2, 3, 4, 5, 6})
 	blocks, _, err := c.Alloc(3)
 	require.NoError(t, err)
-	require.NoError(t, c.Commit(hs, blocks))
+	_, err = c.Commit(hs, blocks)
+	require.NoError(t, err)
 	ev, err := c.Release([]int{blocks[2], blocks[1], blocks[0]})
 	require.NoError(t, err)
 	assert.Equal(t, []blockhash.Hash{hs[2]}, ev)
@@ -142,9 +148,40 @@ func TestMaxBlocks(t *testing.T) {
 	require.NoError(t, err)
 	blocks, _, err = off.Alloc(1)
 	require.NoError(t, err)
-	require.NoError(t, off.Commit(hs[:1], blocks))
+	_, err = off.Commit(hs[:1], blocks)
+	require.NoError(t, err)
 	ev, err = off.Release(blocks)
 	require.NoError(t, err)
 	assert.Equal(t, hs[:1], ev)
 	assert.Equal(t, Stats{}, off.Stats())
+}
+
+// A hash another request cached first keeps its block: Commit reports only what it cached, and Reset waits
+// until no cached block is held.
+func TestCommitRaceAndReset(t *testing.T) {
+	p := newPool(t, 9)
+	c, err := New(p, Config{MaxBlocks: 8})
+	require.NoError(t, err)
+	hs := hashes(t, []int64{1, 2, 3, 4})
+	first, _, err := c.Alloc(2)
+	require.NoError(t, err)
+	second, _, err := c.Alloc(2)
+	require.NoError(t, err)
+	stored, err := c.Commit(hs, first)
+	require.NoError(t, err)
+	assert.Equal(t, []int{0, 1}, stored)
+	stored, err = c.Commit(hs, second)
+	require.NoError(t, err)
+	assert.Empty(t, stored)
+	assert.Equal(t, Stats{Cached: 2, Uncached: 2}, c.Stats())
+
+	_, ok := c.Reset()
+	assert.False(t, ok, "Reset while a cached block is held")
+	_, err = c.Release(append(first, second...))
+	require.NoError(t, err)
+	dropped, ok := c.Reset()
+	require.True(t, ok)
+	assert.ElementsMatch(t, hs, dropped)
+	assert.Equal(t, Stats{}, c.Stats())
+	assert.Equal(t, 8, p.Available())
 }
