@@ -30,8 +30,10 @@ import (
 //	gonixl_requests_total, gonixl_request_errors_total, gonixl_bytes_total, gonixl_blocks_held (gauge),
 //	gonixl_blocks_freed_total, gonixl_blocks_expired_total, gonixl_heartbeats_total,
 //	gonixl_notifications_total, gonixl_bad_messages_total, gonixl_rejected_notifications_total,
-//	gonixl_handshakes_total, gonixl_remote_agent_conflicts_total, gonixl_forged_notifications_total: the
-//	counters.
+//	gonixl_handshakes_total, gonixl_remote_agent_conflicts_total, gonixl_forged_notifications_total,
+//	gonixl_prefix_cache_queries_total, gonixl_prefix_cache_hits_total, gonixl_prefix_cache_misses_total
+//	(tokens, as vLLM's vllm:prefix_cache_*), gonixl_prefix_cache_evictions_total, gonixl_prefix_cache_blocks
+//	(gauge), gonixl_kv_events_published_total, gonixl_kv_events_dropped_total: the counters.
 //
 // The phase histograms split a pull (decode) into its parts: prepare, post and wait add up to about
 // gonixl_xfer_time_seconds plus the preparation before the first post; heartbeats run beside the wait.
@@ -53,6 +55,13 @@ type Metrics struct {
 	handshakes            atomic.Int64
 	agentConflicts        atomic.Int64
 	forgedNotifications   atomic.Int64
+	prefixQueries         atomic.Int64
+	prefixHits            atomic.Int64
+	prefixMisses          atomic.Int64
+	prefixEvictions       atomic.Int64
+	prefixBlocks          atomic.Int64
+	kvEventsPublished     atomic.Int64
+	kvEventsDropped       atomic.Int64
 
 	labels prometheus.Labels
 	once   sync.Once
@@ -113,6 +122,32 @@ func (m *Metrics) AgentConflicts() int64 { return m.agentConflicts.Load() }
 // ForgedNotifications is the number of notifications and heartbeat entries whose request id lacks the
 // unguessable suffix the prefill worker handed out with the request (prefill): gonixl_forged_notifications_total.
 func (m *Metrics) ForgedNotifications() int64 { return m.forgedNotifications.Load() }
+
+// PrefixCacheQueries is the number of prompt tokens HoldTokens looked up in the prefix cache (prefill):
+// gonixl_prefix_cache_queries_total.
+func (m *Metrics) PrefixCacheQueries() int64 { return m.prefixQueries.Load() }
+
+// PrefixCacheHits is the number of prompt tokens served from cached blocks (prefill):
+// gonixl_prefix_cache_hits_total.
+func (m *Metrics) PrefixCacheHits() int64 { return m.prefixHits.Load() }
+
+// PrefixCacheMisses is the number of prompt tokens looked up and not found (prefill):
+// gonixl_prefix_cache_misses_total.
+func (m *Metrics) PrefixCacheMisses() int64 { return m.prefixMisses.Load() }
+
+// PrefixCacheEvictions is the number of cached blocks evicted (prefill): gonixl_prefix_cache_evictions_total.
+func (m *Metrics) PrefixCacheEvictions() int64 { return m.prefixEvictions.Load() }
+
+// PrefixCacheBlocks is the number of blocks in the prefix cache now (prefill): the gauge
+// gonixl_prefix_cache_blocks.
+func (m *Metrics) PrefixCacheBlocks() int64 { return m.prefixBlocks.Load() }
+
+// KVEventsPublished is the number of KV events published (prefill): gonixl_kv_events_published_total.
+func (m *Metrics) KVEventsPublished() int64 { return m.kvEventsPublished.Load() }
+
+// KVEventsDropped is the number of KV-event messages subscribers missed because their queues were full
+// (prefill): gonixl_kv_events_dropped_total.
+func (m *Metrics) KVEventsDropped() int64 { return m.kvEventsDropped.Load() }
 
 // timing names what observe times.
 type timing string
@@ -175,13 +210,22 @@ var counterInfos = []counterInfo{
 	{"gonixl_handshakes_total", "Side-channel handshakes done (decode).", false},
 	{"gonixl_remote_agent_conflicts_total", "Prefill handshakes refused: their NIXL agent name is loaded with other metadata, or their regions are not that agent's (decode).", false},
 	{"gonixl_forged_notifications_total", "Notifications or heartbeat ids without the request's unguessable suffix (prefill).", false},
+	{"gonixl_prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache (prefill, HoldTokens; as vLLM's vllm:prefix_cache_queries).", false},
+	{"gonixl_prefix_cache_hits_total", "Prompt tokens served from cached blocks (prefill; as vLLM's vllm:prefix_cache_hits).", false},
+	{"gonixl_prefix_cache_misses_total", "Prompt tokens looked up and not cached (prefill).", false},
+	{"gonixl_prefix_cache_evictions_total", "Cached blocks evicted (prefill; each is published as BlockRemoved).", false},
+	{"gonixl_prefix_cache_blocks", "Blocks in the prefix cache, held or not (prefill).", true},
+	{"gonixl_kv_events_published_total", "KV events published (prefill).", false},
+	{"gonixl_kv_events_dropped_total", "KV-event messages a slow subscriber missed (its queue was full; it can replay them).", false},
 }
 
 // counters returns the fields in the order of counterInfos.
 func (m *Metrics) counters() []*atomic.Int64 {
 	return []*atomic.Int64{&m.requests, &m.requestErrors, &m.bytes, &m.blocksHeld, &m.blocksFreed, &m.blocksExpired,
 		&m.requestsExpired, &m.heartbeats, &m.notifications, &m.badMessages,
-		&m.rejectedNotifications, &m.handshakes, &m.agentConflicts, &m.forgedNotifications}
+		&m.rejectedNotifications, &m.handshakes, &m.agentConflicts, &m.forgedNotifications,
+		&m.prefixQueries, &m.prefixHits, &m.prefixMisses, &m.prefixEvictions, &m.prefixBlocks,
+		&m.kvEventsPublished, &m.kvEventsDropped}
 }
 
 func (m *Metrics) init() {

@@ -15,6 +15,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/gonixl/gonixl/connector/blockhash"
 	"github.com/gonixl/gonixl/connector/protocol"
 	"github.com/gonixl/gonixl/connector/sidechannel"
 	"github.com/gonixl/gonixl/internal/lifetime"
@@ -58,6 +59,13 @@ type PrefillConfig struct {
 	// HoldTimeout overrides how long unread blocks are held: the profile's lease (renewed by heartbeats) or
 	// abort timeout when 0. A negative value is refused (it would free the blocks before any peer reads them).
 	HoldTimeout time.Duration
+	// PrefixCache, when set, keeps prompts' full blocks cached under vLLM's block hashes after their decode
+	// peers have read them, so that HoldTokens serves a shared prefix from them. Nil: no reuse; every block
+	// goes back to the pool when its request is done.
+	PrefixCache *PrefixCacheConfig
+	// KVEvents, when set, publishes the prefix cache's changes as vLLM's KV events for KV-aware routers; it
+	// needs PrefixCache. Nil: none.
+	KVEvents *KVEventsConfig
 
 	// clock replaces time.Now for holds, leases and expiry (tests inject a fake clock); nil = time.Now.
 	clock func() time.Time
@@ -88,6 +96,7 @@ type Prefill struct {
 	metrics *Metrics
 	reg     *registered
 	pool    *BlockPool
+	prefix  *prefixState        // nil without PrefillConfig.PrefixCache
 	server  *sidechannel.Server // owned side channel
 	shared  *sidechannel.Server // or one shared by the engine's workers
 	payload []byte
@@ -184,12 +193,22 @@ func NewPrefill(cfg PrefillConfig) (_ *Prefill, err error) {
 		notifyKey: notifyKey(cfg), hash: hash, shared: cfg.SideChannel, hold: holdTimeout(cfg)}
 	p.generation.Store(1)
 	p.pool = NewBlockPool(reg.geom.NumBlocks)
+	if p.prefix, err = newPrefixState(cfg, reg.geom, p.pool, p.metrics, log); err != nil {
+		reg.close()
+		return nil, err
+	}
+	closePrefix := func() {
+		if p.prefix != nil {
+			_ = p.prefix.close()
+		}
+	}
 	p.now = cfg.clock
 	if p.now == nil {
 		p.now = time.Now
 	}
 	payload, err := p.handshakePayload()
 	if err != nil {
+		closePrefix()
 		reg.close()
 		return nil, err
 	}
@@ -208,6 +227,7 @@ func NewPrefill(cfg PrefillConfig) (_ *Prefill, err error) {
 		})
 		if err != nil {
 			cancel()
+			closePrefix()
 			reg.close()
 			return nil, fmt.Errorf("connector: side channel on %s:%d: %w", cfg.Host, cfg.Port, err)
 		}
@@ -333,6 +353,15 @@ var ErrDuplicateRequest = errors.New("connector: duplicate request id")
 // pool has too few free blocks the error wraps ErrNoBlocks; after Close it wraps nixl.ErrClosed. The role owns allocation and the hold clock: fill
 // only writes blocks.
 func (p *Prefill) Hold(ctx context.Context, requestID string, numTokens int, fill FillFunc) (protocol.KVTransferParams, error) {
+	var pf PrefixFillFunc
+	if fill != nil {
+		pf = func(ctx context.Context, blocks []int, _ int) error { return fill(ctx, blocks) }
+	}
+	return p.holdRequest(ctx, requestID, numTokens, nil, "", pf)
+}
+
+// holdRequest is Hold and HoldTokens: tokens is nil for Hold, whose blocks are never cache hits.
+func (p *Prefill) holdRequest(ctx context.Context, requestID string, numTokens int, tokens []int64, salt string, fill PrefixFillFunc) (protocol.KVTransferParams, error) {
 	log := p.log.With(zap.String("request_id", requestID))
 	if requestID == "" || numTokens <= 0 {
 		return protocol.KVTransferParams{}, fmt.Errorf("connector: prefill needs a request id and at least one token (got %q, %d)", requestID, numTokens)
@@ -358,7 +387,7 @@ func (p *Prefill) Hold(ctx context.Context, requestID string, numTokens int, fil
 		delete(p.pending, requestID)
 		p.mu.Unlock()
 	}
-	blocks, err := p.pool.Alloc(p.reg.geom.NeededBlocks(numTokens))
+	blocks, hashes, hits, err := p.alloc(p.reg.geom.NeededBlocks(numTokens), tokens, salt)
 	if err != nil {
 		unclaim()
 		p.metrics.requestErrors.Add(1)
@@ -367,10 +396,10 @@ func (p *Prefill) Hold(ctx context.Context, requestID string, numTokens int, fil
 	start := time.Now()
 	if fill != nil {
 		r := trace.StartRegion(ctx, "gonixl.stage")
-		err := fill(ctx, blocks)
+		err := fill(ctx, blocks, hits)
 		r.End()
 		if err != nil {
-			p.pool.Free(blocks)
+			p.free(blocks)
 			unclaim()
 			p.metrics.requestErrors.Add(1)
 			log.Warn("prefill fill failed; blocks freed", zap.Error(err))
@@ -378,12 +407,20 @@ func (p *Prefill) Hold(ctx context.Context, requestID string, numTokens int, fil
 		}
 	}
 	p.metrics.observe(timingStage, time.Since(start))
+	if p.prefix != nil {
+		if err := p.prefix.commit(blocks, hashes, hits, tokens, salt); err != nil {
+			p.free(blocks)
+			unclaim()
+			p.metrics.requestErrors.Add(1)
+			return protocol.KVTransferParams{}, fmt.Errorf("connector: request %q: prefix cache: %w", requestID, err)
+		}
+	}
 	bytes := int64(len(blocks)) * p.reg.geom.BlockLen() * int64(p.reg.geom.NumRegions())
 	p.mu.Lock()
 	delete(p.pending, requestID)
 	if p.stopped { // Close ran during the fill: nothing serves the blocks any more
 		p.mu.Unlock()
-		p.pool.Free(blocks)
+		p.free(blocks)
 		return protocol.KVTransferParams{}, fmt.Errorf("connector: request %q: the prefill role was closed during the fill: %w", requestID, nixl.ErrClosed)
 	}
 	token := p.notifToken(requestID)
@@ -412,9 +449,9 @@ func (p *Prefill) Hold(ctx context.Context, requestID string, numTokens int, fil
 		TransferMode:    "pull",
 		// vLLM 0.33's value; sent on the rows whose ParamsKeys have it.
 		RemoteRegistrationGeneration: p.generation.Load(),
-		// P's prefix-cache hits (vLLM 0.31+ sends prefill_stats.num_cached_tokens): the role computes every
-		// prompt in full. A caller with its own prefix cache sets the field before returning the params.
-		RemotePrefillCachedTokens: 0,
+		// P's prefix-cache hits (vLLM 0.31+ sends prefill_stats.num_cached_tokens): HoldTokens' hits, else 0
+		// (a caller with its own prefix cache sets the field before returning the params).
+		RemotePrefillCachedTokens: int64(hits * p.reg.geom.BlockSize),
 	}
 	log.Debug("blocks held for decode", zap.Int("blocks", len(blocks)), zap.Int("tokens", numTokens), zap.Duration("hold", p.hold))
 	return kv, nil
@@ -443,8 +480,27 @@ func (p *Prefill) Held() int {
 // release gives a held request's blocks back and updates the gauge. Callers hold p.mu and have removed h
 // from p.held, so Held() == 0 implies every block is back and counted.
 func (p *Prefill) release(h *heldReq) {
-	p.pool.Free(h.blocks)
+	p.free(h.blocks)
 	p.metrics.blocksHeld.Add(-int64(len(h.blocks)))
+}
+
+// alloc takes a request's blocks: from the prefix cache when there is one (cached prefix first), else from
+// the pool. hashes are the prompt's full-block hashes (prefix cache and tokens only), hits the cached blocks.
+func (p *Prefill) alloc(need int, tokens []int64, salt string) (blocks []int, hashes []blockhash.Hash, hits int, err error) {
+	if p.prefix != nil {
+		return p.prefix.alloc(need, tokens, salt)
+	}
+	blocks, err = p.pool.Alloc(need)
+	return blocks, nil, 0, err
+}
+
+// free drops a request's hold of blocks from alloc.
+func (p *Prefill) free(blocks []int) {
+	if p.prefix != nil {
+		p.prefix.release(blocks)
+		return
+	}
+	p.pool.Free(blocks)
 }
 
 // Progress intervals of the prefill loop: while blocks are held a decode peer may be reading them, and a
@@ -659,6 +715,11 @@ func (p *Prefill) Close() error {
 			p.release(h)
 		}
 		p.mu.Unlock()
+		if p.prefix != nil { // every block is released: evict the cache, AllBlocksCleared, close the publisher
+			if cerr := p.prefix.close(); err == nil {
+				err = cerr
+			}
+		}
 		p.log.Info("prefill worker closed", zap.Int("dropped_requests", len(held)))
 		return err
 	})
