@@ -22,7 +22,7 @@
 // through replay. Connections, subscriptions per subscriber and request sizes are bounded too, and nothing a
 // peer sends can make the publisher panic. Stats and Collector (Prometheus) export the counters.
 //
-// The formats of vLLM 0.16, 0.20, 0.26, 0.29, 0.32 and 0.33 have been read (Formats); FormatFor refuses the
+// The formats of vLLM 0.16, 0.20, 0.26, 0.29, 0.31, 0.32 and 0.33 have been read (Formats); FormatFor refuses the
 // series between them until their rows are added. The tests check every format against vLLM itself:
 // msgspec decodes what the publisher sends into vLLM's KVEventBatch, and vLLM's own ZmqEventPublisher, given
 // the same batches, answers replay requests with the same frames.

