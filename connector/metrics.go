@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/gonixl/gonixl/connector/kvevents"
 )
 
 // Metrics counts what the roles do and times their handshakes, transfers and stagings. It is a
@@ -33,7 +35,8 @@ import (
 //	gonixl_handshakes_total, gonixl_remote_agent_conflicts_total, gonixl_forged_notifications_total,
 //	gonixl_prefix_cache_queries_total, gonixl_prefix_cache_hits_total, gonixl_prefix_cache_misses_total
 //	(tokens, as vLLM's vllm:prefix_cache_*), gonixl_prefix_cache_evictions_total, gonixl_prefix_cache_blocks
-//	(gauge), gonixl_kv_events_published_total, gonixl_kv_events_dropped_total: the counters.
+//	(gauge), gonixl_kv_events_published_total (batches), gonixl_kv_events_dropped_total,
+//	gonixl_kv_events_subscribers (gauge): the counters.
 //
 // The phase histograms split a pull (decode) into its parts: prepare, post and wait add up to about
 // gonixl_xfer_time_seconds plus the preparation before the first post; heartbeats run beside the wait.
@@ -67,6 +70,10 @@ type Metrics struct {
 	once   sync.Once
 	descs  []*prometheus.Desc // one per counter, in the order of counters()
 	hists  [numTimings]prometheus.Histogram
+	subs   *prometheus.Desc // gonixl_kv_events_subscribers
+
+	pubMu sync.Mutex
+	pubs  map[*kvevents.Publisher]bool // the KV-event publishers of the roles using m
 }
 
 // NewMetrics returns a Metrics whose series all carry labels (e.g. {"role": "prefill"}), so that several
@@ -142,12 +149,40 @@ func (m *Metrics) PrefixCacheEvictions() int64 { return m.prefixEvictions.Load()
 // gonixl_prefix_cache_blocks.
 func (m *Metrics) PrefixCacheBlocks() int64 { return m.prefixBlocks.Load() }
 
-// KVEventsPublished is the number of KV events published (prefill): gonixl_kv_events_published_total.
+// KVEventsPublished is the number of KV-event batches published (prefill): gonixl_kv_events_published_total.
 func (m *Metrics) KVEventsPublished() int64 { return m.kvEventsPublished.Load() }
 
 // KVEventsDropped is the number of KV-event messages subscribers missed because their queues were full
 // (prefill): gonixl_kv_events_dropped_total.
 func (m *Metrics) KVEventsDropped() int64 { return m.kvEventsDropped.Load() }
+
+// KVEventsSubscribers is the number of subscribers connected to the KV-event sockets of the roles using m
+// now (prefill): the gauge gonixl_kv_events_subscribers.
+func (m *Metrics) KVEventsSubscribers() int {
+	m.pubMu.Lock()
+	defer m.pubMu.Unlock()
+	n := 0
+	for p := range m.pubs {
+		n += p.Stats().Subscribers
+	}
+	return n
+}
+
+// addPublisher counts p's subscribers in gonixl_kv_events_subscribers until removePublisher.
+func (m *Metrics) addPublisher(p *kvevents.Publisher) {
+	m.pubMu.Lock()
+	defer m.pubMu.Unlock()
+	if m.pubs == nil {
+		m.pubs = map[*kvevents.Publisher]bool{}
+	}
+	m.pubs[p] = true
+}
+
+func (m *Metrics) removePublisher(p *kvevents.Publisher) {
+	m.pubMu.Lock()
+	defer m.pubMu.Unlock()
+	delete(m.pubs, p)
+}
 
 // timing names what observe times.
 type timing string
@@ -215,7 +250,7 @@ var counterInfos = []counterInfo{
 	{"gonixl_prefix_cache_misses_total", "Prompt tokens looked up and not cached (prefill).", false},
 	{"gonixl_prefix_cache_evictions_total", "Cached blocks evicted (prefill; each is published as BlockRemoved).", false},
 	{"gonixl_prefix_cache_blocks", "Blocks in the prefix cache, held or not (prefill).", true},
-	{"gonixl_kv_events_published_total", "KV events published (prefill).", false},
+	{"gonixl_kv_events_published_total", "KV-event batches published (prefill; each holds the events of one change of the prefix cache).", false},
 	{"gonixl_kv_events_dropped_total", "KV-event messages a slow subscriber missed (its queue was full; it can replay them).", false},
 }
 
@@ -233,6 +268,7 @@ func (m *Metrics) init() {
 		for _, c := range counterInfos {
 			m.descs = append(m.descs, prometheus.NewDesc(c.name, c.help, nil, m.labels))
 		}
+		m.subs = prometheus.NewDesc("gonixl_kv_events_subscribers", "Subscribers connected to the KV-event sockets (prefill).", nil, m.labels)
 		for i, t := range timings {
 			m.hists[i] = prometheus.NewHistogram(prometheus.HistogramOpts{Name: t.name, Help: t.help,
 				ConstLabels: m.labels, Buckets: latencyBuckets})
@@ -260,6 +296,7 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range m.descs {
 		ch <- d
 	}
+	ch <- m.subs
 	for _, h := range m.hists {
 		h.Describe(ch)
 	}
@@ -275,6 +312,7 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 		}
 		ch <- prometheus.MustNewConstMetric(m.descs[i], kind, float64(v.Load()))
 	}
+	ch <- prometheus.MustNewConstMetric(m.subs, prometheus.GaugeValue, float64(m.KVEventsSubscribers()))
 	for _, h := range m.hists {
 		h.Collect(ch)
 	}

@@ -49,7 +49,8 @@ func gather(t *testing.T, c prometheus.Collector) map[string]float64 {
 func TestMetricsCollector(t *testing.T) {
 	var m Metrics // the zero value is ready
 	s := gather(t, &m)
-	assert.Len(t, s, len(counterInfos)+2*numTimings, "every counter and histogram is exported, also before any traffic")
+	assert.Len(t, s, len(counterInfos)+1+2*numTimings, "every counter, gauge and histogram is exported, also before any traffic")
+	assert.Zero(t, s["gonixl_kv_events_subscribers"])
 	assert.Zero(t, s["gonixl_requests_total"])
 
 	m.requests.Add(3)
@@ -199,6 +200,13 @@ func TestMetricsCounterNames(t *testing.T) {
 		"gonixl_handshakes_total":             {&m.handshakes, m.Handshakes},
 		"gonixl_remote_agent_conflicts_total": {&m.agentConflicts, m.AgentConflicts},
 		"gonixl_forged_notifications_total":   {&m.forgedNotifications, m.ForgedNotifications},
+		"gonixl_prefix_cache_queries_total":   {&m.prefixQueries, m.PrefixCacheQueries},
+		"gonixl_prefix_cache_hits_total":      {&m.prefixHits, m.PrefixCacheHits},
+		"gonixl_prefix_cache_misses_total":    {&m.prefixMisses, m.PrefixCacheMisses},
+		"gonixl_prefix_cache_evictions_total": {&m.prefixEvictions, m.PrefixCacheEvictions},
+		"gonixl_prefix_cache_blocks":          {&m.prefixBlocks, m.PrefixCacheBlocks},
+		"gonixl_kv_events_published_total":    {&m.kvEventsPublished, m.KVEventsPublished},
+		"gonixl_kv_events_dropped_total":      {&m.kvEventsDropped, m.KVEventsDropped},
 	}
 	require.Len(t, counters, len(counterInfos))
 	i := int64(1)

@@ -147,6 +147,7 @@ func newPrefixState(cfg PrefillConfig, geom layout.Geometry, pool *BlockPool, m 
 			return nil, fmt.Errorf("connector: KVEventsConfig: %w", err)
 		}
 		s.pub, s.format, s.bytesH, s.medium = pub, f, ev.BytesHashes, ev.Medium
+		m.addPublisher(pub)
 		if s.medium == "" {
 			s.medium = "GPU"
 		}
@@ -278,6 +279,7 @@ func (s *prefixState) close() error {
 	}
 	err := s.pub.Close()
 	s.syncDropped()
+	s.metrics.removePublisher(s.pub)
 	return err
 }
 
@@ -306,7 +308,7 @@ func (s *prefixState) publishLocked(events ...kvevents.Event) {
 		s.log.Warn("KV events not published", zap.Error(err))
 		return
 	}
-	s.metrics.kvEventsPublished.Add(int64(len(events)))
+	s.metrics.kvEventsPublished.Add(1)
 	s.syncDropped()
 }
 

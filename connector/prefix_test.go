@@ -215,6 +215,7 @@ func TestPrefixCacheReuse(t *testing.T) {
 	require.EqualValues(t, 4*tinyBlock, pr.preM.PrefixCacheHits())
 	require.EqualValues(t, len(a)+(len(b)-2*tinyBlock)+tinyBlock, pr.preM.PrefixCacheMisses())
 	require.EqualValues(t, 3, pr.preM.KVEventsPublished())
+	require.Equal(t, 1, pr.preM.KVEventsSubscribers())
 
 	// Close clears the cache and the last batch reaches the subscriber before the socket closes.
 	require.NoError(t, pr.pre.Close())

@@ -3,7 +3,8 @@ package kvevents
 import "github.com/prometheus/client_golang/prometheus"
 
 // Metric names (Collector). The publisher's counters are read when Prometheus collects, so publishing costs
-// nothing extra.
+// nothing extra. A connector.Prefill's publisher is exported by the role's connector.Metrics (published,
+// dropped and subscribers under the same names): register this Collector only for a Publisher of your own.
 //
 //	gonixl_kv_events_published_total        counter  batches published (Stats.Published)
 //	gonixl_kv_events_dropped_total          counter  messages a slow subscriber missed (Stats.Dropped)
