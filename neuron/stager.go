@@ -62,6 +62,12 @@ type Request struct {
 	// BlockIDs are the block ids the caller allocated (the connector's prefill role: its BlockPool), in
 	// request order. BlockIDs[j] receives positions [j·BlockSize, (j+1)·BlockSize).
 	BlockIDs []int
+	// FromBlock is the first block to stage: BlockIDs[:FromBlock] already hold positions
+	// [0, FromBlock·BlockSize) — a prefix cached from an earlier request (the connector's HoldTokens), shared
+	// read-only with other requests — and are neither written nor converted. 0 stages every block. The source
+	// is still read from position 0 (Source.Fetch takes no start position); only the conversion and the
+	// writes into the arena are skipped.
+	FromBlock int
 }
 
 // Stager is a cache plus a fill function: one pinned host arena (a connector.Cache of DRAM) and Stage/Fill,
@@ -251,6 +257,15 @@ func (s *Stager) Fill(row, tokens int) func(ctx context.Context, blockIDs []int)
 	}
 }
 
+// FillFrom is Fill for a request whose leading blocks hold a cached prefix: the function it returns stages
+// blockIDs[from:] only (Request.FromBlock), leaving blockIDs[:from] untouched. It has
+// connector.PrefixFillFunc's signature: role.HoldTokens(ctx, id, tokens, salt, stager.FillFrom(row, len(tokens))).
+func (s *Stager) FillFrom(row, tokens int) func(ctx context.Context, blockIDs []int, from int) error {
+	return func(ctx context.Context, blockIDs []int, from int) error {
+		return s.Stage(ctx, Request{ID: fmt.Sprintf("row %d", row), Row: row, Tokens: tokens, BlockIDs: blockIDs, FromBlock: from})
+	}
+}
+
 func (s *Stager) checkRequest(req Request) error {
 	spec := s.src.Spec()
 	switch {
@@ -265,6 +280,9 @@ func (s *Stager) checkRequest(req Request) error {
 	}
 	if err := s.g.CheckBlockIDs(req.BlockIDs, req.Tokens); err != nil {
 		return refuse("stage", ErrBadArgument, "request %q: %w", req.ID, err)
+	}
+	if need := s.g.NeededBlocks(req.Tokens); req.FromBlock < 0 || req.FromBlock > need {
+		return refuse("stage", ErrBadArgument, "request %q: staging from block %d of the %d its %d tokens fill", req.ID, req.FromBlock, need, req.Tokens)
 	}
 	return nil
 }
@@ -282,13 +300,26 @@ func (s *Stager) getBuf(n int64) *[]byte {
 }
 
 // run stages the 2·NumLayers (layer, kv) units over the worker pool.
+//
+// With FromBlock > 0 it stages positions [start, Tokens), start = FromBlock·BlockSize, into
+// BlockIDs[FromBlock:]: each fetched tensor is read through a view that begins at position start (for a
+// BHSD tensor start rows of head_dim elements further, for a transposed K start elements further), so
+// position p of the view is position start+p of the tensor in every head. The conversion reads positions
+// below Tokens−start of the view only, all inside the fetched bytes; the buffer is start positions longer so
+// that the view has the full shape's length.
 func (s *Stager) run(ctx context.Context, req Request) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	start := req.FromBlock * s.g.BlockSize
+	if start >= req.Tokens {
+		return nil // every block holds a cached prefix: nothing to stage
+	}
+	q := layout.Seq{Row: 0, Tokens: req.Tokens - start, BlockIDs: req.BlockIDs[req.FromBlock:]}
 	units := 2 * s.g.NumLayers
 	workers := min(s.workers, units)
-	need := s.src.Spec().FetchLen(s.g.NumKVHeads, req.Tokens)
 	e := s.g.ElemSize()
+	rowShift := int64(start) * int64(s.g.HeadDim) * int64(e) // the view's offset in a BHSD tensor (≥ a transposed K's)
+	need := s.src.Spec().FetchLen(s.g.NumKVHeads, req.Tokens) + rowShift
 	var (
 		next     atomic.Int64
 		errMu    sync.Mutex
@@ -328,9 +359,13 @@ func (s *Stager) run(ctx context.Context, req Request) error {
 					fail(fmt.Errorf("stage request %q: layer %d %v: %w", req.ID, layer, kv, err))
 					return
 				}
+				shift := rowShift
+				if sh.Transposed {
+					shift = int64(start) * int64(e)
+				}
 				r, err := s.g.Region(layer, kv)
 				if err == nil {
-					err = s.g.ToPaged(s.Region(r), kv, buf[:n], sh, layout.Seq{Row: 0, Tokens: req.Tokens, BlockIDs: req.BlockIDs})
+					err = s.g.ToPaged(s.Region(r), kv, buf[shift:shift+n], sh, q)
 				}
 				if err != nil {
 					fail(fmt.Errorf("stage request %q: convert layer %d %v: %w", req.ID, layer, kv, err))

@@ -293,6 +293,50 @@ func TestStageExactBytes(t *testing.T) {
 	}
 }
 
+// Staging from block FromBlock (a cached prefix in the leading blocks) writes the request's later blocks
+// exactly as a full Stage does and leaves the leading ones untouched, in every order, plan and source layout
+// (transposed K included), for a prefix that ends inside the source row and one that leaves a partial last
+// block; FillFrom passes the block through; staging from past the request's blocks is refused.
+func TestStageFromBlock(t *testing.T) {
+	for _, kT := range []bool{false, true} {
+		for _, order := range []layout.BlockOrder{layout.NHD, layout.HND} {
+			for _, plan := range []layout.RegionPlan{layout.PlanSplitKV, layout.PlanKVHalves, layout.PlanPackedKV} {
+				t.Run(fmt.Sprintf("%v/%v/kT=%v", order, plan, kT), func(t *testing.T) {
+					c := newTestCache(smallSpec(kT))
+					g := smallGeometry(order, plan)
+					s := newStager(t, StagerConfig{Geometry: g, Source: c.host(t), FirstHead: 1, Workers: 2})
+					ctx := testenv.Context(t, 30*time.Second)
+					for _, tc := range []struct{ row, tokens, from int }{{0, 13, 2}, {2, 20, 4}, {1, 9, 0}, {1, 8, 2}} {
+						fillArena(s, 0xAA)
+						req := Request{ID: "p", Row: tc.row, Tokens: tc.tokens, BlockIDs: blockRange(3, g.NeededBlocks(tc.tokens))}
+						require.NoError(t, s.FillFrom(tc.row, tc.tokens)(ctx, req.BlockIDs, tc.from))
+						blen := int(g.BlockLen())
+						for layer := range g.NumLayers {
+							for _, kv := range []layout.KV{layout.K, layout.V} {
+								r, err := g.Region(layer, kv)
+								require.NoError(t, err)
+								for j, b := range req.BlockIDs {
+									got := s.Region(r)[b*blen : (b+1)*blen]
+									want := c.expectBlock(g, layer, kv, 1, req, j)
+									if j < tc.from {
+										want = bytes.Repeat([]byte{0xAA}, blen)
+									}
+									if g.Plan != layout.PlanSplitKV {
+										got, want = kvBytes(g, kv, got), kvBytes(g, kv, want)
+									}
+									require.Equal(t, want, got, "%+v: layer %d %v block slot %d", tc, layer, kv, j)
+								}
+							}
+						}
+					}
+					err := s.Stage(ctx, Request{ID: "p", Tokens: 8, BlockIDs: blockRange(3, 2), FromBlock: 3})
+					require.ErrorIs(t, err, ErrBadArgument)
+				})
+			}
+		}
+	}
+}
+
 func TestStageHostSourceMatchesDevice(t *testing.T) {
 	rt := openFake(t, LoadOptions{})
 	c := newTestCache(smallSpec(false))
