@@ -130,7 +130,7 @@ func (s *DecodeServer) completions(w http.ResponseWriter, r *http.Request) {
 		writeError(w, pullStatus(err), err.Error())
 		return
 	}
-	verified, err := s.verify(req.KVSeed(), tokens, local)
+	verified, err := s.verify(KVChain(req.TokenIDs()), local)
 	verifyTook := time.Since(pulled)
 	if err != nil {
 		s.log.Error("KV verification failed", zap.String("request_id", id), zap.Error(err))
@@ -157,12 +157,14 @@ func pullStatus(err error) int {
 	return http.StatusBadGateway
 }
 
-// verify checks every byte the READ brought: for each layer it rebuilds what the prompt's K and V must be,
+// verify checks every byte the READ brought: for each layer it rebuilds what the prompt's K and V must be
+// (from its KVChain: blocks the prefill reused from a cached prefix are checked like the others),
 // converts them to paged blocks with the same block ids (zero padding included) and compares those blocks
 // with the cache's. It also converts the cache's blocks back to (1, H, tokens, D) and compares the tokens,
 // so a converter bug on either side cannot hide. It returns the number of block bytes checked.
-func (s *DecodeServer) verify(seed uint64, tokens int, blocks []int) (int64, error) {
+func (s *DecodeServer) verify(chain []uint64, blocks []int) (int64, error) {
 	g := s.cache.Geometry()
+	tokens := len(chain)
 	src := layout.Source{Batch: 1, Heads: g.NumKVHeads, SeqLen: tokens, HeadDim: g.HeadDim}
 	rowBytes := g.HeadDim * g.DType.Size()
 	want := make([]byte, g.NumKVHeads*tokens*rowBytes)
@@ -183,7 +185,7 @@ func (s *DecodeServer) verify(seed uint64, tokens int, blocks []int) (int64, err
 				}
 			}
 			for h := 0; h < g.NumKVHeads; h++ {
-				FillHead(want[h*tokens*rowBytes:(h+1)*tokens*rowBytes], seed, l, kv, h)
+				FillHead(want[h*tokens*rowBytes:(h+1)*tokens*rowBytes], rowBytes, chain, l, kv, h)
 			}
 			q := layout.Seq{Row: 0, Tokens: tokens, BlockIDs: blocks}
 			if err := g.FromPaged(got, src, kv, regions[r], q); err != nil {

@@ -1,12 +1,13 @@
 // Package demo holds the servers and the proxy of gonixl's examples: a prefill worker whose KV cache lives on
 // a Neuron device and is staged through DRAM, a decode worker with a DRAM (or CUDA) cache, and a proxy that
-// runs vLLM's disaggregated request flow. The KV content is a deterministic function of the prompt, so the
-// decode side verifies every byte it reads.
+// runs vLLM's disaggregated request flow. The KV content is a deterministic, causal function of the prompt's
+// tokens (KVChain), so the decode side verifies every byte it reads, blocks reused from a cached prefix included.
 package demo
 
 import (
 	"encoding/binary"
 	"hash/fnv"
+	"strconv"
 	"strings"
 
 	"github.com/gonixl/gonixl/connector"
@@ -26,29 +27,65 @@ func Seed(prompt string) uint64 {
 	return h.Sum64()
 }
 
-// SeedIDs is the KV seed of a prompt given as token ids.
-func SeedIDs(ids []int) uint64 {
-	h := fnv.New64a()
-	var b [8]byte
-	for _, id := range ids {
-		binary.LittleEndian.PutUint64(b[:], uint64(id))
-		h.Write(b[:])
+// The demo's vocabulary: the words "w0".."w4095" after three special tokens (<unk>, <s>, </s>), as in the
+// word-level tokenizer python/dynamo_worker.py writes for Dynamo's frontend.
+const (
+	FirstWordID = 3
+	VocabWords  = 4096
+)
+
+// TokenIDs are the token ids of a text prompt, one per whitespace-separated word: "wN" (N < VocabWords) is
+// FirstWordID+N, the id Dynamo's frontend gives it with the demo model's tokenizer, so a prompt sent as text
+// and the same prompt tokenized by Dynamo have the same ids (hence the same KV and block hashes); any other
+// word is a hash of it, above that vocabulary.
+func TokenIDs(prompt string) []int {
+	words := strings.Fields(prompt)
+	ids := make([]int, len(words))
+	for i, w := range words {
+		if rest, ok := strings.CutPrefix(w, "w"); ok {
+			if n, err := strconv.Atoi(rest); err == nil && n >= 0 && n < VocabWords && strconv.Itoa(n) == rest {
+				ids[i] = FirstWordID + n
+				continue
+			}
+		}
+		h := fnv.New32a()
+		h.Write([]byte(w))
+		ids[i] = FirstWordID + VocabWords + int(h.Sum32()>>1)
 	}
-	return h.Sum64()
+	return ids
 }
 
-// FillHead writes the KV of one head of one layer's K or V for positions [0, len(dst)/rowBytes): a
-// deterministic function of (seed, layer, kv, head, byte offset), as if a model had computed it.
-func FillHead(dst []byte, seed uint64, layer int, kv layout.KV, head int) {
-	base := seed ^ uint64(layer)<<48 ^ uint64(kv)<<40 ^ uint64(head)<<32
-	i := 0
-	for ; i+8 <= len(dst); i += 8 {
-		binary.LittleEndian.PutUint64(dst[i:], splitmix(base+uint64(i)))
+// KVChain returns the seed of each position's KV: chain[p] depends on ids[0..p] and nothing else, as a causal
+// model's KV at position p depends only on the tokens up to p. Prompts that share their first p tokens have
+// the same KV there, so a prefill worker may hand out blocks cached from an earlier prompt and the decode
+// still checks every byte against this prompt's own KV.
+func KVChain(ids []int) []uint64 {
+	chain := make([]uint64, len(ids))
+	c := uint64(0x6a09e667f3bcc908)
+	for p, id := range ids {
+		c = splitmix(c ^ splitmix(uint64(id)))
+		chain[p] = c
 	}
-	if i < len(dst) {
-		var tail [8]byte
-		binary.LittleEndian.PutUint64(tail[:], splitmix(base+uint64(i)))
-		copy(dst[i:], tail[:])
+	return chain
+}
+
+// FillHead writes the KV of one head of one layer's K or V for len(chain) consecutive positions, rowBytes
+// (head_dim × element size) each: position i's row is a deterministic function of (chain[i], layer, kv, head,
+// byte offset in the row), as if a model had computed it. Pass chain[first:last] for positions first..last-1.
+func FillHead(dst []byte, rowBytes int, chain []uint64, layer int, kv layout.KV, head int) {
+	salt := uint64(layer)<<48 ^ uint64(kv)<<40 ^ uint64(head)<<32
+	for p, seed := range chain {
+		row := dst[p*rowBytes : (p+1)*rowBytes]
+		base := seed ^ salt
+		i := 0
+		for ; i+8 <= len(row); i += 8 {
+			binary.LittleEndian.PutUint64(row[i:], splitmix(base+uint64(i)))
+		}
+		if i < len(row) {
+			var tail [8]byte
+			binary.LittleEndian.PutUint64(tail[:], splitmix(base+uint64(i)))
+			copy(row[i:], tail[:])
+		}
 	}
 }
 

@@ -62,12 +62,13 @@ func (r CompletionRequest) NumTokens() int {
 	return Tokens(r.Prompt)
 }
 
-// KVSeed is the seed of the prompt's KV content (see Seed): the same prompt gives the same bytes on both sides.
-func (r CompletionRequest) KVSeed() uint64 {
+// TokenIDs are the prompt's token ids: as sent, or the demo tokenizer's ids of its text (TokenIDs). Its KV
+// content derives from them (KVChain), so the same prompt gives the same bytes on both sides.
+func (r CompletionRequest) TokenIDs() []int {
 	if r.PromptTokenIDs != nil {
-		return SeedIDs(r.PromptTokenIDs)
+		return r.PromptTokenIDs
 	}
-	return Seed(r.Prompt)
+	return TokenIDs(r.Prompt)
 }
 
 // CompletionResponse is vLLM's OpenAI completion response, with kv_transfer_params on the prefill side and

@@ -8,7 +8,7 @@ import (
 )
 
 // TestCompletionPrompt checks that a prompt arrives as text or as token ids (as vLLM's API takes it, and as
-// Dynamo's frontend sends it), that it goes back on the wire the same way, and that the KV seed tells prompts apart.
+// Dynamo's frontend sends it), that it goes back on the wire the same way, and which token ids its KV derives from.
 func TestCompletionPrompt(t *testing.T) {
 	var ids CompletionRequest
 	require.NoError(t, json.Unmarshal([]byte(`{"model":"m","prompt":[4,5,6],"max_tokens":3,"kv_transfer_params":{"do_remote_decode":true}}`), &ids))
@@ -28,9 +28,8 @@ func TestCompletionPrompt(t *testing.T) {
 	require.NoError(t, err)
 	require.JSONEq(t, `{"model":"m","prompt":"a b c","stream":true}`, string(raw))
 
-	require.NotEqual(t, ids.KVSeed(), text.KVSeed())
-	require.NotEqual(t, SeedIDs([]int{4, 5, 6}), SeedIDs([]int{4, 5, 7}))
-	require.Equal(t, Seed("a b c"), text.KVSeed())
+	require.Equal(t, []int{4, 5, 6}, ids.TokenIDs())
+	require.Equal(t, TokenIDs("a b c"), text.TokenIDs())
 
 	for _, bad := range []string{`{"prompt":[1,"x"]}`, `{"prompt":7}`, `{"prompt":[1.5]}`} {
 		var r CompletionRequest

@@ -250,11 +250,13 @@ func (s *PrefillServer) Close() {
 func (s *PrefillServer) CUDADevice() *cuda.Device { return s.cudaDev }
 
 // compute writes what a model's prefill would leave in the NxDI KV tensors for one request: every layer's K
-// and V, heads × positions [0, tokens) of batch row `row`, in one batched device write.
-func (s *PrefillServer) compute(row, tokens int, seed uint64) error {
+// and V, heads × positions [first, len(chain)) of batch row `row` (chain: the prompt's KVChain; positions
+// below first hold a cached prefix and are not computed), in one batched device write.
+func (s *PrefillServer) compute(row int, chain []uint64, first int) error {
 	m := s.cfg.Model
 	rowBytes := m.HeadDim * m.DType.Size()
-	n := tokens * rowBytes
+	part := chain[first:]
+	n := len(part) * rowBytes
 	host := make([]byte, 2*m.Layers*m.KVHeads*n)
 	batches := make([]neuron.Batch, 0, 2*m.Layers)
 	for l := 0; l < m.Layers; l++ {
@@ -267,8 +269,8 @@ func (s *PrefillServer) compute(row, tokens int, seed uint64) error {
 			for h := 0; h < m.KVHeads; h++ {
 				buf := host[:n:n]
 				host = host[n:]
-				FillHead(buf, seed, l, kv, h)
-				b.Ops = append(b.Ops, neuron.Op{Offset: uint64((row*m.KVHeads + h) * s.cfg.MaxSeq * rowBytes), Buf: buf})
+				FillHead(buf, rowBytes, part, l, kv, h)
+				b.Ops = append(b.Ops, neuron.Op{Offset: uint64(((row*m.KVHeads+h)*s.cfg.MaxSeq + first) * rowBytes), Buf: buf})
 			}
 			batches = append(batches, b)
 		}
@@ -365,7 +367,7 @@ func (s *PrefillServer) completions(w http.ResponseWriter, r *http.Request) {
 			err = s.writeKV(row, tokens, kv)
 		}
 	} else {
-		err = s.compute(row, tokens, req.KVSeed())
+		err = s.compute(row, KVChain(req.TokenIDs()), 0)
 	}
 	computed := time.Now()
 	var stage, verify time.Duration
