@@ -12,6 +12,12 @@ Built on Dynamo's documented Python backend API (`dynamo.common.backend`, Dynamo
 discovery registration, the request plane, cancellation monitoring, health canaries and graceful shutdown
 (unregister, grace period, drain, `cleanup`). Uses only Dynamo's own dependencies (aiohttp, pyzmq, tokenizers).
 
+KV-aware routing: a Go prefill worker with a prefix cache publishes vLLM-format KV events (BlockStored,
+BlockRemoved, AllBlocksCleared) on a ZMQ PUB socket and reports its address in GET /version. The prefill role
+declares it to Dynamo as a `ZmqSource` (Dynamo README, "KV Event Publishing"): Dynamo's Worker subscribes to
+it and relays the events, under this worker's id, to the KV router, which then sends a prompt to the worker
+that holds its longest cached prefix.
+
 Subcommands:
   serve       the worker (--role prefill|decode --gonixl-url http://127.0.0.1:PORT --model-path DIR ...)
   make-model  write a tiny model folder the frontend can load (word-level tokenizer "w0".."w4095", chat
@@ -98,6 +104,7 @@ def _engine_cls():
     # Imported here so that make-model and broker run without Dynamo's runtime.
     from dynamo.common.backend import EngineConfig, LLMEngine, LlmRegistration, WorkerConfig
     from dynamo.common.backend.health_check import build_health_check_payload, is_probe
+    from dynamo.common.backend.publisher import ZmqSource
     from dynamo.common.constants import DisaggregationMode
     from dynamo.llm import exceptions as dx
 
@@ -109,6 +116,8 @@ def _engine_cls():
             self.session = None
             self.inflight: dict[str, asyncio.Task] = {}
             self.record = open(args.record, "a", buffering=1) if args.record else None
+            self.worker_id: Optional[int] = None
+            self.kv_source: Optional[ZmqSource] = None
 
         @classmethod
         async def from_args(cls, argv=None):
@@ -128,12 +137,40 @@ def _engine_cls():
 
             self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.args.timeout))
             async with self.session.get(self.url + "/version") as r:  # the Go worker must be up
-                version = (await r.json())["version"]
-            log.info("gonixl %s worker at %s speaks vLLM %s; Dynamo worker id %s", self.args.role, self.url, version, worker_id)
+                info = await r.json()
+            self.worker_id = worker_id
+            log.info("gonixl %s worker at %s speaks vLLM %s; Dynamo worker id %s", self.args.role, self.url, info["version"], worker_id)
+            self.kv_source = self._kv_source(info)
             return EngineConfig(model=self.args.model_path, served_model_name=self.args.model_name,
                                 llm=LlmRegistration(context_length=self.args.context_length,
                                                     kv_cache_block_size=self.args.kv_block_size,
                                                     total_kv_blocks=self.args.kv_blocks, max_num_seqs=self.args.max_seqs))
+
+        def _kv_source(self, info: dict) -> Optional[ZmqSource]:
+            """The Go prefill's KV-event stream as a ZmqSource: --kv-events-endpoint, or with "auto" the
+            endpoint the Go worker reports in GET /version (none when it publishes no events). Dynamo's router
+            hashes the event's token ids in blocks of the registered kv_cache_block_size, so the Go worker's
+            block size must be the one registered here."""
+            endpoint = self.args.kv_events_endpoint
+            if endpoint == "auto":
+                endpoint = (info.get("kv_events") or {}).get("endpoint") or "none"
+            if endpoint == "none":
+                return None
+            if self.mode != DisaggregationMode.PREFILL:
+                raise ValueError("--kv-events-endpoint: only a prefill worker's blocks are reused; the decode role publishes no KV events")
+            block = info.get("block_size")
+            if block is not None and int(block) != self.args.kv_block_size:
+                raise ValueError(f"the Go worker's KV block size is {block}, --kv-block-size is {self.args.kv_block_size}:"
+                                 " Dynamo's router would hash other blocks than the worker caches")
+            topic = self.args.kv_events_topic
+            if topic is None:
+                topic = (info.get("kv_events") or {}).get("topic") or ""
+            log.info("KV events of the gonixl prefill at %s: subscribing to %s (topic %r, block size %d)",
+                     self.url, endpoint, topic, self.args.kv_block_size)
+            return ZmqSource(endpoint=endpoint, topic=topic, dp_rank=0)
+
+        async def kv_event_sources(self):
+            return [self.kv_source] if self.kv_source is not None else []
 
         async def health_check_payload(self):
             return build_health_check_payload(bos_token_id=1)
@@ -225,8 +262,9 @@ def _engine_cls():
         def _record(self, rid, ids, key, params, resp, t0):
             if self.record is None:
                 return
-            self.record.write(json.dumps({"role": self.args.role, "request_id": rid, "prompt_tokens": len(ids),
-                                         key: params, "gonixl": resp.get("gonixl"),
+            self.record.write(json.dumps({"role": self.args.role, "worker": self.args.name or self.url,
+                                         "dynamo_worker_id": self.worker_id, "request_id": rid,
+                                         "prompt_tokens": len(ids), key: params, "gonixl": resp.get("gonixl"),
                                          "ms": round((time.monotonic() - t0) * 1000, 3)}) + "\n")
 
         async def abort(self, context):
@@ -276,6 +314,12 @@ def parse_serve(argv) -> argparse.Namespace:
     p.add_argument("--max-seqs", type=int, default=4)
     p.add_argument("--timeout", type=float, default=120, help="bound on one call to the Go worker (seconds)")
     p.add_argument("--record", default="", help="append one JSON line per request (params, gonixl timings) here")
+    p.add_argument("--name", default="", help="this worker's name in its --record lines (default: --gonixl-url)")
+    p.add_argument("--kv-events-endpoint", default="auto",
+                   help="prefill: the Go worker's KV-events PUB socket (tcp://127.0.0.1:PORT), declared to Dynamo as a"
+                        " ZmqSource for KV-aware routing; auto: the one its GET /version reports (none if it"
+                        " publishes none); none: no KV events")
+    p.add_argument("--kv-events-topic", default=None, help="ZMQ topic to subscribe to (default: the Go worker's, else all)")
     return p.parse_args(argv)
 
 

@@ -31,8 +31,9 @@ type clusterConfig struct {
 	Worker      string   // python/dynamo_worker.py
 	Dir         string   // working folder: discovery records, model, request records, logs (the caller removes it)
 	GoArgs      []string // flags both Go workers get (-vllm-version, -num-blocks, -kv-layout, ...)
-	PrefillArgs []string // flags only the Go prefill gets (-max-seq, -batch-rows)
+	PrefillArgs []string // flags only the Go prefills get (-max-seq, -batch-rows, -prefix-cache-blocks, -kv-events)
 	DecodeArgs  []string // flags only the Go decode gets (-cache)
+	Prefills    int      // Go prefill workers, each with a Dynamo prefill worker in front (0: 1)
 	Context     int      // context length the workers advertise (the Go prefill's -max-seq)
 	KVBlocks    int      // KV blocks the workers advertise (-num-blocks)
 	MaxSeqs     int      // concurrent sequences the workers advertise (-batch-rows)
@@ -40,20 +41,25 @@ type clusterConfig struct {
 	Model       string // served model name
 }
 
-// cluster is the running set: the event-plane broker, the Go prefill and decode workers, a Dynamo worker in
-// front of each, and Dynamo's frontend.
+// cluster is the running set: the event-plane broker, the Go prefill workers and the Go decode worker, a
+// Dynamo worker in front of each, and Dynamo's frontend.
 type cluster struct {
 	cfg                    clusterConfig
 	env                    []string
 	broker                 *demo.Proc
-	goPrefill, goDecode    *demo.Proc
-	dynPrefill, dynDecode  *demo.Proc
+	goPrefills             []*demo.Proc // Go prefill i is PrefillNames[i]
+	goDecode               *demo.Proc
+	dynPrefills            []*demo.Proc // in front of goPrefills[i]
+	dynDecode              *demo.Proc
 	frontend               *demo.Proc
-	URL                    string // the frontend's base URL
-	GoPrefillURL           string
+	URL                    string   // the frontend's base URL
+	GoPrefillURLs          []string // the Go prefills' base URLs
+	PrefillNames           []string // "prefill-0", ...: the worker each prefill record names
+	PrefillEngines         []string // the Go prefills' engine ids (remote_engine_id in their kv_transfer_params)
 	GoDecodeURL            string
 	Started                map[string]time.Duration // how long each part took to be ready
-	prefillRec, decodeRec  string
+	prefillRecs            []string
+	decodeRec              string
 	httpc                  *http.Client
 	discoveryDir, modelDir string
 }
@@ -84,7 +90,7 @@ func loopbackEnv(discovery, brokerURL string) []string {
 func startCluster(ctx context.Context, cfg clusterConfig) (c *cluster, err error) {
 	c = &cluster{cfg: cfg, Started: map[string]time.Duration{}, httpc: &http.Client{},
 		discoveryDir: filepath.Join(cfg.Dir, "discovery"), modelDir: filepath.Join(cfg.Dir, "model"),
-		prefillRec: filepath.Join(cfg.Dir, "prefill-records.jsonl"), decodeRec: filepath.Join(cfg.Dir, "decode-records.jsonl")}
+		decodeRec: filepath.Join(cfg.Dir, "decode-records.jsonl")}
 	defer func() {
 		if err != nil {
 			c.close()
@@ -113,33 +119,52 @@ func startCluster(ctx context.Context, cfg clusterConfig) (c *cluster, err error
 	c.Started["broker"] = time.Since(t)
 
 	t = time.Now()
-	workers := []struct {
+	n := max(cfg.Prefills, 1)
+	c.goPrefills, c.dynPrefills = make([]*demo.Proc, n), make([]*demo.Proc, n)
+	c.GoPrefillURLs, c.PrefillEngines = make([]string, n), make([]string, n)
+	type worker struct {
 		spec demo.WorkerSpec
 		p    **demo.Proc
 		url  *string
-	}{
-		{demo.WorkerSpec{Name: "Go prefill", Self: cfg.Self, Role: "prefill", Args: slices.Concat(cfg.GoArgs, cfg.PrefillArgs),
-			Log: logf("go-prefill"), Env: c.env}, &c.goPrefill, &c.GoPrefillURL},
-		{demo.WorkerSpec{Name: "Go decode", Self: cfg.Self, Role: "decode", Args: slices.Concat(cfg.GoArgs, cfg.DecodeArgs),
-			Log: logf("go-decode"), Env: c.env}, &c.goDecode, &c.GoDecodeURL},
+		info *string
 	}
-	for _, w := range workers { // both start, then both are waited for
+	var workers []worker
+	for i := range n {
+		name := "prefill-" + strconv.Itoa(i)
+		c.PrefillNames = append(c.PrefillNames, name)
+		c.prefillRecs = append(c.prefillRecs, filepath.Join(cfg.Dir, name+"-records.jsonl"))
+		workers = append(workers, worker{demo.WorkerSpec{Name: "Go " + name, Self: cfg.Self, Role: "prefill", Args: slices.Concat(cfg.GoArgs, cfg.PrefillArgs),
+			Log: logf("go-" + name), Env: c.env}, &c.goPrefills[i], &c.GoPrefillURLs[i], &c.PrefillEngines[i]})
+	}
+	workers = append(workers, worker{demo.WorkerSpec{Name: "Go decode", Self: cfg.Self, Role: "decode", Args: slices.Concat(cfg.GoArgs, cfg.DecodeArgs),
+		Log: logf("go-decode"), Env: c.env}, &c.goDecode, &c.GoDecodeURL, new(string)})
+	for _, w := range workers { // all start, then all are waited for
 		if *w.p, err = w.spec.Start(); err != nil {
 			return nil, err
 		}
 	}
 	for _, w := range workers {
-		if *w.url, _, err = w.spec.Ready(ctx, *w.p); err != nil {
+		if *w.url, *w.info, err = w.spec.Ready(ctx, *w.p); err != nil {
 			return nil, err
+		}
+	}
+	for i, info := range c.PrefillEngines { // "side-channel=P engine=ID ..." → ID
+		c.PrefillEngines[i] = ""
+		for _, f := range strings.Fields(info) {
+			if id, ok := strings.CutPrefix(f, "engine="); ok {
+				c.PrefillEngines[i] = id
+			}
 		}
 	}
 	c.Started["Go workers"] = time.Since(t)
 
 	t = time.Now()
-	if c.dynPrefill, err = c.startWorker("prefill", c.GoPrefillURL, c.prefillRec); err != nil {
-		return nil, err
+	for i := range n {
+		if c.dynPrefills[i], err = c.startWorker("prefill", c.PrefillNames[i], c.GoPrefillURLs[i], c.prefillRecs[i]); err != nil {
+			return nil, err
+		}
 	}
-	if c.dynDecode, err = c.startWorker("decode", c.GoDecodeURL, c.decodeRec); err != nil {
+	if c.dynDecode, err = c.startWorker("decode", "decode", c.GoDecodeURL, c.decodeRec); err != nil {
 		return nil, err
 	}
 	// The frontend cannot listen on port 0 and say which port it got: take a free port, and take another if
@@ -159,7 +184,7 @@ func startCluster(ctx context.Context, cfg clusterConfig) (c *cluster, err error
 		if err == nil {
 			break
 		}
-		if attempt == 3 || !c.frontend.Exited() || c.dynPrefill.Exited() || c.dynDecode.Exited() {
+		if attempt == 3 || !c.frontend.Exited() || slices.ContainsFunc(c.dynamoWorkers(), (*demo.Proc).Exited) {
 			return nil, err
 		}
 	}
@@ -167,24 +192,36 @@ func startCluster(ctx context.Context, cfg clusterConfig) (c *cluster, err error
 	return c, nil
 }
 
-func (c *cluster) startWorker(role, goURL, record string) (*demo.Proc, error) {
-	return demo.StartProc("Dynamo "+role+" worker", filepath.Join(c.cfg.Dir, "dynamo-"+role+".log"), c.env,
-		c.cfg.Python, c.cfg.Worker, "serve", "--role", role, "--gonixl-url", goURL, "--model-path", c.modelDir,
+// startWorker starts the Dynamo worker of role in front of the Go worker at goURL. A prefill worker declares
+// its Go worker's KV events (if it publishes any: GET /version says where) to Dynamo.
+func (c *cluster) startWorker(role, name, goURL, record string) (*demo.Proc, error) {
+	return demo.StartProc("Dynamo "+name+" worker", filepath.Join(c.cfg.Dir, "dynamo-"+name+".log"), c.env,
+		c.cfg.Python, c.cfg.Worker, "serve", "--role", role, "--name", name, "--gonixl-url", goURL, "--model-path", c.modelDir,
 		"--model-name", c.cfg.Model, "--context-length", strconv.Itoa(c.cfg.Context), "--kv-blocks",
 		strconv.Itoa(c.cfg.KVBlocks), "--max-seqs", strconv.Itoa(c.cfg.MaxSeqs), "--timeout",
 		strconv.FormatFloat(c.cfg.CallTimeout.Seconds(), 'f', -1, 64), "--record", record)
 }
 
-// waitRoutable waits until the frontend lists the model and both workers' endpoints.
+// procs are every process of the set.
+func (c *cluster) procs() []*demo.Proc {
+	return slices.Concat([]*demo.Proc{c.broker}, c.goPrefills, []*demo.Proc{c.goDecode, c.frontend}, c.dynamoWorkers())
+}
+
+// dynamoWorkers are the Dynamo workers, prefills first.
+func (c *cluster) dynamoWorkers() []*demo.Proc {
+	return append(slices.Clone(c.dynPrefills), c.dynDecode)
+}
+
+// waitRoutable waits until the frontend lists the model and every worker's endpoint.
 func (c *cluster) waitRoutable(ctx context.Context) error {
 	for {
-		for _, p := range []*demo.Proc{c.frontend, c.dynPrefill, c.dynDecode} {
+		for _, p := range append([]*demo.Proc{c.frontend}, c.dynamoWorkers()...) {
 			if p.Exited() {
 				return fmt.Errorf("%s exited (%v); its log: %s", p.Name, p.Err(), p.Tail())
 			}
 		}
 		comps, err := c.Components(ctx)
-		if err == nil && comps["prefill"] > 0 && comps["backend"] > 0 && c.modelListed(ctx) {
+		if err == nil && comps["prefill"] == len(c.dynPrefills) && comps["backend"] > 0 && c.modelListed(ctx) {
 			return nil
 		}
 		select {
@@ -213,19 +250,25 @@ func (c *cluster) modelListed(ctx context.Context) bool {
 }
 
 // Components returns how many instances of each component the frontend's /health lists (the discovery view
-// of the frontend: "prefill" and "backend", the decode worker's).
+// of the frontend: "prefill" and "backend", the decode worker's). An instance that serves several endpoints
+// (a prefill worker with KV events also serves Dynamo's KV queries) counts once.
 func (c *cluster) Components(ctx context.Context) (map[string]int, error) {
 	var h struct {
 		Instances []struct {
-			Component string `json:"component"`
+			Component  string          `json:"component"`
+			InstanceID json.RawMessage `json:"instance_id"`
 		} `json:"instances"`
 	}
 	if err := c.getJSON(ctx, c.URL+"/health", &h); err != nil {
 		return nil, err
 	}
 	n := map[string]int{}
+	seen := map[string]bool{}
 	for _, i := range h.Instances {
-		n[i.Component]++
+		if key := i.Component + "/" + string(i.InstanceID); !seen[key] {
+			seen[key] = true
+			n[i.Component]++
+		}
 	}
 	return n, nil
 }
@@ -348,17 +391,19 @@ func (c *cluster) Complete(ctx context.Context, prompt string, maxTokens int, st
 
 // record is one line a Dynamo worker wrote for a request (python/dynamo_worker.py --record).
 type record struct {
-	Role         string          `json:"role"`
-	RequestID    string          `json:"request_id"`
-	PromptTokens int             `json:"prompt_tokens"`
-	Emitted      json.RawMessage `json:"emitted"`  // prefill: the disaggregated_params it handed to Dynamo
-	Received     json.RawMessage `json:"received"` // decode: the disaggregated_params Dynamo handed to it
-	Gonixl       *demo.Timing    `json:"gonixl"`
-	MS           float64         `json:"ms"`
+	Role           string          `json:"role"`
+	Worker         string          `json:"worker"`           // the Dynamo worker's --name: "prefill-0", ..., "decode"
+	DynamoWorkerID json.RawMessage `json:"dynamo_worker_id"` // Dynamo's id of the worker (a u64: kept as written)
+	RequestID      string          `json:"request_id"`
+	PromptTokens   int             `json:"prompt_tokens"`
+	Emitted        json.RawMessage `json:"emitted"`  // prefill: the disaggregated_params it handed to Dynamo
+	Received       json.RawMessage `json:"received"` // decode: the disaggregated_params Dynamo handed to it
+	Gonixl         *demo.Timing    `json:"gonixl"`
+	MS             float64         `json:"ms"`
 }
 
-// RequestRecords reads what both workers recorded, by request id. Call it after the requests completed: each
-// worker writes its line before it answers.
+// RequestRecords reads what the workers recorded, by request id (the prefill workers' records together). Call
+// it after the requests completed: each worker writes its line before it answers.
 func (c *cluster) RequestRecords() (prefill, decode map[string]record, err error) {
 	read := func(path string) (map[string]record, error) {
 		m := map[string]record{}
@@ -381,8 +426,18 @@ func (c *cluster) RequestRecords() (prefill, decode map[string]record, err error
 		}
 		return m, nil
 	}
-	if prefill, err = read(c.prefillRec); err != nil {
-		return nil, nil, err
+	prefill = map[string]record{}
+	for _, path := range c.prefillRecs {
+		m, err := read(path)
+		if err != nil {
+			return nil, nil, err
+		}
+		for id, r := range m {
+			if _, dup := prefill[id]; dup {
+				return nil, nil, fmt.Errorf("request %s was prefilled by two workers", id)
+			}
+			prefill[id] = r
+		}
 	}
 	decode, err = read(c.decodeRec)
 	return prefill, decode, err
@@ -434,7 +489,7 @@ func Check(res completion, tokens int, prefill, decode map[string]record) (check
 // close stops everything: the Dynamo workers first (they unregister and drain), then the frontend, the Go
 // workers and the broker.
 func (c *cluster) close() {
-	for _, group := range [][]*demo.Proc{{c.dynPrefill, c.dynDecode}, {c.frontend, c.goPrefill, c.goDecode, c.broker}} {
+	for _, group := range [][]*demo.Proc{c.dynamoWorkers(), append([]*demo.Proc{c.frontend, c.goDecode, c.broker}, c.goPrefills...)} {
 		var wg sync.WaitGroup
 		for _, p := range group {
 			if p != nil {

@@ -15,15 +15,15 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
-	"github.com/gonixl/gonixl/examples/internal/demo"
 	"github.com/gonixl/gonixl/internal/testenv"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // newCluster builds this command (the Go workers are this binary re-executed, built without the race
-// detector) and starts the whole set behind Dynamo's frontend: real Dynamo (the cached venv), real NIXL.
-func newCluster(t *testing.T, callTimeout time.Duration, rows, maxSeq int) *cluster {
+// detector) and starts the whole set behind Dynamo's frontend: real Dynamo (the cached venv), real NIXL;
+// prefills Go prefill workers (each with a Dynamo prefill worker), given prefillArgs besides the batch shape.
+func newCluster(t *testing.T, callTimeout time.Duration, rows, maxSeq, prefills int, prefillArgs ...string) *cluster {
 	t.Helper()
 	python := testenv.DynamoPython(t)
 	t.Setenv("NIXL_LIB_DIR", testenv.RequireNIXLLibDir(t))
@@ -33,13 +33,14 @@ func newCluster(t *testing.T, callTimeout time.Duration, rows, maxSeq int) *clus
 	defer cancel()
 	cl, err := startCluster(ctx, clusterConfig{Self: bin, Python: python, Worker: filepath.Join(testenv.RepoRoot(), "python", "dynamo_worker.py"),
 		Dir: dir, GoArgs: []string{"-vllm-version", "0.31.0", "-num-blocks", "256", "-log-level", "warn"},
-		PrefillArgs: []string{"-max-seq", strconv.Itoa(maxSeq), "-batch-rows", strconv.Itoa(rows)}, DecodeArgs: []string{"-cache", "dram"},
+		PrefillArgs: append([]string{"-max-seq", strconv.Itoa(maxSeq), "-batch-rows", strconv.Itoa(rows)}, prefillArgs...),
+		DecodeArgs:  []string{"-cache", "dram"}, Prefills: prefills,
 		Context: maxSeq, KVBlocks: 256, MaxSeqs: rows, CallTimeout: callTimeout, Model: "gonixl-demo"})
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		cl.close()
 		if t.Failed() { // the processes have exited: their log files are complete
-			for _, p := range []*demo.Proc{cl.broker, cl.goPrefill, cl.goDecode, cl.frontend, cl.dynPrefill, cl.dynDecode} {
+			for _, p := range cl.procs() {
 				t.Logf("%s (%v):%s", p.Name, p.Err(), p.Tail())
 			}
 		}
@@ -56,7 +57,7 @@ func newCluster(t *testing.T, callTimeout time.Duration, rows, maxSeq int) *clus
 // when its record expires.
 func TestDynamoEndToEnd(t *testing.T) {
 	const callTimeout = 20 * time.Second
-	cl := newCluster(t, callTimeout, 6, 1024)
+	cl := newCluster(t, callTimeout, 6, 1024, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 
@@ -101,11 +102,11 @@ func TestDynamoEndToEnd(t *testing.T) {
 	})
 
 	t.Run("stopped Go prefill gives an error, not a hang", func(t *testing.T) {
-		require.NoError(t, cl.goPrefill.Signal(syscall.SIGSTOP))
+		require.NoError(t, cl.goPrefills[0].Signal(syscall.SIGSTOP))
 		rctx, rcancel := context.WithTimeout(ctx, callTimeout+60*time.Second)
 		_, err := cl.Complete(rctx, prompt(7, 64), 4, false)
 		rcancel()
-		require.NoError(t, cl.goPrefill.Signal(syscall.SIGCONT))
+		require.NoError(t, cl.goPrefills[0].Signal(syscall.SIGCONT))
 		t.Logf("with the Go prefill stopped: %v", err)
 		require.Error(t, err)
 		require.False(t, errors.Is(err, context.DeadlineExceeded), "the frontend answered only when the client gave up: %v", err)
@@ -134,8 +135,8 @@ func TestDynamoEndToEnd(t *testing.T) {
 	})
 
 	t.Run("killed Go prefill gives an error", func(t *testing.T) {
-		require.NoError(t, cl.goPrefill.Signal(syscall.SIGKILL))
-		<-cl.goPrefill.Done()
+		require.NoError(t, cl.goPrefills[0].Signal(syscall.SIGKILL))
+		<-cl.goPrefills[0].Done()
 		rctx, rcancel := context.WithTimeout(ctx, callTimeout+60*time.Second)
 		defer rcancel()
 		_, err := cl.Complete(rctx, prompt(9, 64), 4, false)
@@ -149,11 +150,11 @@ func TestDynamoEndToEnd(t *testing.T) {
 		recs, err := cl.Records("dynamo/prefill/generate")
 		require.NoError(t, err)
 		require.NotEmpty(t, recs, "the prefill worker's discovery record")
-		require.NoError(t, cl.dynPrefill.Signal(syscall.SIGTERM))
+		require.NoError(t, cl.dynPrefills[0].Signal(syscall.SIGTERM))
 		comps := waitUndiscovered(t, ctx, cl, "prefill", "the stopped prefill worker")
 		require.Equal(t, 1, comps["backend"], "the decode worker stays")
 		select {
-		case <-cl.dynPrefill.Done():
+		case <-cl.dynPrefills[0].Done():
 		case <-ctx.Done():
 			t.Fatal("the prefill worker did not exit after SIGTERM")
 		}

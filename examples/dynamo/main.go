@@ -126,7 +126,7 @@ func orchestrate() error {
 	}()
 	fmt.Printf("ready in %.1f s (Go workers %.1f s, Dynamo frontend and workers %.1f s)\n", time.Since(t0).Seconds(),
 		cl.Started["Go workers"].Seconds(), cl.Started["Dynamo frontend and workers"].Seconds())
-	fmt.Printf("frontend %s; Go prefill %s, Go decode %s\n", cl.URL, cl.GoPrefillURL, cl.GoDecodeURL)
+	fmt.Printf("frontend %s; Go prefill %s, Go decode %s\n", cl.URL, strings.Join(cl.GoPrefillURLs, " "), cl.GoDecodeURL)
 
 	fmt.Printf("running %d requests through Dynamo's frontend (its prefill router: prefill with max_tokens=1 → disaggregated_params → decode), %d at a time\n",
 		len(sizes), *concurrency)
