@@ -2,6 +2,7 @@ package demo
 
 import (
 	"fmt"
+	"net"
 	"net/http"
 	"sync/atomic"
 	"time"
@@ -36,9 +37,35 @@ func (a *api) init(version string, log *zap.Logger, prefill bool, newID func(n i
 	return nil
 }
 
-// handler returns the HTTP API: POST /v1/completions, GET /version, /health, /metrics.
-func (a *api) handler(metrics prometheus.Collector, completions http.HandlerFunc) http.Handler {
-	return apiMux(a.version, metrics, completions)
+// handler returns the HTTP API: POST /v1/completions, GET /version (info), /health, /metrics.
+func (a *api) handler(info VersionInfo, metrics prometheus.Collector, completions http.HandlerFunc) http.Handler {
+	return apiMux(info, metrics, completions)
+}
+
+// VersionInfo is a worker's GET /version: the vLLM version it speaks (what vLLM's own /version answers) and
+// what an orchestrator must learn from the worker instead of guessing: its KV block size and, with a prefix
+// cache, where it publishes KV events (the addresses it bound, real ports included).
+type VersionInfo struct {
+	Version           string        `json:"version"`
+	BlockSize         int           `json:"block_size"`
+	PrefixCacheBlocks int           `json:"prefix_cache_blocks,omitempty"`
+	KVEvents          *KVEventsInfo `json:"kv_events,omitempty"`
+}
+
+// KVEventsInfo says where a prefill worker publishes vLLM's KV events, as ZMQ endpoints (vLLM's
+// kv_events_config names them endpoint and replay_endpoint).
+type KVEventsInfo struct {
+	Endpoint       string `json:"endpoint"`                  // the PUB socket, tcp://HOST:PORT
+	ReplayEndpoint string `json:"replay_endpoint,omitempty"` // the replay ROUTER socket, if any
+	Topic          string `json:"topic"`
+}
+
+// zmqEndpoint is a TCP address as a ZMQ endpoint ("" for nil).
+func zmqEndpoint(a net.Addr) string {
+	if a == nil {
+		return ""
+	}
+	return "tcp://" + a.String()
 }
 
 // accept reads a completion request for this side of the flow and its id (X-Request-Id, else a new one). It

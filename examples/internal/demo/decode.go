@@ -99,9 +99,10 @@ func (s *DecodeServer) Close() {
 	}
 }
 
-// Handler returns the OpenAI-shaped HTTP API: POST /v1/completions, GET /version, /health, /metrics.
+// Handler returns the OpenAI-shaped HTTP API: POST /v1/completions, GET /version (VersionInfo), /health,
+// /metrics.
 func (s *DecodeServer) Handler() http.Handler {
-	return s.handler(s.role.Metrics(), s.completions)
+	return s.handler(VersionInfo{Version: s.version, BlockSize: s.cache.Geometry().BlockSize}, s.role.Metrics(), s.completions)
 }
 
 func (s *DecodeServer) completions(w http.ResponseWriter, r *http.Request) {

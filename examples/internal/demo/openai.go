@@ -16,6 +16,8 @@ type CompletionRequest struct {
 	MaxTokens        int             `json:"max_tokens,omitempty"`
 	Stream           bool            `json:"stream"`
 	KVTransferParams json.RawMessage `json:"kv_transfer_params,omitempty"`
+	// CacheSalt is vLLM's cache_salt: prompts share cached prefix blocks only under the same salt.
+	CacheSalt string `json:"cache_salt,omitempty"`
 }
 
 type completionWire CompletionRequest
@@ -116,6 +118,11 @@ type Timing struct {
 	Blocks          int   `json:"blocks,omitempty"`
 	VerifiedBytes   int64 `json:"verified_bytes,omitempty"`
 	Verified        bool  `json:"verified"`
+	// Prefix cache (prefill): the prompt's leading tokens and full blocks whose KV was cached from an
+	// earlier request and reused, and the blocks computed and staged for this one.
+	CachedTokens int `json:"cached_tokens,omitempty"`
+	CachedBlocks int `json:"cached_blocks,omitempty"`
+	StagedBlocks int `json:"staged_blocks,omitempty"`
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

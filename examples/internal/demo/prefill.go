@@ -58,6 +58,14 @@ type PrefillConfig struct {
 	// written into the device tensors instead of FillHead's synthetic content; the blocks staged from it are
 	// read back with layout.FromPaged and compared with it byte for byte (Timing.VerifiedBytes, Verified).
 	KV func(req CompletionRequest) (PromptKV, error)
+	// PrefixCache, when set, keeps the full blocks of finished requests for reuse
+	// (connector.PrefillConfig.PrefixCache): a prompt whose leading blocks are cached is prefilled with
+	// HoldTokens and only its other blocks are computed and staged (Timing.CachedTokens, StagedBlocks). It
+	// needs the synthetic KV (KV unset), whose bytes at a position depend only on the tokens up to it.
+	PrefixCache *connector.PrefixCacheConfig
+	// KVEvents, when set, publishes vLLM's KV events of the prefix cache (connector.PrefillConfig.KVEvents;
+	// needs PrefixCache); VersionInfo reports the bound addresses.
+	KVEvents *connector.KVEventsConfig
 }
 
 // PromptKV is one prompt's KV as a model's prefill leaves it, in NxDI's BHSD layout for one batch row: per
@@ -115,6 +123,12 @@ func OpenNeuron(ctx context.Context, path string, log *zap.Logger) (*neuron.Runt
 func NewPrefillServer(ctx context.Context, cfg PrefillConfig) (s *PrefillServer, err error) {
 	if cfg.Order != 0 {
 		cfg.Model.Order = cfg.Order
+	}
+	switch {
+	case cfg.PrefixCache != nil && cfg.KV != nil:
+		return nil, errors.New("demo prefill: the prefix cache reuses blocks of the synthetic KV, whose bytes at a position depend only on the tokens up to it; a model's KV (PrefillConfig.KV) cannot be checked across reused blocks")
+	case cfg.KVEvents != nil && cfg.PrefixCache == nil:
+		return nil, errors.New("demo prefill: KV events (-kv-events) publish the prefix cache's blocks: set a prefix cache (-prefix-cache-blocks)")
 	}
 	srv := &PrefillServer{cfg: cfg}
 	if err := srv.init(cfg.VLLMVersion, cfg.Logger, true, prefillID); err != nil {
@@ -197,6 +211,8 @@ func NewPrefillServer(ctx context.Context, cfg PrefillConfig) (s *PrefillServer,
 		HoldTimeout:   cfg.HoldTimeout,
 		KVCacheLayout: cfg.Label,
 		NotifyFrom:    cfg.NotifyFrom,
+		PrefixCache:   cfg.PrefixCache,
+		KVEvents:      cfg.KVEvents,
 	}); err != nil {
 		return nil, err
 	}
@@ -338,9 +354,23 @@ func (s *PrefillServer) checkStaged(kv PromptKV, blocks []int) (int64, error) {
 	return n, nil
 }
 
-// Handler returns the OpenAI-shaped HTTP API: POST /v1/completions, GET /version, /health, /metrics.
+// Handler returns the OpenAI-shaped HTTP API: POST /v1/completions, GET /version (VersionInfo), /health,
+// /metrics.
 func (s *PrefillServer) Handler() http.Handler {
-	return s.handler(s.role.Metrics(), s.completions)
+	return s.handler(s.VersionInfo(), s.role.Metrics(), s.completions)
+}
+
+// VersionInfo is what GET /version answers: the vLLM version, the block size and, with a prefix cache, its
+// size and the KV-event sockets' bound addresses.
+func (s *PrefillServer) VersionInfo() VersionInfo {
+	v := VersionInfo{Version: s.version, BlockSize: s.stager.Geometry().BlockSize}
+	if pc := s.cfg.PrefixCache; pc != nil {
+		v.PrefixCacheBlocks = pc.MaxBlocks
+	}
+	if a := s.role.KVEventsAddr(); a != nil {
+		v.KVEvents = &KVEventsInfo{Endpoint: zmqEndpoint(a), ReplayEndpoint: zmqEndpoint(s.role.KVEventsReplayAddr()), Topic: s.cfg.KVEvents.Topic}
+	}
+	return v
 }
 
 func (s *PrefillServer) completions(w http.ResponseWriter, r *http.Request) {
@@ -361,23 +391,39 @@ func (s *PrefillServer) completions(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	start := time.Now()
+	g := s.stager.Geometry()
 	var kv PromptKV
+	var chain []uint64 // the synthetic KV's seeds (KVChain), computed into the row inside the fill
+	var computed time.Duration
 	if s.cfg.KV != nil {
 		if kv, err = s.cfg.KV(req); err == nil {
 			err = s.writeKV(row, tokens, kv)
 		}
+		computed = time.Since(start)
 	} else {
-		err = s.compute(row, KVChain(req.TokenIDs()), 0)
+		chain = KVChain(req.TokenIDs())
 	}
-	computed := time.Now()
 	var stage, verify time.Duration
 	var verified int64
+	cached, staged, filled := 0, 0, false
 	var out protocol.KVTransferParams
 	if err == nil {
-		fill := s.stager.Fill(row, tokens)
-		out, err = s.role.Hold(r.Context(), id, tokens, func(ctx context.Context, blocks []int) error {
+		stageFrom := s.stager.FillFrom(row, tokens)
+		// fill computes and stages the prompt from block `from` on: blocks[:from] hold a prefix cached from
+		// an earlier request (HoldTokens), whose KV is this prompt's too (KVChain is causal).
+		fill := func(ctx context.Context, blocks []int, from int) error {
+			filled = true
+			first := min(from*g.BlockSize, tokens)
+			cached, staged = first, max(g.NeededBlocks(tokens)-from, 0)
+			if chain != nil && first < tokens {
+				t := time.Now()
+				if err := s.compute(row, chain, first); err != nil {
+					return err
+				}
+				computed = time.Since(t)
+			}
 			t := time.Now()
-			if err := fill(ctx, blocks); err != nil {
+			if err := stageFrom(ctx, blocks, from); err != nil {
 				return err
 			}
 			stage = time.Since(t)
@@ -388,7 +434,19 @@ func (s *PrefillServer) completions(w http.ResponseWriter, r *http.Request) {
 			n, err := s.checkStaged(kv, blocks)
 			verify, verified = time.Since(t), n
 			return err
-		})
+		}
+		if s.cfg.PrefixCache != nil {
+			ids := make([]int64, tokens)
+			for i, id := range req.TokenIDs() {
+				ids[i] = int64(id)
+			}
+			out, err = s.role.HoldTokens(r.Context(), id, ids, req.CacheSalt, fill)
+		} else {
+			out, err = s.role.Hold(r.Context(), id, tokens, func(ctx context.Context, blocks []int) error { return fill(ctx, blocks, 0) })
+		}
+		if err == nil && !filled { // every block was cached: nothing to compute or stage
+			cached = int(out.RemotePrefillCachedTokens)
+		}
 	}
 	s.rows <- row
 	if err != nil {
@@ -399,7 +457,6 @@ func (s *PrefillServer) completions(w http.ResponseWriter, r *http.Request) {
 		writeError(w, code, err.Error())
 		return
 	}
-	g := s.stager.Geometry()
 	raw, err := s.profile.EncodeParams(out)
 	if err != nil {
 		writeError(w, http.StatusInternalServerError, err.Error())
@@ -407,8 +464,9 @@ func (s *PrefillServer) completions(w http.ResponseWriter, r *http.Request) {
 	}
 	resp := oneToken(id, req, " ", tokens)
 	resp.KVTransferParams = raw
-	resp.Gonixl = &Timing{ComputeMS: ms(computed.Sub(start)), StageMS: ms(stage), Blocks: g.NeededBlocks(tokens), Bytes: int64(g.NeededBlocks(tokens)) * g.BlockLen() * int64(g.NumRegions()),
-		VerifyMS: ms(verify), VerifiedBytes: verified, Verified: s.cfg.KV != nil}
+	resp.Gonixl = &Timing{ComputeMS: ms(computed), StageMS: ms(stage), Blocks: g.NeededBlocks(tokens), Bytes: int64(g.NeededBlocks(tokens)) * g.BlockLen() * int64(g.NumRegions()),
+		VerifyMS: ms(verify), VerifiedBytes: verified, Verified: s.cfg.KV != nil,
+		CachedTokens: cached, CachedBlocks: cached / g.BlockSize, StagedBlocks: staged}
 	writeJSON(w, http.StatusOK, resp)
 }
 
@@ -426,15 +484,15 @@ func prefillStatus(err error) int {
 	return http.StatusInternalServerError
 }
 
-// apiMux serves what both workers share: GET /version (the vLLM version the worker speaks), /health, /metrics
-// (the role's metrics with the Go runtime's and the process's, from a registry of the server's own), and
-// POST /v1/completions.
-func apiMux(version string, metrics prometheus.Collector, completions http.HandlerFunc) http.Handler {
+// apiMux serves what both workers share: GET /version (info: the vLLM version the worker speaks, its block
+// size, ...), /health, /metrics (the role's metrics with the Go runtime's and the process's, from a registry
+// of the server's own), and POST /v1/completions.
+func apiMux(info VersionInfo, metrics prometheus.Collector, completions http.HandlerFunc) http.Handler {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(metrics, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /version", func(w http.ResponseWriter, _ *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]string{"version": version})
+		writeJSON(w, http.StatusOK, info)
 	})
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))

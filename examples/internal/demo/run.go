@@ -2,6 +2,7 @@ package demo
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"net"
@@ -32,15 +33,24 @@ func RunPrefill(ctx context.Context, args []string) error {
 	cudaCtx := fs.String("cuda-context", CUDAContextAuto, "hold GPU 0's primary CUDA context: auto (when a CUDA driver and device are present), on, off. A decode worker on this host reading into GPU memory needs it: UCX then moves the bytes by cuda_copy / cuda_ipc instead of a software emulation over TCP")
 	notifyFrom := fs.String("notify-from", "", "comma-separated NIXL agent names (or prefixes ending in *) whose notifications may free or extend held blocks (default: any agent; the unguessable suffix of remote_request_id is checked either way)")
 	pin := fs.Bool("cuda-pin-staging", true, "with a CUDA context, page-lock the staging arena for CUDA (cuMemHostRegister)")
+	prefixBlocks := fs.Int("prefix-cache-blocks", 0, "keep up to N finished (unheld) blocks in a prefix cache and reuse a prompt's cached leading blocks (vLLM's prefix caching; 0: off)")
+	kvEvents := fs.String("kv-events", "", "publish vLLM's KV events of the prefix cache on a ZMQ PUB socket at this TCP address, e.g. 127.0.0.1:0 (the bound address is in GET /version and the READY line; needs -prefix-cache-blocks)")
+	kvReplay := fs.String("kv-events-replay", "", "serve replay requests for recent KV-event batches on a ZMQ ROUTER socket at this TCP address (needs -kv-events)")
+	kvTopic := fs.String("kv-events-topic", "", "ZMQ topic of the KV events")
+	hashSeed := fs.String("python-hash-seed", "", "the PYTHONHASHSEED the vLLM engines run with, for the prefix cache's block hashes (default: vLLM's own default for the release)")
 	w, err := c.start(fs, args)
 	if err != nil {
 		return err
 	}
 	defer w.stop()
 	log, lib, order := w.log, w.lib, w.order
-	s, err := NewPrefillServer(ctx, PrefillConfig{VLLMVersion: c.VLLMVersion, Model: Qwen3_0_6B, NumBlocks: c.NumBlocks, BatchRows: *rows,
+	cfg := PrefillConfig{VLLMVersion: c.VLLMVersion, Model: Qwen3_0_6B, NumBlocks: c.NumBlocks, BatchRows: *rows,
 		MaxSeq: *maxSeq, Order: order, NRTPath: *nrt, Label: *label, Backends: c.BackendSpecs(), Library: lib, Logger: log, SideChannel: *side,
-		SideHost: *sideHost, DataDevice: c.DataDevice, CUDAContext: *cudaCtx, NoPinStaging: !*pin, NotifyFrom: splitList(*notifyFrom)})
+		SideHost: *sideHost, DataDevice: c.DataDevice, CUDAContext: *cudaCtx, NoPinStaging: !*pin, NotifyFrom: splitList(*notifyFrom)}
+	if cfg.PrefixCache, cfg.KVEvents, err = prefixFlags(fs, *prefixBlocks, *kvEvents, *kvReplay, *kvTopic, *hashSeed); err != nil {
+		return err
+	}
+	s, err := NewPrefillServer(ctx, cfg)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil // stopped during start-up: a clean stop
@@ -56,8 +66,36 @@ func RunPrefill(ctx context.Context, args []string) error {
 				cudaInfo += ",staging-pinned"
 			}
 		}
-		fmt.Fprintf(os.Stdout, "READY %s side-channel=%d engine=%s cuda-context=%s\n", url, s.Role().Port(), s.Role().EngineID(), cudaInfo)
+		events := ""
+		if ev := s.VersionInfo().KVEvents; ev != nil {
+			events = " kv-events=" + ev.Endpoint
+		}
+		fmt.Fprintf(os.Stdout, "READY %s side-channel=%d engine=%s cuda-context=%s%s\n", url, s.Role().Port(), s.Role().EngineID(), cudaInfo, events)
 	})
+}
+
+// prefixFlags turns the prefill's prefix-cache flags into its configuration (nil, nil: no prefix cache).
+func prefixFlags(fs *flag.FlagSet, blocks int, events, replay, topic, hashSeed string) (*connector.PrefixCacheConfig, *connector.KVEventsConfig, error) {
+	seedSet := false
+	fs.Visit(func(f *flag.Flag) { seedSet = seedSet || f.Name == "python-hash-seed" })
+	switch {
+	case blocks < 0:
+		return nil, nil, fmt.Errorf("-prefix-cache-blocks %d: want 0 (off) or more", blocks)
+	case blocks == 0 && (events != "" || seedSet):
+		return nil, nil, errors.New("-kv-events and -python-hash-seed are about the prefix cache: set -prefix-cache-blocks too")
+	case events == "" && (replay != "" || topic != ""):
+		return nil, nil, errors.New("-kv-events-replay and -kv-events-topic need -kv-events")
+	case blocks == 0:
+		return nil, nil, nil
+	}
+	pc := &connector.PrefixCacheConfig{MaxBlocks: blocks}
+	if seedSet {
+		pc.PythonHashSeed = &hashSeed
+	}
+	if events == "" {
+		return pc, nil, nil
+	}
+	return pc, &connector.KVEventsConfig{Addr: events, ReplayAddr: replay, Topic: topic}, nil
 }
 
 // RunDecode is the main of the decode worker.
