@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -509,4 +510,158 @@ func freePort() (int, error) {
 	}
 	defer ln.Close()
 	return ln.Addr().(*net.TCPAddr).Port, nil
+}
+
+// sample is one line of a Prometheus text exposition: a metric, its labels and its value.
+type sample struct {
+	Name   string
+	Labels map[string]string
+	Value  float64
+}
+
+var labelRE = regexp.MustCompile(`(\w+)="((?:[^"\\]|\\.)*)"`)
+
+// metrics reads a /metrics page in Prometheus's text format (the samples of every metric; comments skipped).
+func (c *cluster) metrics(ctx context.Context, url string) ([]sample, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url+"/metrics", nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.httpc.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET %s/metrics: HTTP %d", url, resp.StatusCode)
+	}
+	var out []sample
+	sc := bufio.NewScanner(io.LimitReader(resp.Body, 16<<20))
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		if i < 0 {
+			continue
+		}
+		v, err := strconv.ParseFloat(line[i+1:], 64)
+		if err != nil {
+			continue
+		}
+		s := sample{Name: line[:i], Labels: map[string]string{}, Value: v}
+		if j := strings.IndexByte(s.Name, '{'); j >= 0 {
+			for _, m := range labelRE.FindAllStringSubmatch(s.Name[j:], -1) {
+				s.Labels[m[1]] = m[2]
+			}
+			s.Name = s.Name[:j]
+		}
+		out = append(out, s)
+	}
+	return out, sc.Err()
+}
+
+// sum adds the samples of metric name whose labels include every pair of match.
+func sum(samples []sample, name string, match map[string]string) float64 {
+	var t float64
+	for _, s := range samples {
+		if s.Name != name {
+			continue
+		}
+		ok := true
+		for k, v := range match {
+			ok = ok && s.Labels[k] == v
+		}
+		if ok {
+			t += s.Value
+		}
+	}
+	return t
+}
+
+// routerKV is what Dynamo's frontend reports of its KV router over the prefill workers.
+type routerKV struct {
+	Applied        map[string]float64 // KV events it applied to its index, by "event_type/status" ("stored/ok", ...)
+	SelectedCached float64            // cached prefix tokens of the prefill workers it chose, over all requests
+}
+
+// AppliedTotal is how many KV events the router took in, whatever their status.
+func (r routerKV) AppliedTotal() float64 {
+	var t float64
+	for _, v := range r.Applied {
+		t += v
+	}
+	return t
+}
+
+// RouterKV reads the frontend's /metrics: dynamo_component_kv_cache_events_applied (component "prefill") and
+// dynamo_component_router_kv_selected_cached_prefix_tokens_total (phase "prefill").
+func (c *cluster) RouterKV(ctx context.Context) (routerKV, error) {
+	m, err := c.metrics(ctx, c.URL)
+	if err != nil {
+		return routerKV{}, err
+	}
+	r := routerKV{Applied: map[string]float64{},
+		SelectedCached: sum(m, "dynamo_component_router_kv_selected_cached_prefix_tokens_total", map[string]string{"phase": "prefill"})}
+	for _, s := range m {
+		if s.Name == "dynamo_component_kv_cache_events_applied" && s.Labels["dynamo_component"] == "prefill" {
+			r.Applied[s.Labels["event_type"]+"/"+s.Labels["status"]] += s.Value
+		}
+	}
+	return r, nil
+}
+
+// GoKVEvents returns, summed over the Go prefill workers, the KV-event batches they published and their
+// KV-event subscribers (their /metrics: gonixl_kv_events_published_total, gonixl_kv_events_subscribers), and
+// the fewest subscribers any one of them has.
+func (c *cluster) GoKVEvents(ctx context.Context) (published, minSubscribers float64, err error) {
+	for i, url := range c.GoPrefillURLs {
+		m, err := c.metrics(ctx, url)
+		if err != nil {
+			return 0, 0, err
+		}
+		published += sum(m, "gonixl_kv_events_published_total", nil)
+		if subs := sum(m, "gonixl_kv_events_subscribers", nil); i == 0 || subs < minSubscribers {
+			minSubscribers = subs
+		}
+	}
+	return published, minSubscribers, nil
+}
+
+// WaitKVRouting waits until every Go prefill has a KV-event subscriber: its Dynamo worker, which relays the
+// events to the router. A KV event published before then would be lost (ZMQ PUB/SUB keeps nothing for a
+// subscriber yet to come). The router itself takes up a worker's events when it first routes to the prefill
+// workers (dynamo_component_router_kv_zmq_ingress_sources counts none before), and fetches what it missed
+// from the worker's own indexer.
+func (c *cluster) WaitKVRouting(ctx context.Context) error {
+	for {
+		_, subs, err := c.GoKVEvents(ctx)
+		if err == nil && subs >= 1 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("a Go prefill has no KV-event subscriber (its Dynamo worker): fewest %v (%v)", subs, err)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// SyncKV waits until the router has taken in every KV event the Go prefills published (one event per batch:
+// a prefill's batch holds the BlockStored of one request's new blocks) and returns its view then.
+func (c *cluster) SyncKV(ctx context.Context) (routerKV, error) {
+	for {
+		pub, _, gerr := c.GoKVEvents(ctx)
+		r, rerr := c.RouterKV(ctx)
+		if gerr == nil && rerr == nil && r.AppliedTotal() >= pub {
+			return r, nil
+		}
+		select {
+		case <-ctx.Done():
+			return r, fmt.Errorf("the router applied %v KV events, the Go prefills published %v batches (%v, %v)", r.AppliedTotal(), pub, gerr, rerr)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
