@@ -9,6 +9,11 @@
 // staging, a CPU computation) and returns the kv_transfer_params of vLLM's prefill response. It holds the
 // blocks until the decode peer's transfer notifications arrive, renews them on "HB:" heartbeats where the
 // profile has leases, and frees them at lease expiry or abort timeout, logging and counting each expiry.
+// With PrefillConfig.PrefixCache it keeps prompts' full blocks cached under vLLM's block hashes
+// (connector/blockhash, connector/prefixcache) once read, and HoldTokens serves a prompt's cached prefix from
+// them, filling only the rest (PrefixFillFunc) and reporting the hit as remote_prefill_cached_tokens; with
+// PrefillConfig.KVEvents it publishes the cache's changes as vLLM's KV events (connector/kvevents) for a
+// KV-aware router.
 //
 // A Decode (NewDecode) takes those kv_transfer_params (do_remote_prefill), handshakes once per prefill
 // engine (cached; dropped and redone after a failed transfer), checks the compatibility hash and the peer's

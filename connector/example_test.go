@@ -74,3 +74,53 @@ func Example() {
 	// layer 27 V
 	// held on P: 0 freed: 2
 }
+
+// A prefill role with a prefix cache and vLLM's KV events: a second prompt that starts with the first one's
+// full blocks reuses them, and its fill writes only the blocks after them. A KV-aware router subscribed to
+// KVEventsAddr learns which blocks the worker holds.
+func ExamplePrefill_HoldTokens() {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	lib, err := nixl.Load(nixl.LoadOptions{})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	qwen := connector.Model{Name: "Qwen/Qwen3-0.6B", Layers: 28, KVHeads: 8, HeadDim: 128, DType: layout.BF16}
+	seed := "0" // the vLLM engines' PYTHONHASHSEED, so that block hashes agree
+	pre, err := connector.NewPrefill(connector.PrefillConfig{
+		RoleConfig:  connector.RoleConfig{VLLMVersion: "0.33.0", Model: qwen, NumBlocks: 64, Library: lib},
+		PrefixCache: &connector.PrefixCacheConfig{PythonHashSeed: &seed},
+		KVEvents:    &connector.KVEventsConfig{Addr: "127.0.0.1:0"},
+	})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer pre.Close()
+
+	prompt := make([]int64, 40) // 16-token blocks: 2 full blocks and 8 tokens
+	for i := range prompt {
+		prompt[i] = int64(1000 + i)
+	}
+	fill := func(_ context.Context, blocks []int, from int) error {
+		fmt.Printf("fill %d blocks from block %d\n", len(blocks), from) // write the KV of blocks[from:]
+		return nil
+	}
+	first, err := pre.HoldTokens(ctx, "req-1", prompt, "", fill)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	pre.Abort("req-1") // as if its decode peer had read it: its full blocks stay cached
+	second, err := pre.HoldTokens(ctx, "req-2", append(prompt[:32:32], 7, 8, 9), "", fill)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println(first.RemotePrefillCachedTokens, second.RemotePrefillCachedTokens, pre.KVEventsAddr() != nil)
+	// Output:
+	// fill 3 blocks from block 0
+	// fill 3 blocks from block 2
+	// 0 32 true
+}

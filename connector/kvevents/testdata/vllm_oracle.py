@@ -24,6 +24,8 @@ import zmq
 
 from vllm.distributed.kv_events import KVEventBatch, ZmqEventPublisher
 
+from kvcanon import canon
+
 END = (-1).to_bytes(8, "big", signed=True)
 
 
@@ -43,19 +45,6 @@ def replay(ctx, endpoint, start, timeout_ms=30000):
             break
     d.close()
     return out
-
-
-def canon(v):
-    if isinstance(v, bytes):
-        return {"bytes": v.hex()}
-    if isinstance(v, (list, tuple)):
-        return [canon(x) for x in v]
-    if isinstance(v, msgspec.Struct):
-        d = {"type": type(v).__name__}
-        for f in v.__struct_fields__:
-            d[f] = canon(getattr(v, f))
-        return d
-    return v
 
 
 def main():
