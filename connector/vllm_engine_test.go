@@ -446,11 +446,12 @@ func (np *neuronPrefill) compute(kv refKV) error {
 	return np.rt.WriteBatch(batches)
 }
 
-// poison overwrites positions [0, n) of every layer's K and V on the device with garbage (0x7f bytes: large
-// finite values in fp32 and bf16), so that staging them would change the decode's tokens.
+// poison overwrites positions [0, n) of every layer's K and V on the device with garbage (0x3f bytes: 0.75 in
+// every element, fp32 and bf16 alike; plausible values, so that staging them gives other tokens rather than
+// an overflow), so that staging them would change the decode's tokens.
 func (np *neuronPrefill) poison(n int) error {
 	rowBytes := np.s.headDim * np.s.dtype.Size()
-	junk := bytes.Repeat([]byte{0x7f}, n*rowBytes)
+	junk := bytes.Repeat([]byte{0x3f}, n*rowBytes)
 	var batches []neuron.Batch
 	for l := range np.s.layers {
 		for _, tens := range []*neuron.Tensor{np.k[l], np.v[l]} {
