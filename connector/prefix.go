@@ -263,15 +263,29 @@ func (s *prefixState) release(blocks []int) {
 	s.syncGaugeLocked()
 }
 
-// close evicts every cached block, publishes AllBlocksCleared and closes the publisher (which lingers for
-// its subscribers). Called once no request holds blocks.
-func (s *prefixState) close() error {
+// reset evicts every cached block (back to the pool) and publishes AllBlocksCleared. Called while no request
+// holds blocks (Reregister, Close).
+func (s *prefixState) reset() {
 	s.mu.Lock()
-	if _, ok := s.cache.Reset(); !ok {
-		s.log.Warn("prefix cache: blocks still held at close")
+	defer s.mu.Unlock()
+	s.resetLocked()
+}
+
+func (s *prefixState) resetLocked() {
+	evicted, ok := s.cache.Reset()
+	if !ok {
+		s.log.Warn("prefix cache: blocks still held at a reset; they stay cached")
 	}
+	s.metrics.prefixEvictions.Add(int64(len(evicted)))
 	s.syncGaugeLocked()
 	s.publishLocked(&kvevents.AllBlocksCleared{})
+}
+
+// close resets the cache and closes the publisher (which lingers for its subscribers, so AllBlocksCleared
+// reaches them). Called once no request holds blocks.
+func (s *prefixState) close() error {
+	s.mu.Lock()
+	s.resetLocked()
 	s.closed = true
 	s.mu.Unlock()
 	if s.pub == nil {

@@ -345,3 +345,31 @@ func TestPrefixEventsVLLM(t *testing.T) {
 		})
 	}
 }
+
+// TestPrefixCacheReregister: registering the cache again (its memory may have been reallocated) drops every
+// cached block, publishes AllBlocksCleared, and the next request sharing the old prefix finds nothing cached.
+func TestPrefixCacheReregister(t *testing.T) {
+	p, err := protocol.ProfileFor("0.33.0")
+	require.NoError(t, err)
+	seed := "0"
+	pr := newPair(t, p, pairOpts{prefillBlocks: 9, prefixCache: &PrefixCacheConfig{PythonHashSeed: &seed}, kvEvents: &KVEventsConfig{}})
+	ctx := testenv.Context(t, 30*time.Second)
+	sub := subscribeEvents(t, ctx, pr.pre)
+	a := tokenRange(7, 2*tinyBlock+1)
+	hold := func(id string) protocol.KVTransferParams {
+		kv, err := pr.pre.HoldTokens(ctx, id, a, "", nil)
+		require.NoError(t, err)
+		require.True(t, pr.pre.Abort(id))
+		return kv
+	}
+	hold("a")
+	require.Equal(t, "BlockStored", sub.recv(t)[0]["type"])
+	require.EqualValues(t, 2*tinyBlock, hold("a-again").RemotePrefillCachedTokens)
+	gen, err := pr.pre.Reregister()
+	require.NoError(t, err)
+	require.EqualValues(t, 2, gen)
+	require.Equal(t, []map[string]any{{"type": "AllBlocksCleared"}}, sub.recv(t))
+	require.Zero(t, pr.preM.PrefixCacheBlocks())
+	require.Zero(t, hold("a-after").RemotePrefillCachedTokens, "nothing cached survives a registration")
+	require.Equal(t, "BlockStored", sub.recv(t)[0]["type"])
+}

@@ -18,8 +18,9 @@ var ErrBusy = errors.New("connector: requests are in flight")
 // bumps remote_registration_generation, as vLLM's prefill does when it publishes a changed handshake (a wake-up
 // after sleep): decode peers that see the larger generation drop their cached handshake and handshake again
 // (vLLM 0.33+; older rows carry no generation, and their decode peers handshake again after a failed READ).
-// Requests must not be held or in prefill (ErrBusy: let them finish, or Abort them). It returns the new
-// generation.
+// Requests must not be held or in prefill (ErrBusy: let them finish, or Abort them). With a prefix cache,
+// every cached block is dropped first (their contents went with the old memory; KV events: AllBlocksCleared),
+// as vLLM resets its prefix cache when it wakes up. It returns the new generation.
 func (p *Prefill) Reregister() (int64, error) {
 	p.regMu.Lock()
 	defer p.regMu.Unlock()
@@ -36,6 +37,9 @@ func (p *Prefill) Reregister() (int64, error) {
 	}
 	if g := p.cfg.Cache.Geometry(); g != p.reg.geom {
 		return 0, fmt.Errorf("connector: the cache's geometry changed (%v, was %v); start a new Prefill instead", g, p.reg.geom)
+	}
+	if p.prefix != nil {
+		p.prefix.reset()
 	}
 	if err := p.reg.reg.Close(); err != nil {
 		return 0, fmt.Errorf("connector: deregistering the KV cache: %w", err)
