@@ -259,8 +259,7 @@ func (s *prefixState) release(blocks []int) {
 	if err != nil {
 		s.log.Error("prefix cache release", zap.Error(err)) // a bug: the role releases only what it holds
 	}
-	s.removedLocked(evicted)
-	s.syncGaugeLocked()
+	s.removedLocked(evicted) // a release changes the cached count only by what it evicts
 }
 
 // reset evicts every cached block (back to the pool) and publishes AllBlocksCleared. Called while no request

@@ -14,12 +14,14 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 
 	"github.com/gonixl/gonixl/connector"
 	"github.com/gonixl/gonixl/examples/internal/demo"
@@ -512,16 +514,15 @@ func freePort() (int, error) {
 	return ln.Addr().(*net.TCPAddr).Port, nil
 }
 
-// sample is one line of a Prometheus text exposition: a metric, its labels and its value.
+// sample is one sample of a Prometheus text exposition: a counter, gauge or untyped metric, its labels and
+// its value (histograms and summaries are not read).
 type sample struct {
 	Name   string
 	Labels map[string]string
 	Value  float64
 }
 
-var labelRE = regexp.MustCompile(`(\w+)="((?:[^"\\]|\\.)*)"`)
-
-// metrics reads a /metrics page in Prometheus's text format (the samples of every metric; comments skipped).
+// metrics reads a /metrics page with Prometheus's own text parser (prometheus/common/expfmt).
 func (c *cluster) metrics(ctx context.Context, url string) ([]sample, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url+"/metrics", nil)
 	if err != nil {
@@ -535,32 +536,32 @@ func (c *cluster) metrics(ctx context.Context, url string) ([]sample, error) {
 	if resp.StatusCode != http.StatusOK {
 		return nil, fmt.Errorf("GET %s/metrics: HTTP %d", url, resp.StatusCode)
 	}
-	var out []sample
-	sc := bufio.NewScanner(io.LimitReader(resp.Body, 16<<20))
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		line := strings.TrimSpace(sc.Text())
-		if line == "" || line[0] == '#' {
-			continue
-		}
-		i := strings.LastIndexByte(line, ' ')
-		if i < 0 {
-			continue
-		}
-		v, err := strconv.ParseFloat(line[i+1:], 64)
-		if err != nil {
-			continue
-		}
-		s := sample{Name: line[:i], Labels: map[string]string{}, Value: v}
-		if j := strings.IndexByte(s.Name, '{'); j >= 0 {
-			for _, m := range labelRE.FindAllStringSubmatch(s.Name[j:], -1) {
-				s.Labels[m[1]] = m[2]
-			}
-			s.Name = s.Name[:j]
-		}
-		out = append(out, s)
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(io.LimitReader(resp.Body, 16<<20))
+	if err != nil {
+		return nil, fmt.Errorf("GET %s/metrics: %w", url, err)
 	}
-	return out, sc.Err()
+	var out []sample
+	for name, f := range fams {
+		for _, m := range f.GetMetric() {
+			s := sample{Name: name, Labels: map[string]string{}}
+			switch {
+			case m.Counter != nil:
+				s.Value = m.GetCounter().GetValue()
+			case m.Gauge != nil:
+				s.Value = m.GetGauge().GetValue()
+			case m.Untyped != nil:
+				s.Value = m.GetUntyped().GetValue()
+			default:
+				continue
+			}
+			for _, l := range m.GetLabel() {
+				s.Labels[l.GetName()] = l.GetValue()
+			}
+			out = append(out, s)
+		}
+	}
+	return out, nil
 }
 
 // sum adds the samples of metric name whose labels include every pair of match.
