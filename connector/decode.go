@@ -71,8 +71,9 @@ type Decode struct {
 	agents    map[string]*loadedAgent // remote NIXL agents loaded, by name
 	probe     *nixl.Agent             // checks unknown metadata before the agent loads it (remoteagents.go)
 	probeSeq  int
-	failLog   *zap.Logger // log, sampled (failLogFirst a second, then every failLogThereafter-th)
-	closed    bool        // guarded by mu: set by Close
+	probeInit chan struct{} // closed once startProbe's background creation of probe returned
+	failLog   *zap.Logger   // log, sampled (failLogFirst a second, then every failLogThereafter-th)
+	closed    bool          // guarded by mu: set by Close
 	closeOnce lifetime.Once
 	pulls     sync.WaitGroup // in-flight Pull calls; Close waits for them
 	closing   context.Context
@@ -109,6 +110,7 @@ func NewDecode(cfg DecodeConfig) (_ *Decode, err error) {
 		agents: map[string]*loadedAgent{}}
 	d.hs = newHandshakes(d.release)
 	d.closing, d.stop = context.WithCancel(context.Background())
+	d.startProbe()
 	return d, nil
 }
 

@@ -73,18 +73,66 @@ func (d *Decode) loadAgent(engineID string, md []byte) (string, error) {
 	return name, nil
 }
 
-// probeLoad loads a blob into a throwaway agent first (created on demand, with the decode agent's backends)
-// and forgets it there. NIXL keeps part of a blob it fails to load (e.g. the connection info of one cut in
-// its memory sections) under the name the blob claims, and a later load of that agent's real metadata then
-// fails with NIXL_CAPI_ERROR_INVALID_PARAM until the process restarts; only the probe, which is replaced
-// after such a failure, is left in that state. Called with agentsMu held.
-func (d *Decode) probeLoad(md []byte) error {
-	if d.probe == nil {
-		d.probeSeq++
-		a, err := d.cfg.Library.NewAgent(fmt.Sprintf("%s-probe%d", d.reg.agent.Name(), d.probeSeq),
-			nixl.AgentConfig{Backends: d.reg.backends, NoProgressThread: true})
+// startProbe creates the probe agent (probeLoad) in the background, so that the first handshake does not pay
+// for its creation: a NIXL agent with the decode agent's backends (for UCX a context and a worker) takes tens
+// of milliseconds, more than the rest of a handshake on a small host (docs/measured.md, "Side by side"). A
+// failed creation is retried by the first handshake, which reports it.
+func (d *Decode) startProbe() {
+	d.probeInit = make(chan struct{})
+	go func() {
+		defer close(d.probeInit)
+		a, err := d.newProbe()
 		if err != nil {
-			return fmt.Errorf("connector: creating the agent that checks prefill metadata: %w", err)
+			d.log.Debug("creating the agent that checks prefill metadata failed; the first handshake retries", zap.Error(err))
+			return
+		}
+		d.probe = a // read by others only after probeInit is closed
+	}()
+}
+
+// newProbe creates a probe agent with the decode agent's backends, without NIXL's UCX thread pool
+// (probeBackends), and no progress thread.
+func (d *Decode) newProbe() (*nixl.Agent, error) {
+	d.probeSeq++
+	a, err := d.cfg.Library.NewAgent(fmt.Sprintf("%s-probe%d", d.reg.agent.Name(), d.probeSeq),
+		nixl.AgentConfig{Backends: probeBackends(d.reg.backends), NoProgressThread: true})
+	if err != nil {
+		return nil, fmt.Errorf("connector: creating the agent that checks prefill metadata: %w", err)
+	}
+	return a, nil
+}
+
+// probeBackends are specs without NIXL's UCX thread pool: loading a peer's metadata connects one endpoint
+// per UCX worker, and the pool's threads each have one, which the probe, which never transfers, does not
+// need (a third of a handshake's time on a 2-core host, docs/measured.md). The blob is read the same way.
+func probeBackends(specs []nixl.BackendSpec) []nixl.BackendSpec {
+	out := make([]nixl.BackendSpec, len(specs))
+	for i, s := range specs {
+		out[i] = s
+		if s.Plugin != "UCX" {
+			continue
+		}
+		out[i].Params = make(map[string]string, len(s.Params))
+		for k, v := range s.Params {
+			if k != "num_threads" && k != "split_batch_size" {
+				out[i].Params[k] = v
+			}
+		}
+	}
+	return out
+}
+
+// probeLoad loads a blob into a throwaway agent first (created by startProbe, or again after a failure, with
+// the decode agent's backends) and forgets it there. NIXL keeps part of a blob it fails to load (e.g. the
+// connection info of one cut in its memory sections) under the name the blob claims, and a later load of that
+// agent's real metadata then fails with NIXL_CAPI_ERROR_INVALID_PARAM until the process restarts; only the
+// probe, which is replaced after such a failure, is left in that state. Called with agentsMu held.
+func (d *Decode) probeLoad(md []byte) error {
+	<-d.probeInit
+	if d.probe == nil {
+		a, err := d.newProbe()
+		if err != nil {
+			return err
 		}
 		d.probe = a
 	}
@@ -97,8 +145,9 @@ func (d *Decode) probeLoad(md []byte) error {
 	return d.probe.InvalidateRemoteMetadata(name)
 }
 
-// closeProbe closes the probe agent (Decode.Close).
+// closeProbe closes the probe agent once startProbe's creation returned (Decode.Close).
 func (d *Decode) closeProbe() {
+	<-d.probeInit
 	d.agentsMu.Lock()
 	defer d.agentsMu.Unlock()
 	if d.probe != nil {

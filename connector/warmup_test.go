@@ -73,3 +73,35 @@ func TestWarmUpDescs(t *testing.T) {
 		require.Equal(t, c.want, warmUpDescs(c.specs), c.name)
 	}
 }
+
+// The probe agent that checks a peer's metadata (probeLoad) is created when the role starts, not in the first
+// handshake, and without NIXL's UCX thread pool, whose workers would each connect an endpoint to the peer.
+func TestProbeAgent(t *testing.T) {
+	specs := []nixl.BackendSpec{
+		{Plugin: "UCX", Params: map[string]string{"num_threads": "4", "split_batch_size": "4", "engine_config": "RMA_PPLN_ENABLE=y"}},
+		{Plugin: "LIBFABRIC", Params: map[string]string{"num_threads": "8"}},
+	}
+	got := probeBackends(specs)
+	require.Equal(t, []nixl.BackendSpec{
+		{Plugin: "UCX", Params: map[string]string{"engine_config": "RMA_PPLN_ENABLE=y"}},
+		{Plugin: "LIBFABRIC", Params: map[string]string{"num_threads": "8"}},
+	}, got)
+	require.Equal(t, "4", specs[0].Params["num_threads"], "the role's own specs are left as they were")
+
+	p, err := protocol.ProfileByName("0.33")
+	require.NoError(t, err)
+	pr := newPair(t, p, pairOpts{})
+	select {
+	case <-pr.dec.probeInit:
+	case <-time.After(10 * time.Second):
+		require.FailNow(t, "the probe agent was not created in the background")
+	}
+	require.NotNil(t, pr.dec.probe, "created before any handshake")
+	probe := pr.dec.probe
+	ctx := testenv.Context(t, 10*time.Second)
+	kv, err := pr.pre.Hold(ctx, "p1", tinyBlock, patternFill(pr.pcache, 3))
+	require.NoError(t, err)
+	_, err = pr.dec.Pull(ctx, "p1", kv, []int{5})
+	require.NoError(t, err)
+	require.Same(t, probe, pr.dec.probe, "the handshake used the probe created at start")
+}

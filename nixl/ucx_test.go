@@ -32,6 +32,8 @@ func TestUCXOptionsParams(t *testing.T) {
 	d := nixl.DefaultUCXOptions()
 	require.Equal(t, "y", d.Engine[nixl.UCXRMAPipeline])
 	require.LessOrEqual(t, d.NumThreads, 16)
+	require.GreaterOrEqual(t, d.NumThreads, 4, "a pool on every host: it makes a cma READ faster on 2 cores too")
+	require.Equal(t, 4, d.SplitBatchSize)
 	spec, err := d.Spec()
 	require.NoError(t, err)
 	require.Equal(t, "UCX", spec.Plugin)

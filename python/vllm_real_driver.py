@@ -219,8 +219,8 @@ def main():
                             os.environ["VLLM_NIXL_ABORT_REQUEST_TIMEOUT"] = str(cmd["abort_timeout"])
                         delay, params = sched.request_finished(req, blocks)
                         eng.step()  # hands reqs_to_send (the expiry) to the worker
-                        reqs[req.request_id] = {"blocks": blocks, "t": time.perf_counter()}
                         rank_hashes = group.call(("hash", blocks), lambda: hashes(regions, blocks))
+                        reqs[req.request_id] = {"blocks": blocks, "t": time.perf_counter()}  # published below
                         emit(event="params", req_id=req.request_id, delay_free=bool(delay), kv_transfer_params=params,
                              hashes=rank_hashes[0], rank_hashes=rank_hashes)
                     elif op == "pull":
