@@ -104,6 +104,37 @@ func warmUpDescs(specs []nixl.BackendSpec) int {
 // nixlDefaultSplitBatch is NIXL's UCX split_batch_size when the backend's parameters leave it unset.
 const nixlDefaultSplitBatch = 1024
 
+// defaultBackendsFor is RoleConfig.Backends' default for role r with a cache of memory type mem:
+// DefaultBackends, without the UCX thread pool for a decode role reading into GPU memory.
+func defaultBackendsFor(r role, mem nixl.MemType) []nixl.BackendSpec {
+	if r == roleDecode && mem == nixl.VRAM {
+		return withoutThreadPool(DefaultBackends)
+	}
+	return DefaultBackends
+}
+
+// withoutThreadPool returns specs without NIXL's UCX thread pool (num_threads, split_batch_size), each UCX
+// spec's params copied. The decode role's default for a GPU-memory cache (RoleConfig.Backends), and the probe
+// agent's (probeLoad): loading a peer's metadata connects one endpoint per UCX worker, and each of the pool's
+// threads has one, which the probe, which never transfers, does not need (a third of a handshake's time on a
+// 2-core host, docs/measured.md). The probe reads a blob the same way without them.
+func withoutThreadPool(specs []nixl.BackendSpec) []nixl.BackendSpec {
+	out := make([]nixl.BackendSpec, len(specs))
+	for i, s := range specs {
+		out[i] = s
+		if s.Plugin != "UCX" {
+			continue
+		}
+		out[i].Params = make(map[string]string, len(s.Params))
+		for k, v := range s.Params {
+			if k != "num_threads" && k != "split_batch_size" {
+				out[i].Params[k] = v
+			}
+		}
+	}
+	return out
+}
+
 // threadPool reports whether a UCX backend of specs runs NIXL's thread pool (num_threads > 0).
 func threadPool(specs []nixl.BackendSpec) bool {
 	for _, s := range specs {
@@ -133,7 +164,7 @@ func (s *started) register(c *RoleConfig, agentName, dataHost string) (*register
 	}
 	backends := c.Backends
 	if len(backends) == 0 {
-		backends = DefaultBackends
+		backends = defaultBackendsFor(s.role, c.Cache.MemType())
 	}
 	device := resolveDataDevice(c.DataDevice, dataHost)
 	backends = withDataDevice(backends, device)

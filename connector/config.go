@@ -37,7 +37,9 @@ type RoleConfig struct {
 	// random id ("gonixl-p-…" or "gonixl-d-…").
 	EngineID string
 	// Backends is the NIXL backend list, e.g. ParseBackends([]string{"LIBFABRIC"}). Empty: DefaultBackends
-	// (UCX).
+	// (UCX), without NIXL's UCX thread pool for a decode role whose Cache is GPU memory (VRAM): the demo's
+	// requests into an H200 come closer to NIXL's own READ of the same shape without it (docs/measured.md,
+	// BenchmarkDRAMToVRAM's request= benchmarks).
 	Backends []nixl.BackendSpec
 	// Rank is this worker's (pp, tp) rank (the decode role uses its TP rank) and TPSize its engine's TP size;
 	// TPSize 0 means 1.

@@ -91,35 +91,15 @@ func (d *Decode) startProbe() {
 }
 
 // newProbe creates a probe agent with the decode agent's backends, without NIXL's UCX thread pool
-// (probeBackends), and no progress thread.
+// (withoutThreadPool), and no progress thread.
 func (d *Decode) newProbe() (*nixl.Agent, error) {
 	d.probeSeq++
 	a, err := d.cfg.Library.NewAgent(fmt.Sprintf("%s-probe%d", d.reg.agent.Name(), d.probeSeq),
-		nixl.AgentConfig{Backends: probeBackends(d.reg.backends), NoProgressThread: true})
+		nixl.AgentConfig{Backends: withoutThreadPool(d.reg.backends), NoProgressThread: true})
 	if err != nil {
 		return nil, fmt.Errorf("connector: creating the agent that checks prefill metadata: %w", err)
 	}
 	return a, nil
-}
-
-// probeBackends are specs without NIXL's UCX thread pool: loading a peer's metadata connects one endpoint
-// per UCX worker, and the pool's threads each have one, which the probe, which never transfers, does not
-// need (a third of a handshake's time on a 2-core host, docs/measured.md). The blob is read the same way.
-func probeBackends(specs []nixl.BackendSpec) []nixl.BackendSpec {
-	out := make([]nixl.BackendSpec, len(specs))
-	for i, s := range specs {
-		out[i] = s
-		if s.Plugin != "UCX" {
-			continue
-		}
-		out[i].Params = make(map[string]string, len(s.Params))
-		for k, v := range s.Params {
-			if k != "num_threads" && k != "split_batch_size" {
-				out[i].Params[k] = v
-			}
-		}
-	}
-	return out
 }
 
 // probeLoad loads a blob into a throwaway agent first (created by startProbe, or again after a failure, with

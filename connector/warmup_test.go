@@ -81,7 +81,7 @@ func TestProbeAgent(t *testing.T) {
 		{Plugin: "UCX", Params: map[string]string{"num_threads": "4", "split_batch_size": "4", "engine_config": "RMA_PPLN_ENABLE=y"}},
 		{Plugin: "LIBFABRIC", Params: map[string]string{"num_threads": "8"}},
 	}
-	got := probeBackends(specs)
+	got := withoutThreadPool(specs)
 	require.Equal(t, []nixl.BackendSpec{
 		{Plugin: "UCX", Params: map[string]string{"engine_config": "RMA_PPLN_ENABLE=y"}},
 		{Plugin: "LIBFABRIC", Params: map[string]string{"num_threads": "8"}},
@@ -104,4 +104,15 @@ func TestProbeAgent(t *testing.T) {
 	_, err = pr.dec.Pull(ctx, "p1", kv, []int{5})
 	require.NoError(t, err)
 	require.Same(t, probe, pr.dec.probe, "the handshake used the probe created at start")
+}
+
+// A decode role reading into GPU memory runs UCX without NIXL's thread pool by default; every other role and
+// cache keeps DefaultBackends.
+func TestDefaultBackendsFor(t *testing.T) {
+	require.True(t, threadPool(DefaultBackends), "DefaultBackends has a pool")
+	require.False(t, threadPool(defaultBackendsFor(roleDecode, nixl.VRAM)))
+	require.Equal(t, DefaultBackends[0].Params["engine_config"], defaultBackendsFor(roleDecode, nixl.VRAM)[0].Params["engine_config"])
+	require.Equal(t, DefaultBackends, defaultBackendsFor(roleDecode, nixl.DRAM))
+	require.Equal(t, DefaultBackends, defaultBackendsFor(rolePrefill, nixl.VRAM))
+	require.Equal(t, DefaultBackends, defaultBackendsFor(rolePrefill, nixl.DRAM))
 }

@@ -258,8 +258,77 @@ func benchDRAMToVRAM(b *testing.B, dev *cuda.Device, lib *nixl.Library, params m
 				b.ReportMetric(tB.Seconds()/tH.Seconds(), "hostbuf_x_batchcopy")
 			})
 		}
+		if blk == 32<<10 {
+			for _, sh := range requestShapes {
+				b.Run(fmt.Sprintf("block=%dKiB/request=%s", blk>>10, sh), func(b *testing.B) {
+					require.NoError(b, vram.Memset(0, vram.Len(), 0xee))
+					li, ri := benchRequestShape(b, a, dev, vp, rp, sh, blk, total)
+					got := make([]byte, blk)
+					for _, k := range []int{0, len(li) / 2, len(li) - 1} { // the READ's bytes, once
+						require.NoError(b, vram.Read(uint64(li[k]*blk), got))
+						for o := 0; o < blk; o += 4093 {
+							require.Equal(b, benchpeer.Pattern(uint64(ri[k]*blk+o)), got[o], "request %s: descriptor %d offset %d", sh, k, o)
+						}
+					}
+				})
+			}
+		}
 		require.NoError(b, vp.Close())
 		require.NoError(b, hp.Close())
 		require.NoError(b, rp.Close())
 	}
+}
+
+// requestShape is the READ of one demo request (examples/disagg, Qwen3-0.6B, block 16): Blocks consecutive
+// blocks of BlockLen bytes in each of Regions regions, which NIXL merges into one descriptor per region. Era C
+// (vLLM 0.29+) has one region per layer holding K and V (28 × 64 KiB), era A one per layer and K/V (56 × 32 KiB).
+type requestShape struct {
+	Regions, Blocks, BlockLen int
+}
+
+func (s requestShape) String() string {
+	return fmt.Sprintf("%dx%dx%dKiB", s.Regions, s.Blocks, s.BlockLen>>10)
+}
+
+// requestShapes are the demo's smaller requests (21 and 40 blocks: 333 and 640 tokens) in both eras: issue 25
+// compares each request's GB/s with the READ of the same shape through NIXL alone.
+var requestShapes = []requestShape{{28, 21, 64 << 10}, {28, 40, 64 << 10}, {56, 21, 32 << 10}, {56, 40, 32 << 10}}
+
+// benchRequestShape posts and waits for one prepared READ of shape sh (the benchmark's blk-sized descriptor
+// lists vp/rp, each region a contiguous run at its own stride, so NIXL merges a run per region and no two
+// regions): NIXL's own cost for a request of that shape, without the decode role's planning, notification or
+// heartbeat. Reports nixl_GB/s and the request's microseconds, and returns the descriptor indices read.
+func benchRequestShape(b *testing.B, a *nixl.Agent, dev *cuda.Device, vp, rp *nixl.Prepped, sh requestShape, blk, total int) (li, ri []int) {
+	per := sh.BlockLen / blk * sh.Blocks // descriptors per region
+	stride := total / blk / sh.Regions
+	require.LessOrEqual(b, per, stride, "shape %s does not fit %d bytes", sh, total)
+	for r := range sh.Regions {
+		for j := range per {
+			li, ri = append(li, 1+r*stride+j), append(ri, 2+r*stride+j)
+		}
+	}
+	bytes := int64(len(li) * blk)
+	var xf *nixl.Xfer
+	require.NoError(b, dev.Do(func() (err error) { xf, err = a.MakeXfer(nixl.Read, vp, li, rp, ri); return err }))
+	defer xf.Close()
+	run := func() {
+		if err := dev.Do(func() error { _, err := xf.Post(); return err }); err != nil {
+			b.Fatal(err)
+		}
+		if err := xf.Wait(testenv.Context(b, time.Minute)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	run() // warm up
+	b.SetBytes(bytes)
+	b.ResetTimer()
+	t0 := time.Now()
+	for range b.N {
+		run()
+	}
+	d := time.Since(t0)
+	b.StopTimer()
+	b.ReportMetric(float64(bytes)*float64(b.N)/d.Seconds()/1e9, "nixl_GB/s")
+	b.ReportMetric(float64(d.Microseconds())/float64(b.N), "us/request")
+	return li, ri
 }
