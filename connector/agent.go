@@ -2,6 +2,8 @@ package connector
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -104,13 +106,21 @@ func warmUpDescs(specs []nixl.BackendSpec) int {
 // nixlDefaultSplitBatch is NIXL's UCX split_batch_size when the backend's parameters leave it unset.
 const nixlDefaultSplitBatch = 1024
 
-// defaultBackendsFor is RoleConfig.Backends' default for role r with a cache of memory type mem:
-// DefaultBackends, without the UCX thread pool for a decode role reading into GPU memory.
-func defaultBackendsFor(r role, mem nixl.MemType) []nixl.BackendSpec {
-	if r == roleDecode && mem == nixl.VRAM {
-		return withoutThreadPool(DefaultBackends)
+// roleBackends adapts specs to role r with a cache of memory type mem: a UCX spec with gonixl's default
+// parameters (DefaultBackends, ParseBackends' "UCX") loses the thread pool in a decode role reading into GPU
+// memory (RoleConfig.Backends). Other specs are returned as given.
+func roleBackends(r role, mem nixl.MemType, specs []nixl.BackendSpec) []nixl.BackendSpec {
+	if r != roleDecode || mem != nixl.VRAM {
+		return specs
 	}
-	return DefaultBackends
+	def := defaultUCX()
+	out := slices.Clone(specs)
+	for i, s := range specs {
+		if s.Plugin == "UCX" && maps.Equal(s.Params, def.Params) {
+			out[i] = withoutThreadPool(specs[i : i+1])[0]
+		}
+	}
+	return out
 }
 
 // withoutThreadPool returns specs without NIXL's UCX thread pool (num_threads, split_batch_size), each UCX
@@ -164,8 +174,9 @@ func (s *started) register(c *RoleConfig, agentName, dataHost string) (*register
 	}
 	backends := c.Backends
 	if len(backends) == 0 {
-		backends = defaultBackendsFor(s.role, c.Cache.MemType())
+		backends = DefaultBackends
 	}
+	backends = roleBackends(s.role, c.Cache.MemType(), backends)
 	device := resolveDataDevice(c.DataDevice, dataHost)
 	backends = withDataDevice(backends, device)
 	if device != "" {

@@ -37,9 +37,10 @@ type RoleConfig struct {
 	// random id ("gonixl-p-…" or "gonixl-d-…").
 	EngineID string
 	// Backends is the NIXL backend list, e.g. ParseBackends([]string{"LIBFABRIC"}). Empty: DefaultBackends
-	// (UCX), without NIXL's UCX thread pool for a decode role whose Cache is GPU memory (VRAM): the demo's
-	// requests into an H200 come closer to NIXL's own READ of the same shape without it (docs/measured.md,
-	// BenchmarkDRAMToVRAM's request= benchmarks).
+	// (UCX). A UCX spec with gonixl's default parameters (DefaultBackends, ParseBackends' "UCX") runs without
+	// NIXL's UCX thread pool in a decode role whose Cache is GPU memory (VRAM): the demo's requests into an
+	// H200 come closer to NIXL's own READ of the same shape without it (docs/measured.md,
+	// BenchmarkDRAMToVRAM's request= benchmarks). Any other spec is used as given.
 	Backends []nixl.BackendSpec
 	// Rank is this worker's (pp, tp) rank (the decode role uses its TP rank) and TPSize its engine's TP size;
 	// TPSize 0 means 1.

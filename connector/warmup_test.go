@@ -106,13 +106,22 @@ func TestProbeAgent(t *testing.T) {
 	require.Same(t, probe, pr.dec.probe, "the handshake used the probe created at start")
 }
 
-// A decode role reading into GPU memory runs UCX without NIXL's thread pool by default; every other role and
-// cache keeps DefaultBackends.
-func TestDefaultBackendsFor(t *testing.T) {
+// A decode role reading into GPU memory runs UCX without NIXL's thread pool when its UCX spec has gonixl's
+// default parameters; every other role, cache and spec is kept as given.
+func TestRoleBackends(t *testing.T) {
+	parsed := ParseBackends([]string{"UCX", "LIBFABRIC"})
 	require.True(t, threadPool(DefaultBackends), "DefaultBackends has a pool")
-	require.False(t, threadPool(defaultBackendsFor(roleDecode, nixl.VRAM)))
-	require.Equal(t, DefaultBackends[0].Params["engine_config"], defaultBackendsFor(roleDecode, nixl.VRAM)[0].Params["engine_config"])
-	require.Equal(t, DefaultBackends, defaultBackendsFor(roleDecode, nixl.DRAM))
-	require.Equal(t, DefaultBackends, defaultBackendsFor(rolePrefill, nixl.VRAM))
-	require.Equal(t, DefaultBackends, defaultBackendsFor(rolePrefill, nixl.DRAM))
+	for _, specs := range [][]nixl.BackendSpec{DefaultBackends, parsed} {
+		got := roleBackends(roleDecode, nixl.VRAM, specs)
+		require.False(t, threadPool(got))
+		require.Equal(t, specs[0].Params["engine_config"], got[0].Params["engine_config"])
+		require.Equal(t, specs[1:], got[1:])
+		require.True(t, threadPool(specs), "the input is left as it was")
+		require.Equal(t, specs, roleBackends(roleDecode, nixl.DRAM, specs))
+		require.Equal(t, specs, roleBackends(rolePrefill, nixl.VRAM, specs))
+		require.Equal(t, specs, roleBackends(rolePrefill, nixl.DRAM, specs))
+	}
+	custom, err := nixl.UCXOptions{NumThreads: 8, SplitBatchSize: 2}.Spec()
+	require.NoError(t, err)
+	require.Equal(t, []nixl.BackendSpec{custom}, roleBackends(roleDecode, nixl.VRAM, []nixl.BackendSpec{custom}), "explicit options are kept")
 }
