@@ -38,6 +38,8 @@ func BenchmarkDRAMToVRAM(b *testing.B) {
 	}
 	variants := []dramVRAMVariant{
 		{name: "gonixl-defaults", opts: def, peer: benchpeer.Options{Device: true}},
+		// A decode role reading into GPU memory runs without the pool (connector.RoleConfig.Backends).
+		{name: "nopool", opts: withThreads(0, 0), peer: benchpeer.Options{Device: true}},
 		{name: "peer-pinned", opts: def, peer: benchpeer.Options{Device: true, Pin: true}},
 		{name: "gonixl-defaults/peer-without-cuda", opts: def},
 		{name: "rma-pipeline", opts: nixl.UCXOptions{Engine: rma}, peer: benchpeer.Options{Device: true}},
