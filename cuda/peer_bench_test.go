@@ -204,15 +204,7 @@ func benchDRAMToVRAM(b *testing.B, dev *cuda.Device, lib *nixl.Library, params m
 					}
 					syncS()
 				}
-				check := func(what string) {
-					got := make([]byte, blk)
-					for _, k := range []int{0, n / 2, n - 1} {
-						require.NoError(b, vram.Read(uint64(li[k]*blk), got))
-						for o := 0; o < blk; o += 4093 {
-							require.Equal(b, benchpeer.Pattern(uint64(ri[k]*blk+o)), got[o], "%s: block %d offset %d", what, k, o)
-						}
-					}
-				}
+				check := func(what string) { checkVRAM(b, vram, li, ri, blk, what) }
 				// Warm up each path and check its bytes (the GPU is cleared before each).
 				require.NoError(b, vram.Memset(0, vram.Len(), 0xee))
 				post(xf)
@@ -265,19 +257,25 @@ func benchDRAMToVRAM(b *testing.B, dev *cuda.Device, lib *nixl.Library, params m
 				b.Run(fmt.Sprintf("block=%dKiB/request=%s", blk>>10, sh), func(b *testing.B) {
 					require.NoError(b, vram.Memset(0, vram.Len(), 0xee))
 					li, ri := benchRequestShape(b, a, dev, vp, rp, sh, blk, total)
-					got := make([]byte, blk)
-					for _, k := range []int{0, len(li) / 2, len(li) - 1} { // the READ's bytes, once
-						require.NoError(b, vram.Read(uint64(li[k]*blk), got))
-						for o := 0; o < blk; o += 4093 {
-							require.Equal(b, benchpeer.Pattern(uint64(ri[k]*blk+o)), got[o], "request %s: descriptor %d offset %d", sh, k, o)
-						}
-					}
+					checkVRAM(b, vram, li, ri, blk, "request "+sh.String()) // the READ's bytes, once
 				})
 			}
 		}
 		require.NoError(b, vp.Close())
 		require.NoError(b, hp.Close())
 		require.NoError(b, rp.Close())
+	}
+}
+
+// checkVRAM checks that the first, middle and last of the blk-sized local blocks li hold the peer's pattern
+// of the remote blocks ri (sampled every 4093 bytes).
+func checkVRAM(b *testing.B, vram *cuda.DeviceMem, li, ri []int, blk int, what string) {
+	got := make([]byte, blk)
+	for _, k := range []int{0, len(li) / 2, len(li) - 1} {
+		require.NoError(b, vram.Read(uint64(li[k]*blk), got))
+		for o := 0; o < blk; o += 4093 {
+			require.Equal(b, benchpeer.Pattern(uint64(ri[k]*blk+o)), got[o], "%s: block %d offset %d", what, k, o)
+		}
 	}
 }
 

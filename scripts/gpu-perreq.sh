@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Issue 25's per-request passes, on the GPU machine (no Go there), from the repository root, after
 # scripts/gpu-bundle.sh built $GPU_BUNDLE/bundle.tgz (default .gpu): PASSES passes (default 3), each
-# BenchmarkDRAMToVRAM/ucx={gonixl-defaults,nopool}/block=32KiB/contiguous and their request= benchmarks (NIXL's own READ
-# of the demo's 21- and 40-block requests' shape in both eras: the baselines of the pass), then `disagg -gpu`
-# for vLLM 0.33.0 and 0.16.0, one request at a time and four in flight. Another demo binary put into the bundle's bin/ as disagg-NAME (e.g. main's, built with
+# BenchmarkDRAMToVRAM/ucx={gonixl-defaults,nopool}/block=32KiB/contiguous and their request= benchmarks
+# (NIXL's own READ of the demo's 21- and 40-block requests' shape in both eras: the baselines of the pass),
+# then `disagg -gpu` for vLLM 0.33.0 and 0.16.0, one request at a time and four in flight. Another demo
+# binary put into the bundle's bin/ as disagg-NAME (e.g. main's, built with
 # `go build -o .../bin/disagg-main ./examples/disagg` in a checkout of main) runs one at a time beside it.
 # LENGTHS overrides the demo's -lengths. Logs go to $OUT (a logs.tgz of them), the table rows to stdout.
 set -uo pipefail
@@ -28,7 +29,7 @@ demo() { # binary version concurrency
 for p in $(seq 1 "${PASSES:-3}"); do
   echo "#### pass $p"
   GONIXL_BENCH_SWEEP=1 timeout 150 ./cuda.test -test.run '^$' -test.bench '^BenchmarkDRAMToVRAM$/^ucx=(gonixl-defaults|nopool)$/^block=32KiB/^(contiguous|request=)' -test.benchtime 20x -test.count 1 -test.timeout 145s >"$out/bench-p$p.log" 2>&1
-  grep -E '^Benchmark' "$out/bench-p$p.log" | grep -oE 'ucx=[^/]+/block=32KiB/[^ ]+|[0-9.]+ nixl_GB/s' | paste -sd' ' 
+  grep -E '^Benchmark' "$out/bench-p$p.log" | grep -oE 'ucx=[^/]+/block=32KiB/[^ ]+|[0-9.]+ nixl_GB/s' | paste -sd' '
   for v in 0.33.0 0.16.0; do
     demo disagg "$v" 1
     for o in $others; do demo "$o" "$v" 1; done
