@@ -57,7 +57,8 @@ type registered struct {
 	backends []nixl.BackendSpec
 	geom     layout.Geometry
 	owned    *DRAMCache // a cache the role created (from a Model), closed after the agent
-	// splitDescs: post one descriptor per block, not NIXL's merged runs (see xferOpts).
+	// splitDescs: post one descriptor per block, not NIXL's merged runs (see xferOpts): a DRAM cache whose
+	// UCX pool the role did not size (roleBackends).
 	splitDescs bool
 }
 
@@ -70,9 +71,13 @@ func (r *registered) do(fn func() error) error {
 }
 
 // xferOpts are the options of a READ into this cache: the notification, and WithoutDescMerge where the cache
-// is DRAM and UCX runs a thread pool. NIXL's pool divides a request among its threads by descriptor count,
-// so a run merged into one large descriptor would go through one thread (BenchmarkDRAMToDRAM, contiguous
-// against contiguous-nomerge; docs/measured.md); into GPU memory, where UCX pays a rendezvous per
+// is DRAM and UCX runs a thread pool the role did not size itself (splitDescs: an explicit UCX spec). NIXL's
+// pool divides a request among its threads by descriptor count, split_batch_size at a time, so a request of
+// few merged runs under a large split_batch_size would go through one thread (BenchmarkDRAMToDRAM,
+// contiguous against contiguous-nomerge; docs/measured.md). With gonixl's default UCX spec a DRAM decode
+// role keeps NIXL's merged runs (one descriptor per region and run) and takes them one at a time per thread
+// (roleBackends: split_batch_size 1), which spreads a request's regions over the pool without a descriptor
+// per block (make bench-vllm, docs/measured.md). Into GPU memory, where UCX pays a rendezvous per
 // descriptor, merged runs are kept.
 func (r *registered) xferOpts(notif []byte) []nixl.Option {
 	opts := []nixl.Option{nixl.WithNotification(notif)}
@@ -106,21 +111,31 @@ func warmUpDescs(specs []nixl.BackendSpec) int {
 // nixlDefaultSplitBatch is NIXL's UCX split_batch_size when the backend's parameters leave it unset.
 const nixlDefaultSplitBatch = 1024
 
-// roleBackends adapts specs to role r with a cache of memory type mem: a UCX spec with gonixl's default
-// parameters (DefaultBackends, ParseBackends' "UCX") loses the thread pool in a decode role reading into GPU
-// memory (RoleConfig.Backends). Other specs are returned as given.
-func roleBackends(r role, mem nixl.MemType, specs []nixl.BackendSpec) []nixl.BackendSpec {
-	if r != roleDecode || mem != nixl.VRAM {
-		return specs
+// roleBackends adapts specs to role r with a cache of memory type mem, for a UCX spec with gonixl's default
+// parameters (DefaultBackends, ParseBackends' "UCX") in a decode role (RoleConfig.Backends): reading into GPU
+// memory it loses the thread pool; reading into DRAM its pool takes one descriptor at a time
+// (split_batch_size 1), the decode's READs keeping NIXL's merged runs (see xferOpts). It reports whether
+// it adapted a spec so. Other roles, caches and specs are returned as given.
+func roleBackends(r role, mem nixl.MemType, specs []nixl.BackendSpec) ([]nixl.BackendSpec, bool) {
+	if r != roleDecode || (mem != nixl.VRAM && mem != nixl.DRAM) {
+		return specs, false
 	}
 	def := defaultUCX()
 	out := slices.Clone(specs)
+	adapted := false
 	for i, s := range specs {
-		if s.Plugin == "UCX" && maps.Equal(s.Params, def.Params) {
-			out[i] = withoutThreadPool(specs[i : i+1])[0]
+		if s.Plugin != "UCX" || !maps.Equal(s.Params, def.Params) {
+			continue
 		}
+		adapted = true
+		if mem == nixl.VRAM {
+			out[i] = withoutThreadPool(specs[i : i+1])[0]
+			continue
+		}
+		out[i].Params = maps.Clone(s.Params)
+		out[i].Params["split_batch_size"] = "1"
 	}
-	return out
+	return out, adapted
 }
 
 // withoutThreadPool returns specs without NIXL's UCX thread pool (num_threads, split_batch_size), each UCX
@@ -176,14 +191,14 @@ func (s *started) register(c *RoleConfig, agentName, dataHost string) (*register
 	if len(backends) == 0 {
 		backends = DefaultBackends
 	}
-	backends = roleBackends(s.role, c.Cache.MemType(), backends)
+	backends, sized := roleBackends(s.role, c.Cache.MemType(), backends)
 	device := resolveDataDevice(c.DataDevice, dataHost)
 	backends = withDataDevice(backends, device)
 	if device != "" {
 		s.log.Info("NIXL UCX data plane restricted to one network device (UCX_NET_DEVICES in the environment overrides)", zap.String("device", device))
 	}
 	r := &registered{cache: c.Cache, caps: s.caps, device: c.DeviceContext, backends: backends, geom: g,
-		splitDescs: c.Cache.MemType() == nixl.DRAM && threadPool(backends) && c.Library.HasSkipDescMerge()}
+		splitDescs: c.Cache.MemType() == nixl.DRAM && !sized && threadPool(backends) && c.Library.HasSkipDescMerge()}
 	err := r.registering(func() (err error) {
 		if r.agent, err = c.Library.NewAgent(agentName, nixl.AgentConfig{Backends: backends, NoProgressThread: s.role == rolePrefill, Logger: s.log}); err != nil {
 			return err
