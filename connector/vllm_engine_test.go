@@ -1039,23 +1039,34 @@ func engineBehaviour(t *testing.T, ctx context.Context, r *engineRun) {
 		hold := 10 * time.Second
 		np := startNeuronPrefill(t, r.lib, r.version, r.s, r.cm(), map[string]refKV{pe.Text: kvs[1]}, hold, log)
 		pre := complete(t, ctx, http.DefaultClient, np.url, r.model, pe, 1, vllmengine.RemoteDecodeParams, "")
+		// The engine dials gonixl's side channel through a proxy that holds its handshake until the client has
+		// disconnected and the engine has logged the abort: the disconnect lands mid-transfer on any machine
+		// (a fixed delay raced a fast one, where the whole request finished first).
+		host, port := remoteSideChannel(t, pre.Params)
+		proxy := newStallProxy(t, host, port)
+		params := withRemotePort(t, pre.Params, proxy.Port())
 		aborted0 := count(r.e, vllmAbortedLine)
 		cctx, ccancel := context.WithCancel(ctx)
 		defer ccancel()
 		heldAtCancel := make(chan int, 1)
 		go func() {
-			// Disconnect while the engine handshakes with gonixl's prefill and reads (a few hundred ms here);
-			// whether gonixl still held the blocks then is reported.
 			select {
-			case <-time.After(100 * time.Millisecond):
+			case <-proxy.Arrived():
+			case <-time.After(2 * time.Minute): // the request then fails below, reporting it
 			case <-cctx.Done():
 			}
 			heldAtCancel <- np.role.Held()
 			ccancel()
 		}()
-		_, err := tryComplete(cctx, r.e.Client(), vllmengine.BaseURL, r.model, pe, engSteps, pre.Params, "")
+		_, err := tryComplete(cctx, r.e.Client(), vllmengine.BaseURL, r.model, pe, engSteps, params, "")
 		require.ErrorIs(t, err, context.Canceled, "the request finished before the client disconnected")
+		select {
+		case <-proxy.Arrived():
+		default:
+			require.FailNow(t, "the engine never dialled gonixl's side channel for the decode request")
+		}
 		waitUntil(t, 30*time.Second, func() bool { return count(r.e, vllmAbortedLine) > aborted0 }, "the engine did not log the abort")
+		proxy.Release()
 		took := waitUntil(t, hold+30*time.Second, func() bool { return np.role.Held() == 0 }, "gonixl's prefill held the blocks past its hold")
 		m := np.role.Metrics()
 		nb := int64((len(pe.IDs) + b - 1) / b)
@@ -1067,7 +1078,7 @@ func engineBehaviour(t *testing.T, ctx context.Context, r *engineRun) {
 		// (the engine's own blocks: the final check, once every lease has passed, finds its usage 0)
 		after := engComplete(t, ctx, r.e, pe, engSteps, nil, "")
 		sameOutput(t, r.s, refE, after, "the engine alone after an aborted transfer (prefix cache)")
-		t.Logf("client disconnected 100 ms after the decode request (gonixl still held %d request(s) then); the engine logged %q; gonixl's prefill freed %d blocks %s %.1f s later (%d expiry logs); the engine alone then gives the reference",
+		t.Logf("client disconnected while the engine handshook with gonixl's prefill (gonixl still held %d request(s) then); the engine logged %q; gonixl's prefill freed %d blocks %s %.1f s later (%d expiry logs); the engine alone then gives the reference",
 			<-heldAtCancel, vllmAbortedLine, nb, how, took.Seconds(), logs.FilterMessage("decode peer never confirmed reading; blocks freed at expiry").Len())
 	})
 
