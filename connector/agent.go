@@ -74,11 +74,8 @@ func (r *registered) do(fn func() error) error {
 // is DRAM and UCX runs a thread pool the role did not size itself (splitDescs: an explicit UCX spec). NIXL's
 // pool divides a request among its threads by descriptor count, split_batch_size at a time, so a request of
 // few merged runs under a large split_batch_size would go through one thread (BenchmarkDRAMToDRAM,
-// contiguous against contiguous-nomerge; docs/measured.md). With gonixl's default UCX spec a DRAM decode
-// role keeps NIXL's merged runs (one descriptor per region and run) and takes them one at a time per thread
-// (roleBackends: split_batch_size 1), which spreads a request's regions over the pool without a descriptor
-// per block (make bench-vllm, docs/measured.md). Into GPU memory, where UCX pays a rendezvous per
-// descriptor, merged runs are kept.
+// contiguous against contiguous-nomerge; docs/measured.md). With gonixl's default UCX spec a decode role
+// runs no pool (roleBackends) and keeps NIXL's merged runs (one descriptor per region and run).
 func (r *registered) xferOpts(notif []byte) []nixl.Option {
 	opts := []nixl.Option{nixl.WithNotification(notif)}
 	if r.splitDescs {
@@ -113,9 +110,12 @@ const nixlDefaultSplitBatch = 1024
 
 // roleBackends adapts specs to role r with a cache of memory type mem, for a UCX spec with gonixl's default
 // parameters (DefaultBackends, ParseBackends' "UCX") in a decode role (RoleConfig.Backends): reading into GPU
-// memory it loses the thread pool; reading into DRAM its pool takes one descriptor at a time
-// (split_batch_size 1), the decode's READs keeping NIXL's merged runs (see xferOpts). It reports whether
-// it adapted a spec so. Other roles, caches and specs are returned as given.
+// memory or DRAM it loses NIXL's thread pool, and its READs keep NIXL's merged runs (see xferOpts). Into GPU
+// memory UCX pays a rendezvous per descriptor and the pool is no faster (docs/measured.md). Into DRAM the
+// pool was faster on 2 cores (make bench-vllm), but a decode agent with the pool whose prefill peer was
+// killed mid-READ aborted the process when it was closed (UCX: "Assertion `ucs_arbiter_group_is_empty(group)'
+// failed" in nixlAgent's destructor; TestPrefillKilledMidRead, NIXL 1.5.0) — without it, it never did. It
+// reports whether it adapted a spec so. Other roles, caches and specs are returned as given.
 func roleBackends(r role, mem nixl.MemType, specs []nixl.BackendSpec) ([]nixl.BackendSpec, bool) {
 	if r != roleDecode || (mem != nixl.VRAM && mem != nixl.DRAM) {
 		return specs, false
@@ -128,12 +128,7 @@ func roleBackends(r role, mem nixl.MemType, specs []nixl.BackendSpec) ([]nixl.Ba
 			continue
 		}
 		adapted = true
-		if mem == nixl.VRAM {
-			out[i] = withoutThreadPool(specs[i : i+1])[0]
-			continue
-		}
-		out[i].Params = maps.Clone(s.Params)
-		out[i].Params["split_batch_size"] = "1"
+		out[i] = withoutThreadPool(specs[i : i+1])[0]
 	}
 	return out, adapted
 }

@@ -2,7 +2,6 @@ package connector
 
 import (
 	"bytes"
-	"strconv"
 	"testing"
 	"time"
 
@@ -107,32 +106,25 @@ func TestProbeAgent(t *testing.T) {
 	require.Same(t, probe, pr.dec.probe, "the handshake used the probe created at start")
 }
 
-// A decode role reading into GPU memory runs UCX without NIXL's thread pool when its UCX spec has gonixl's
-// default parameters, and one reading into DRAM keeps the pool with a split_batch_size of 1 (its READs then
-// keep NIXL's merged runs); every other role, cache and spec is kept as given.
+// A decode role reading into GPU memory or DRAM runs UCX without NIXL's thread pool when its UCX spec has
+// gonixl's default parameters (its READs then keep NIXL's merged runs); every other role, cache and spec is
+// kept as given.
 func TestRoleBackends(t *testing.T) {
 	parsed := ParseBackends([]string{"UCX", "LIBFABRIC"})
 	require.True(t, threadPool(DefaultBackends), "DefaultBackends has a pool")
 	for _, specs := range [][]nixl.BackendSpec{DefaultBackends, parsed} {
-		got, sized := roleBackends(roleDecode, nixl.VRAM, specs)
-		require.True(t, sized)
-		require.False(t, threadPool(got))
-		require.Equal(t, specs[0].Params["engine_config"], got[0].Params["engine_config"])
-		require.Equal(t, specs[1:], got[1:])
-		require.True(t, threadPool(specs), "the input is left as it was")
-
-		got, sized = roleBackends(roleDecode, nixl.DRAM, specs)
-		require.True(t, sized)
-		require.True(t, threadPool(got))
-		require.Equal(t, "1", got[0].Params["split_batch_size"])
-		require.Equal(t, specs[0].Params["num_threads"], got[0].Params["num_threads"])
-		require.Equal(t, specs[0].Params["engine_config"], got[0].Params["engine_config"])
-		require.Equal(t, specs[1:], got[1:])
-		require.Equal(t, "4", specs[0].Params["split_batch_size"], "the input is left as it was")
-		require.Equal(t, 1*mustAtoi(t, got[0].Params["num_threads"]), warmUpDescs(got), "one warm-up descriptor per pool thread")
+		for _, mem := range []nixl.MemType{nixl.VRAM, nixl.DRAM} {
+			got, sized := roleBackends(roleDecode, mem, specs)
+			require.True(t, sized)
+			require.False(t, threadPool(got))
+			require.Equal(t, specs[0].Params["engine_config"], got[0].Params["engine_config"])
+			require.Equal(t, specs[1:], got[1:])
+			require.True(t, threadPool(specs), "the input is left as it was")
+			require.Equal(t, 1, warmUpDescs(got), "one warm-up descriptor without a pool")
+		}
 
 		for _, mem := range []nixl.MemType{nixl.VRAM, nixl.DRAM} {
-			got, sized = roleBackends(rolePrefill, mem, specs)
+			got, sized := roleBackends(rolePrefill, mem, specs)
 			require.False(t, sized)
 			require.Equal(t, specs, got)
 		}
@@ -146,16 +138,8 @@ func TestRoleBackends(t *testing.T) {
 	}
 }
 
-func mustAtoi(t *testing.T, s string) int {
-	t.Helper()
-	n, err := strconv.Atoi(s)
-	require.NoError(t, err)
-	return n
-}
-
-// A DRAM decode role with gonixl's default UCX keeps NIXL's merged runs (no WithoutDescMerge) under a pool
-// of split_batch_size 1; with an explicit pool it posts one descriptor per block, as before. Both READ the
-// same bytes.
+// A DRAM decode role with gonixl's default UCX keeps NIXL's merged runs (no WithoutDescMerge) and runs no
+// pool; with an explicit pool it posts one descriptor per block, as before. Both READ the same bytes.
 func TestDRAMDecodeMergedRuns(t *testing.T) {
 	p, err := protocol.ProfileByName("0.33")
 	require.NoError(t, err)
@@ -172,9 +156,7 @@ func TestDRAMDecodeMergedRuns(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			pr := newPair(t, p, pairOpts{backends: c.backends})
 			require.Equal(t, c.split && testLib(t).HasSkipDescMerge(), pr.dec.reg.splitDescs)
-			if !c.split {
-				require.Equal(t, "1", pr.dec.reg.backends[0].Params["split_batch_size"])
-			}
+			require.Equal(t, c.split, threadPool(pr.dec.reg.backends))
 			ctx := testenv.Context(t, 10*time.Second)
 			kv, err := pr.pre.Hold(ctx, "m1", 4*tinyBlock, patternFill(pr.pcache, 7))
 			require.NoError(t, err)
