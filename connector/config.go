@@ -38,9 +38,10 @@ type RoleConfig struct {
 	EngineID string
 	// Backends is the NIXL backend list, e.g. ParseBackends([]string{"LIBFABRIC"}). Empty: DefaultBackends
 	// (UCX). A UCX spec with gonixl's default parameters (DefaultBackends, ParseBackends' "UCX") runs without
-	// NIXL's UCX thread pool in a decode role whose Cache is GPU memory (VRAM): the demo's requests into an
-	// H200 come closer to NIXL's own READ of the same shape without it (docs/measured.md,
-	// BenchmarkDRAMToVRAM's request= benchmarks). Any other spec is used as given.
+	// NIXL's UCX thread pool in a decode role (Cache in GPU memory or DRAM): into an H200 the demo's requests
+	// come closer to NIXL's own READ of the same shape without it (BenchmarkDRAMToVRAM's request=
+	// benchmarks), and a decode agent with the pool could abort the process at Close after its prefill was
+	// killed mid-READ (TestPrefillKilledMidRead; docs/measured.md). Any other spec is used as given.
 	Backends []nixl.BackendSpec
 	// Rank is this worker's (pp, tp) rank (the decode role uses its TP rank) and TPSize its engine's TP size;
 	// TPSize 0 means 1.
