@@ -60,6 +60,10 @@ type registered struct {
 	// splitDescs: post one descriptor per block, not NIXL's merged runs (see xferOpts): a DRAM cache whose
 	// UCX pool the role did not size (roleBackends).
 	splitDescs bool
+	// sized: roleBackends adapted a UCX spec of gonixl's default to the role (defaultReadAgents).
+	sized bool
+	// readAgents split a decode role's READs (stripes.go); none in other roles.
+	readAgents []*readAgent
 }
 
 // do runs fn with the role's device context current (RoleConfig.DeviceContext), or directly without one.
@@ -114,8 +118,9 @@ const nixlDefaultSplitBatch = 1024
 // memory UCX pays a rendezvous per descriptor and the pool is no faster (docs/measured.md). Into DRAM the
 // pool was faster on 2 cores (make bench-vllm), but a decode agent with the pool whose prefill peer was
 // killed mid-READ aborted the process when it was closed (UCX: "Assertion `ucs_arbiter_group_is_empty(group)'
-// failed" in nixlAgent's destructor; TestPrefillKilledMidRead, NIXL 1.5.0) — without it, it never did. It
-// reports whether it adapted a spec so. Other roles, caches and specs are returned as given.
+// failed" in nixlAgent's destructor; TestPrefillKilledMidRead, NIXL 1.5.0) — without it, it never did; read
+// agents parallelise such a READ instead (DecodeConfig.ReadAgents, stripes.go). It reports whether it adapted
+// a spec so. Other roles, caches and specs are returned as given.
 func roleBackends(r role, mem nixl.MemType, specs []nixl.BackendSpec) ([]nixl.BackendSpec, bool) {
 	if r != roleDecode || (mem != nixl.VRAM && mem != nixl.DRAM) {
 		return specs, false
@@ -192,7 +197,7 @@ func (s *started) register(c *RoleConfig, agentName, dataHost string) (*register
 	if device != "" {
 		s.log.Info("NIXL UCX data plane restricted to one network device (UCX_NET_DEVICES in the environment overrides)", zap.String("device", device))
 	}
-	r := &registered{cache: c.Cache, caps: s.caps, device: c.DeviceContext, backends: backends, geom: g,
+	r := &registered{cache: c.Cache, caps: s.caps, device: c.DeviceContext, backends: backends, geom: g, sized: sized,
 		splitDescs: c.Cache.MemType() == nixl.DRAM && !sized && threadPool(backends) && c.Library.HasSkipDescMerge()}
 	err := r.registering(func() (err error) {
 		if r.agent, err = c.Library.NewAgent(agentName, nixl.AgentConfig{Backends: backends, NoProgressThread: s.role == rolePrefill, Logger: s.log}); err != nil {
@@ -223,6 +228,11 @@ func (r *registered) registering(fn func() error) error {
 // registerCache registers every region of the cache with the agent in one call: through the cache's own
 // Register where it has one (Registrar), else as RegionBases × RegionLen. Callers run it inside registering.
 func (r *registered) registerCache() (*nixl.Registration, error) {
+	return r.registerCacheWith(r.agent)
+}
+
+// registerCacheWith is registerCache with agent a (the role's agent or one of its read agents).
+func (r *registered) registerCacheWith(a *nixl.Agent) (*nixl.Registration, error) {
 	bases := r.cache.RegionBases()
 	descs := make([]nixl.Desc, len(bases))
 	for i, b := range bases {
@@ -231,9 +241,9 @@ func (r *registered) registerCache() (*nixl.Registration, error) {
 	var reg *nixl.Registration
 	var err error
 	if r.caps.registrar != nil {
-		reg, err = r.caps.registrar.Register(r.agent) // e.g. a CUDA cache, which registers with its device context current
+		reg, err = r.caps.registrar.Register(a) // e.g. a CUDA cache, which registers with its device context current
 	} else {
-		reg, err = r.agent.RegisterMem(r.cache.MemType(), descs)
+		reg, err = a.RegisterMem(r.cache.MemType(), descs)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("connector: registering the KV cache (%s, %d regions of %d bytes): %w", r.cache.MemType(), len(descs), r.geom.RegionLen(), err)
@@ -242,9 +252,11 @@ func (r *registered) registerCache() (*nixl.Registration, error) {
 }
 
 func (r *registered) close() error {
-	var err error
+	err := r.closeReadAgents()
 	if r.reg != nil { // nil after a failed Prefill.Reregister
-		err = r.reg.Close()
+		if cerr := r.reg.Close(); err == nil {
+			err = cerr
+		}
 	}
 	if cerr := r.agent.Close(); err == nil {
 		err = cerr

@@ -39,12 +39,22 @@ type DecodeConfig struct {
 	// fails (sidechannel.FetchOptions.Attempts). Zero: sidechannel.DefaultAttempts (3). NewDecode refuses
 	// a negative one.
 	HandshakeAttempts int
+	// ReadAgents is how many NIXL agents of its own, besides the role's, split every READ (stripes.go): each
+	// registers the cache, loads the prefill metadata and polls its share of a READ on its own goroutine, so
+	// a READ from a same-host peer (UCX's cma) copies on that many cores; the notification follows from the
+	// role's agent once all are done. Zero: min(4, runtime.NumCPU()) for a DRAM cache with gonixl's default
+	// UCX backend (DefaultBackends, ParseBackends' "UCX"), none otherwise (a GPU cache; explicit backends;
+	// one CPU). 1 turns them off. NewDecode refuses a negative count.
+	ReadAgents int
 }
 
 // check refuses what the decode's own fields cannot mean, before anything is derived or registered.
 func (cfg *DecodeConfig) check() error {
 	if cfg.HandshakeTimeout < 0 {
 		return fmt.Errorf("connector: DecodeConfig.HandshakeTimeout is %v: set a positive duration, or 0 for the profile's", cfg.HandshakeTimeout)
+	}
+	if cfg.ReadAgents < 0 {
+		return fmt.Errorf("connector: DecodeConfig.ReadAgents is %d: set a positive count, 1 for none, or 0 for the default", cfg.ReadAgents)
 	}
 	if cfg.HandshakeAttempts < 0 {
 		return fmt.Errorf("connector: DecodeConfig.HandshakeAttempts is %d: set a positive count, or 0 for sidechannel.DefaultAttempts (%d)", cfg.HandshakeAttempts, sidechannel.DefaultAttempts)
@@ -105,6 +115,16 @@ func NewDecode(cfg DecodeConfig) (_ *Decode, err error) {
 	reg, err := core.register(&cfg.RoleConfig, fmt.Sprintf("%s-tp%d", cfg.EngineID, cfg.Rank.TP), "")
 	if err != nil {
 		return nil, err
+	}
+	n := cfg.ReadAgents
+	if n == 0 {
+		n = defaultReadAgents(reg.cache.MemType(), reg.sized)
+	}
+	if n > 1 {
+		if err := reg.startReadAgents(cfg.Library, n); err != nil {
+			_ = reg.close()
+			return nil, err
+		}
 	}
 	d := &Decode{cfg: cfg, log: core.log, metrics: core.metrics, reg: reg, hash: hash, failLog: sampled(core.log),
 		agents: map[string]*loadedAgent{}}
@@ -243,19 +263,20 @@ func (d *Decode) pull(ctx context.Context, requestID string, kv protocol.KVTrans
 // last of them returns (put), never under a live transfer.
 func (d *Decode) read(ctx context.Context, re *remoteEngine, req pullRequest, res *Result, log *zap.Logger) error {
 	start := time.Now()
-	xfers, err := d.post(ctx, re, req, res)
+	xfers, st, err := d.post(ctx, re, req, res)
 	defer closeXfers(xfers, nil)
 	if err == nil {
 		r := trace.StartRegion(ctx, "gonixl.wait")
 		posted := time.Now()
-		err = d.await(ctx, re, req, xfers)
-		res.Wait = time.Since(posted)
+		err = d.await(ctx, re, req, xfers, &st, res)
+		res.Wait = time.Since(posted) - st.posting
 		d.metrics.observe(timingWait, res.Wait)
 		r.End()
 	}
 	res.Transfer = time.Since(start)
 	if err != nil {
 		closeXfers(xfers, log) // cancel the requests before dropping the handshake
+		d.reg.drainReadAgents()
 		d.forget(re)
 		return req.readError(err)
 	}
@@ -355,43 +376,78 @@ func (d *Decode) planPull(re *remoteEngine, req *pullRequest) error {
 }
 
 // post makes one READ per prefill rank read, each notifying its rank on completion, then posts them all back
-// to back, and adds the bytes posted to res. It returns the requests made, posted or not, for the caller to
-// close, and records the prepare (planPull included) and post phases.
-func (d *Decode) post(ctx context.Context, re *remoteEngine, req pullRequest, res *Result) ([]*nixl.Xfer, error) {
-	xfers := make([]*nixl.Xfer, 0, len(re.sources))
-	err := d.reg.do(func() error {
+// to back, and adds the bytes posted to res. A rank read through read agents (source.stripes) gets one READ
+// per read agent instead, a contiguous share of the request's descriptors each, without a notification:
+// those are returned in st, unposted, for await to post and poll on a goroutine each, and notify those ranks
+// once all are done. It returns the requests made, posted or not, for the caller to close, and records the
+// prepare (planPull included) and post phases.
+func (d *Decode) post(ctx context.Context, re *remoteEngine, req pullRequest, res *Result) (xfers []*nixl.Xfer, st striped, err error) {
+	xfers = make([]*nixl.Xfer, 0, len(re.sources))
+	var bytes []int64 // posted by each of xfers
+	err = d.reg.do(func() error {
 		r := trace.StartRegion(ctx, "gonixl.prepare")
 		t := time.Now()
 		for _, src := range re.sources {
-			x, err := d.reg.agent.MakeXfer(nixl.Read, src.local, req.localIdx, src.remote, req.remoteIdx, d.reg.xferOpts(req.notif)...)
-			if err != nil {
-				r.End()
-				return err
+			if len(src.stripes) == 0 {
+				x, err := d.reg.agent.MakeXfer(nixl.Read, src.local, req.localIdx, src.remote, req.remoteIdx, d.reg.xferOpts(req.notif)...)
+				if err != nil {
+					r.End()
+					return err
+				}
+				xfers, bytes = append(xfers, x), append(bytes, int64(len(req.localIdx))*src.pairLen)
+				continue
 			}
-			xfers = append(xfers, x)
+			for i, b := range split(len(req.localIdx), len(src.stripes)) {
+				sl := src.stripes[i]
+				x, err := sl.agent.MakeXfer(nixl.Read, sl.local, req.localIdx[b[0]:b[1]], sl.remote, req.remoteIdx[b[0]:b[1]], d.reg.xferOpts(nil)[1:]...)
+				if err != nil {
+					r.End()
+					return err
+				}
+				xfers = append(xfers, x)
+				st.xfers, st.bytes = append(st.xfers, x), append(st.bytes, int64(b[1]-b[0])*src.pairLen)
+			}
+			st.notify = append(st.notify, src.agent)
 		}
 		d.metrics.observe(timingPrepare, req.planned+time.Since(t))
 		r.End()
+		if len(bytes) == 0 {
+			return nil // all striped: await posts them
+		}
 		defer trace.StartRegion(ctx, "gonixl.post").End()
 		t = time.Now()
 		defer func() { res.Post = time.Since(t); d.metrics.observe(timingPost, res.Post) }()
-		for i, x := range xfers {
+		for i, x := range xfers[:len(bytes)] {
 			if _, err := x.Post(); err != nil {
 				return err
 			}
-			res.Bytes += int64(len(req.localIdx)) * re.sources[i].pairLen
+			res.Bytes += bytes[i]
 		}
 		return nil
 	})
-	return xfers, err
+	return xfers, st, err
 }
 
-// await waits for posted READs, renewing the request's lease on the prefill side meanwhile (heartbeat).
-func (d *Decode) await(ctx context.Context, re *remoteEngine, req pullRequest, xfers []*nixl.Xfer) error {
+// await waits for posted READs, renewing the request's lease on the prefill side meanwhile (heartbeat), then
+// posts and polls the striped READs (each on its own goroutine, runStriped) and sends their notifications.
+func (d *Decode) await(ctx context.Context, re *remoteEngine, req pullRequest, xfers []*nixl.Xfer, st *striped, res *Result) error {
 	defer d.heartbeat(ctx, re.agents(), req.kv.RemoteRequestID, false)()
-	for _, x := range xfers {
+	for _, x := range xfers[:len(xfers)-len(st.xfers)] {
 		if err := x.Wait(ctx); err != nil {
 			return err
+		}
+	}
+	if len(st.xfers) == 0 {
+		return nil
+	}
+	err := d.reg.do(func() error { return st.run(ctx, res) })
+	d.metrics.observe(timingPost, st.posting)
+	if err != nil {
+		return err
+	}
+	for _, agent := range st.notify {
+		if err := d.reg.agent.SendNotification(agent, req.notif); err != nil {
+			return fmt.Errorf("connector: notifying %s after the READ (the prefill side frees the blocks when its lease ends): %w", agent, err)
 		}
 	}
 	return nil
@@ -527,7 +583,21 @@ func (d *Decode) handshake(ctx context.Context, engineID string, re *remoteEngin
 		}); err != nil {
 			return fmt.Errorf("connector: preparing the local descriptors for prefill rank %d: %w", rank, err)
 		}
-		d.warmUp(ctx, re, src)
+		for _, ra := range d.reg.readAgents {
+			sl := stripeLists{agent: ra.agent}
+			if err = d.reg.do(func() (err error) {
+				if sl.remote, err = ra.agent.Prep(src.agent, src.remote.MemType(), nixl.DescsOf(rdescs)); err != nil {
+					return err
+				}
+				sl.local, err = ra.agent.Prep("", d.cfg.Cache.MemType(), nixl.DescsOf(ldescs))
+				return err
+			}); err != nil {
+				sl.close()
+				return fmt.Errorf("connector: preparing prefill rank %d's descriptors in read agent %s: %w", rank, ra.agent.Name(), err)
+			}
+			src.stripes = append(src.stripes, sl)
+		}
+		d.warmUps(ctx, re, src)
 		d.warmUpNotification(ctx, src, remoteRequestID)
 		d.log.Info("handshake done", zap.String("remote_engine_id", engineID), zap.String("addr", re.addr), zap.Int("remote_rank", rank),
 			zap.String("remote_agent", src.agent), zap.String("remote_geometry", geom.String()))
@@ -545,6 +615,26 @@ func (d *Decode) handshake(ctx context.Context, engineID string, re *remoteEngin
 // in its post (the demo's "post ms" column, gonixl_xfer_post_time_seconds). A failed warm-up is only
 // logged: the request's own READ then reports what is wrong.
 func (d *Decode) warmUp(ctx context.Context, re *remoteEngine, src *source) {
+	d.warmUpWith(ctx, re, src, stripeLists{agent: d.reg.agent, local: src.local, remote: src.remote})
+}
+
+// warmUps warms up src's connection from the role's agent and from each read agent (their own endpoints),
+// all at once.
+func (d *Decode) warmUps(ctx context.Context, re *remoteEngine, src *source) {
+	if len(src.stripes) == 0 {
+		d.warmUp(ctx, re, src)
+		return
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() { d.warmUp(ctx, re, src) })
+	for _, sl := range src.stripes {
+		wg.Go(func() { d.warmUpWith(ctx, re, src, sl) })
+	}
+	wg.Wait()
+}
+
+// warmUpWith is warmUp through l's agent and lists.
+func (d *Decode) warmUpWith(ctx context.Context, re *remoteEngine, src *source, l stripeLists) {
 	defer trace.StartRegion(ctx, "gonixl.warmup").End()
 	li, ri := re.plan.AppendIndices(nil, nil, []int{0}, []int{0})
 	for n, want := len(li), warmUpDescs(d.reg.backends); n > 0 && len(li) < want; {
@@ -553,7 +643,7 @@ func (d *Decode) warmUp(ctx context.Context, re *remoteEngine, src *source) {
 	}
 	var x *nixl.Xfer
 	err := d.reg.do(func() (err error) {
-		if x, err = d.reg.agent.MakeXfer(nixl.Read, src.local, li, src.remote, ri, d.reg.xferOpts(nil)[1:]...); err != nil {
+		if x, err = l.agent.MakeXfer(nixl.Read, l.local, li, l.remote, ri, d.reg.xferOpts(nil)[1:]...); err != nil {
 			return err
 		}
 		_, err = x.Post()
@@ -572,7 +662,7 @@ func (d *Decode) warmUp(ctx context.Context, re *remoteEngine, src *source) {
 		}
 	}
 	if err != nil {
-		d.log.Warn("warm-up READ of the null block failed; the first request's READ sets the connection up", zap.String("remote_agent", src.agent), zap.Error(err))
+		d.log.Warn("warm-up READ of the null block failed; the first request's READ sets the connection up", zap.String("agent", l.agent.Name()), zap.String("remote_agent", src.agent), zap.Error(err))
 	}
 }
 

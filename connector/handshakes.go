@@ -62,6 +62,7 @@ type source struct {
 	remote  *nixl.Prepped // the prefill rank's blocks as this rank reads them
 	local   *nixl.Prepped // the local blocks (or their slices) they land in
 	pairLen int64         // bytes per descriptor pair
+	stripes []stripeLists // the same lists prepared by each read agent (stripes.go)
 }
 
 // agents are the NIXL agent names of the prefill ranks read.
@@ -250,6 +251,9 @@ func (d *Decode) release(re *remoteEngine) {
 		}
 		if src.local != nil {
 			_ = src.local.Close()
+		}
+		for _, sl := range src.stripes {
+			sl.close()
 		}
 		if src.agent != "" {
 			d.unloadAgent(src.agent) // only the references this engine took: never an agent another still uses

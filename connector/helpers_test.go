@@ -151,6 +151,7 @@ type pairOpts struct {
 	notifyFrom                  func(decodeEngineID string) []string // PrefillConfig.NotifyFrom
 	prefixCache                 *PrefixCacheConfig                   // PrefillConfig.PrefixCache
 	kvEvents                    *KVEventsConfig                      // PrefillConfig.KVEvents
+	readAgents                  int                                  // DecodeConfig.ReadAgents
 }
 
 // fakeClock is a clock that moves only when the test says so: hold and lease tests assert what happens
@@ -220,7 +221,7 @@ func newPair(t testing.TB, p protocol.Profile, o pairOpts) *pair {
 	if o.decodeCompat != nil {
 		dc = *o.decodeCompat
 	}
-	pr.dec, err = NewDecode(DecodeConfig{RoleConfig: RoleConfig{Profile: dp, Library: l, Cache: pr.dcache, Compat: dc, Logger: o.decodeLog, EngineID: decID, DataDevice: o.decodeDevice, Metrics: pr.decM, Backends: o.backends}, HandshakeTimeout: 2 * time.Second, HandshakeAttempts: 2})
+	pr.dec, err = NewDecode(DecodeConfig{RoleConfig: RoleConfig{Profile: dp, Library: l, Cache: pr.dcache, Compat: dc, Logger: o.decodeLog, EngineID: decID, DataDevice: o.decodeDevice, Metrics: pr.decM, Backends: o.backends}, HandshakeTimeout: 2 * time.Second, HandshakeAttempts: 2, ReadAgents: o.readAgents})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, pr.dec.Close()) })
 	return pr

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"strings"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -41,7 +42,7 @@ func (d *Decode) loadAgent(engineID string, md []byte) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("%w: prefill engine %s's agent metadata: %v", ErrBadParams, engineID, err)
 	}
-	if name == d.reg.agent.Name() {
+	if name == d.reg.agent.Name() || d.reg.readAgentNamed(name) {
 		d.metrics.agentConflicts.Add(1)
 		return "", fmt.Errorf("%w: prefill engine %s's metadata names this decode worker's own agent %q", ErrAgentConflict, engineID, name)
 	}
@@ -60,14 +61,34 @@ func (d *Decode) loadAgent(engineID string, md []byte) (string, error) {
 	if err := d.probeLoad(md); err != nil {
 		return "", err
 	}
+	// The role's agent and its read agents load the blob (which the probe loaded) at once: each load connects
+	// that agent's UCX worker to the peer, tens of milliseconds on a small host.
+	errs := make([]error, len(d.reg.readAgents))
+	var wg sync.WaitGroup
+	for i, ra := range d.reg.readAgents {
+		wg.Go(func() { _, errs[i] = ra.agent.LoadRemoteMetadata(md) })
+	}
 	got, err := d.reg.agent.LoadRemoteMetadata(md)
+	wg.Wait()
+	if err == nil && got != name {
+		err = fmt.Errorf("%w: prefill engine %s's metadata was read as agent %q but NIXL loaded %q", ErrBadParams, engineID, name, got)
+	}
+	for i, ra := range d.reg.readAgents {
+		if err == nil && errs[i] != nil {
+			err = fmt.Errorf("connector: loading prefill engine %s's metadata into read agent %s: %w", engineID, ra.agent.Name(), errs[i])
+		}
+	}
 	if err != nil {
+		for i, ra := range d.reg.readAgents {
+			if errs[i] == nil {
+				_ = ra.agent.InvalidateRemoteMetadata(name)
+			}
+		}
+		if got != "" {
+			_ = d.reg.agent.InvalidateRemoteMetadata(got)
+		}
 		_ = d.reg.agent.InvalidateRemoteMetadata(name)
 		return "", err
-	}
-	if got != name {
-		_ = d.reg.agent.InvalidateRemoteMetadata(got)
-		return "", fmt.Errorf("%w: prefill engine %s's metadata was read as agent %q but NIXL loaded %q", ErrBadParams, engineID, name, got)
 	}
 	d.agents[name] = &loadedAgent{engineID: engineID, sum: sum, refs: 1}
 	return name, nil
@@ -148,6 +169,10 @@ func (d *Decode) unloadAgent(name string) {
 		return
 	}
 	delete(d.agents, name)
+	d.reg.drainReadAgents() // before their endpoints to it go
+	for _, ra := range d.reg.readAgents {
+		_ = ra.agent.InvalidateRemoteMetadata(name)
+	}
 	_ = d.reg.agent.InvalidateRemoteMetadata(name)
 }
 

@@ -1,0 +1,186 @@
+package connector
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/gonixl/gonixl/internal/poll"
+	"github.com/gonixl/gonixl/nixl"
+)
+
+// A decode role reading into DRAM with gonixl's default UCX backend splits each READ over read agents
+// (DecodeConfig.ReadAgents): NIXL agents of their own, each with one UCX worker and no progress thread, that
+// register the same cache and load the same prefill metadata as the role's agent. Each stripe of a READ is
+// posted on one of them and awaited by its own goroutine, whose polls progress that agent's worker: with
+// UCX's cma (a same-host peer) the copy runs in those polls, so the stripes copy on as many cores as there are
+// read agents. The notification goes out from the role's agent once every stripe completed, so the prefill
+// side frees nothing still being read. NIXL's thread pool (num_threads) parallelises a READ the same way, but
+// a pool agent whose peer died mid-READ can abort the process at Close (docs/measured.md); a read agent's
+// worker is progressed by gonixl until its requests are released and once more before its agent is destroyed.
+
+// maxReadAgents bounds the default number of read agents (DecodeConfig.ReadAgents).
+const maxReadAgents = 4
+
+// stripeBackoff polls a stripe's READ: the polls are what progresses a read agent's worker (and, over cma,
+// what copies), so it sleeps far less than poll.Default.
+var stripeBackoff = poll.Backoff{Spins: 256, Min: time.Microsecond, Max: 50 * time.Microsecond, Slack: 1.0 / 64}
+
+// readAgent is one of a decode role's read agents: its agent and its registration of the role's cache.
+type readAgent struct {
+	agent *nixl.Agent
+	reg   *nixl.Registration
+}
+
+// defaultReadAgents is DecodeConfig.ReadAgents' default for a role whose backends registered sized: up to
+// maxReadAgents, one per CPU, for a DRAM cache whose UCX spec gonixl chose (roleBackends); else none.
+func defaultReadAgents(mem nixl.MemType, sized bool) int {
+	if mem != nixl.DRAM || !sized {
+		return 0
+	}
+	if n := min(maxReadAgents, runtime.NumCPU()); n >= 2 {
+		return n
+	}
+	return 0
+}
+
+// startReadAgents creates n read agents named after the role's agent, each registering the cache. On error
+// the ones created are closed.
+func (r *registered) startReadAgents(lib *nixl.Library, n int) (err error) {
+	defer func() {
+		if err != nil {
+			r.closeReadAgents()
+		}
+	}()
+	for i := range n {
+		ra := &readAgent{}
+		err := r.registering(func() (err error) {
+			if ra.agent, err = lib.NewAgent(fmt.Sprintf("%s-read%d", r.agent.Name(), i),
+				nixl.AgentConfig{Backends: r.backends, NoProgressThread: true}); err != nil {
+				return err
+			}
+			if ra.reg, err = r.registerCacheWith(ra.agent); err != nil {
+				_ = ra.agent.Close()
+			}
+			return err
+		})
+		if err != nil {
+			return fmt.Errorf("connector: creating read agent %d of %d (DecodeConfig.ReadAgents; 1 turns them off): %w", i+1, n, err)
+		}
+		r.readAgents = append(r.readAgents, ra)
+	}
+	return nil
+}
+
+// drainReadAgents progresses every read agent's worker until it reports no more work (NIXL's progress loop,
+// which GetNotifications runs on an agent without a progress thread): a released request whose copies UCX
+// still queues (a dead peer) is completed so, before any endpoint or worker is destroyed.
+func (r *registered) drainReadAgents() {
+	for _, ra := range r.readAgents {
+		for range 3 {
+			_, _ = ra.agent.GetNotifications()
+		}
+	}
+}
+
+// closeReadAgents drains and closes the read agents (before the role's agent).
+func (r *registered) closeReadAgents() error {
+	r.drainReadAgents()
+	var errs []error
+	for _, ra := range r.readAgents {
+		if ra.reg != nil {
+			errs = append(errs, ra.reg.Close())
+		}
+		errs = append(errs, ra.agent.Close())
+	}
+	r.readAgents = nil
+	return errors.Join(errs...)
+}
+
+// readAgentNamed reports whether name is one of the role's read agents.
+func (r *registered) readAgentNamed(name string) bool {
+	for _, ra := range r.readAgents {
+		if ra.agent.Name() == name {
+			return true
+		}
+	}
+	return false
+}
+
+// stripeLists are one read agent's prepared lists for a prefill rank.
+type stripeLists struct {
+	agent         *nixl.Agent
+	local, remote *nixl.Prepped
+}
+
+func (s stripeLists) close() {
+	if s.remote != nil {
+		_ = s.remote.Close()
+	}
+	if s.local != nil {
+		_ = s.local.Close()
+	}
+}
+
+// split divides n descriptor indices into at most k contiguous stripes of nearly equal size (none empty):
+// the bounds [lo, hi) of each.
+func split(n, k int) [][2]int {
+	k = min(k, n)
+	out := make([][2]int, 0, k)
+	for i := range k {
+		out = append(out, [2]int{i * n / k, (i + 1) * n / k})
+	}
+	return out
+}
+
+// striped are the READs of a pull made on read agents (Decode.post), unposted, with the bytes each moves and
+// the prefill ranks' agents to notify once all are done; posting is the longest any took to post (run).
+type striped struct {
+	xfers   []*nixl.Xfer
+	bytes   []int64
+	notify  []string
+	posting time.Duration
+}
+
+// run posts every READ and polls it (stripeBackoff) on a goroutine of its own, concurrently: over UCX's cma
+// the copy runs in the post and in the polls, so each read agent copies on its own core. It adds the bytes
+// posted to res and records the longest post as the post phase (res.Post, st.posting), and returns the first
+// error once every goroutine returned (each returns once its request is done or failed, or ctx ends).
+func (st *striped) run(ctx context.Context, res *Result) error {
+	errs := make([]error, len(st.xfers))
+	posts := make([]time.Duration, len(st.xfers))
+	var wg sync.WaitGroup
+	for i, x := range st.xfers {
+		wg.Go(func() {
+			t := time.Now()
+			_, err := x.Post()
+			posts[i] = time.Since(t)
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			if cerr := stripeBackoff.Until(ctx, func() bool {
+				var s nixl.State
+				s, err = x.Status()
+				return err != nil || s == nixl.Done
+			}); cerr != nil {
+				err = fmt.Errorf("connector: waiting for a READ stripe: %w", cerr)
+			}
+			errs[i] = err
+		})
+	}
+	wg.Wait()
+	st.posting = slices.Max(posts)
+	res.Post = st.posting
+	for i, err := range errs {
+		if err != nil {
+			return err
+		}
+		res.Bytes += st.bytes[i]
+	}
+	return nil
+}
