@@ -264,6 +264,7 @@ func (d *Decode) pull(ctx context.Context, requestID string, kv protocol.KVTrans
 func (d *Decode) read(ctx context.Context, re *remoteEngine, req pullRequest, res *Result, log *zap.Logger) error {
 	start := time.Now()
 	xfers, st, err := d.post(ctx, re, req, res)
+	defer closeXfers(st.xfers, nil)
 	defer closeXfers(xfers, nil)
 	if err == nil {
 		r := trace.StartRegion(ctx, "gonixl.wait")
@@ -276,6 +277,7 @@ func (d *Decode) read(ctx context.Context, re *remoteEngine, req pullRequest, re
 	res.Transfer = time.Since(start)
 	if err != nil {
 		closeXfers(xfers, log) // cancel the requests before dropping the handshake
+		closeXfers(st.xfers, log)
 		d.reg.drainReadAgents()
 		d.forget(re)
 		return req.readError(err)
@@ -379,11 +381,9 @@ func (d *Decode) planPull(re *remoteEngine, req *pullRequest) error {
 // to back, and adds the bytes posted to res. A rank read through read agents (source.stripes) gets one READ
 // per read agent instead, a contiguous share of the request's descriptors each, without a notification:
 // those are returned in st, unposted, for await to post and poll on a goroutine each, and notify those ranks
-// once all are done. It returns the requests made, posted or not, for the caller to close, and records the
-// prepare (planPull included) and post phases.
+// once all are done. It returns the requests made, posted or not (xfers and st.xfers), for the caller to close,
+// and records the prepare (planPull included) and post phases.
 func (d *Decode) post(ctx context.Context, re *remoteEngine, req pullRequest, res *Result) (xfers []*nixl.Xfer, st striped, err error) {
-	xfers = make([]*nixl.Xfer, 0, len(re.sources))
-	var bytes []int64 // posted by each of xfers
 	err = d.reg.do(func() error {
 		r := trace.StartRegion(ctx, "gonixl.prepare")
 		t := time.Now()
@@ -394,7 +394,7 @@ func (d *Decode) post(ctx context.Context, re *remoteEngine, req pullRequest, re
 					r.End()
 					return err
 				}
-				xfers, bytes = append(xfers, x), append(bytes, int64(len(req.localIdx))*src.pairLen)
+				xfers = append(xfers, x)
 				continue
 			}
 			for i, b := range split(len(req.localIdx), len(src.stripes)) {
@@ -404,24 +404,23 @@ func (d *Decode) post(ctx context.Context, re *remoteEngine, req pullRequest, re
 					r.End()
 					return err
 				}
-				xfers = append(xfers, x)
 				st.xfers, st.bytes = append(st.xfers, x), append(st.bytes, int64(b[1]-b[0])*src.pairLen)
 			}
 			st.notify = append(st.notify, src.agent)
 		}
 		d.metrics.observe(timingPrepare, req.planned+time.Since(t))
 		r.End()
-		if len(bytes) == 0 {
+		if len(xfers) == 0 {
 			return nil // all striped: await posts them
 		}
 		defer trace.StartRegion(ctx, "gonixl.post").End()
 		t = time.Now()
 		defer func() { res.Post = time.Since(t); d.metrics.observe(timingPost, res.Post) }()
-		for i, x := range xfers[:len(bytes)] {
+		for i, x := range xfers { // every source unstriped (read agents serve all or none): xfers[i] reads re.sources[i]
 			if _, err := x.Post(); err != nil {
 				return err
 			}
-			res.Bytes += bytes[i]
+			res.Bytes += int64(len(req.localIdx)) * re.sources[i].pairLen
 		}
 		return nil
 	})
@@ -429,10 +428,10 @@ func (d *Decode) post(ctx context.Context, re *remoteEngine, req pullRequest, re
 }
 
 // await waits for posted READs, renewing the request's lease on the prefill side meanwhile (heartbeat), then
-// posts and polls the striped READs (each on its own goroutine, runStriped) and sends their notifications.
+// posts and polls the striped READs (each on its own goroutine, striped.run) and sends their notifications.
 func (d *Decode) await(ctx context.Context, re *remoteEngine, req pullRequest, xfers []*nixl.Xfer, st *striped, res *Result) error {
 	defer d.heartbeat(ctx, re.agents(), req.kv.RemoteRequestID, false)()
-	for _, x := range xfers[:len(xfers)-len(st.xfers)] {
+	for _, x := range xfers {
 		if err := x.Wait(ctx); err != nil {
 			return err
 		}

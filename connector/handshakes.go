@@ -246,12 +246,7 @@ func (d *Decode) remote(ctx context.Context, engineID, addr string, prefillTP in
 // reference.
 func (d *Decode) release(re *remoteEngine) {
 	for _, src := range re.sources {
-		if src.remote != nil {
-			_ = src.remote.Close()
-		}
-		if src.local != nil {
-			_ = src.local.Close()
-		}
+		stripeLists{local: src.local, remote: src.remote}.close()
 		for _, sl := range src.stripes {
 			sl.close()
 		}
