@@ -6,7 +6,9 @@
 # then `disagg -gpu` for vLLM 0.33.0 and 0.16.0, one request at a time and four in flight. Another demo
 # binary put into the bundle's bin/ as disagg-NAME (e.g. main's, built with
 # `go build -o .../bin/disagg-main ./examples/disagg` in a checkout of main) runs one at a time beside it.
-# LENGTHS overrides the demo's -lengths. Logs go to $OUT (a logs.tgz of them), the table rows to stdout.
+# LENGTHS overrides the demo's -lengths. READ_AGENTS (e.g. "2 4") adds, for each count, the demo with its
+# decode worker's -read-agents set to it (read agents into GPU memory), one at a time and four in flight.
+# Logs go to $OUT (a logs.tgz of them), the table rows to stdout.
 set -uo pipefail
 out=${OUT:-/tmp/out}
 bundle=${GPU_BUNDLE:-.gpu}
@@ -21,10 +23,11 @@ nproc; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 others=$(ls disagg-* 2>/dev/null)
 lengths=()
 [ -n "${LENGTHS:-}" ] && lengths=(-lengths "$LENGTHS")
-demo() { # binary version concurrency
-  local f="$out/$1-$2-c$3-p$p.log"
-  timeout 60 "./$1" -gpu -vllm-version "$2" -concurrency "$3" "${lengths[@]}" -nixl-lib-dir "$NIXL_LIB_DIR" >"$f" 2>&1
-  echo "== $1 $2 -concurrency $3: rc=$?"; grep -E '^ *req-|aggregate' "$f" | sed -E 's/ +/ /g' | cut -c1-110
+demo() { # binary version concurrency [extra demo flags...]
+  local bin=$1 v=$2 c=$3; shift 3
+  local f="$out/$bin-$v-c$c${1:+-ra$2}-p$p.log"
+  timeout 60 "./$bin" -gpu -vllm-version "$v" -concurrency "$c" "${lengths[@]}" "$@" -nixl-lib-dir "$NIXL_LIB_DIR" >"$f" 2>&1
+  echo "== $bin $v -concurrency $c $*: rc=$?"; grep -E '^ *req-|aggregate' "$f" | sed -E 's/ +/ /g' | cut -c1-110
 }
 for p in $(seq 1 "${PASSES:-3}"); do
   echo "#### pass $p"
@@ -34,6 +37,10 @@ for p in $(seq 1 "${PASSES:-3}"); do
     demo disagg "$v" 1
     for o in $others; do demo "$o" "$v" 1; done
     demo disagg "$v" 4
+    for n in ${READ_AGENTS:-}; do
+      demo disagg "$v" 1 -read-agents "$n"
+      demo disagg "$v" 4 -read-agents "$n"
+    done
   done
 done
 cd "$out" && tar czf logs.tgz ./*.log && rm ./*.log

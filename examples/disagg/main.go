@@ -47,6 +47,7 @@ func orchestrate() error {
 	concurrency := fs.Int("concurrency", 4, "requests in flight at once")
 	where := fs.String("cache", "auto", "decode KV cache: auto (GPU memory when a CUDA GPU is present, else DRAM), gpu, dram, or hostbuf (NIXL into pinned DRAM, then copied to GPU memory)")
 	gpu := fs.Bool("gpu", false, "same as -cache gpu")
+	readAgents := fs.Int("read-agents", 0, "the decode worker's -read-agents: NIXL agents of its own that split each READ (0 = the default: min(4, CPUs) into DRAM, none into GPU memory; 1 = none)")
 	timeout := fs.Duration("timeout", 5*time.Minute, "bound on the whole run")
 	cudaCtx := fs.String("prefill-cuda-context", "auto", "the prefill worker's -cuda-context: auto (hold a CUDA context when a driver and device are present: needed for reads into a GPU on this host at PCIe speed), on, off")
 	pin := fs.Bool("prefill-cuda-pin-staging", true, "the prefill worker's -cuda-pin-staging (page-lock its staging arena for CUDA while it holds a context)")
@@ -96,7 +97,7 @@ func orchestrate() error {
 	fmt.Printf("starting decode worker (NIXL READ → KV cache: %s) ... ", *where)
 	t0 = time.Now()
 	dec, decURL, decInfo, err := demo.StartWorker(ctx, demo.WorkerSpec{Name: "decode worker", Role: "decode", Env: decEnv,
-		Args: append(append([]string{"-cache", *where}, c.WorkerArgs()...), c.TraceArgs("decode")...)})
+		Args: append(append([]string{"-cache", *where, "-read-agents", strconv.Itoa(*readAgents)}, c.WorkerArgs()...), c.TraceArgs("decode")...)})
 	if err != nil {
 		return err
 	}

@@ -31,6 +31,8 @@ type DecodeConfig struct {
 	PullTimeout time.Duration
 	// DataDevice is connector.DecodeConfig.DataDevice ("" = every device).
 	DataDevice string
+	// ReadAgents is connector.DecodeConfig.ReadAgents (0 = the role's default; 1 = none).
+	ReadAgents int
 }
 
 // model is the configured model in the configured block order (Order, when set, wins over Model.Order).
@@ -77,6 +79,7 @@ func NewDecodeServer(cfg DecodeConfig) (*DecodeServer, error) {
 	s.pool = connector.NewBlockPool(s.cache.Geometry().NumBlocks)
 	if s.role, err = connector.NewDecode(connector.DecodeConfig{
 		RoleConfig: connector.RoleConfig{VLLMVersion: cfg.VLLMVersion, Model: cfg.Model, Library: cfg.Library, Cache: s.cache, Backends: cfg.Backends, Logger: s.log, DataDevice: cfg.DataDevice},
+		ReadAgents: cfg.ReadAgents,
 	}); err != nil {
 		s.Close()
 		return nil, err
