@@ -66,13 +66,13 @@ func versionsFrom(env string, defaults ...string) []string {
 }
 
 // vllmPython returns the interpreter of a release's venv, or fails (CI) / skips the test.
-func vllmPython(t *testing.T, version string) string {
+func vllmPython(t testing.TB, version string) string {
 	return venvPython(t, "vllm-"+version, "the vLLM "+version+" venv", "run `make vllm-venvs` or `scripts/vllm-venv.sh "+version+"`")
 }
 
 // venvPython returns the interpreter of the venv GONIXL_VLLM_VENVS/name (default ~/.cache/gonixl/venvs) once
 // its completion stamp is there, or fails (CI) / skips the test saying what and fix.
-func venvPython(t *testing.T, name, what, fix string) string {
+func venvPython(t testing.TB, name, what, fix string) string {
 	t.Helper()
 	return testenv.VenvPython(t, name, what, fix)
 }
@@ -81,7 +81,7 @@ func venvPython(t *testing.T, name, what, fix string) string {
 func realModel(t *testing.T) string { return writeModel(t, "qwen3-0.6b-4l", realLayers) }
 
 // writeModel writes a model folder named name with the tier's model of the given number of layers.
-func writeModel(t *testing.T, name string, layers int) string {
+func writeModel(t testing.TB, name string, layers int) string {
 	dir := filepath.Join(t.TempDir(), name)
 	require.NoError(t, os.MkdirAll(dir, 0o755))
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "config.json"), []byte(fmt.Sprintf(qwen3Config, realKVHeads, realHeadDim, layers)), 0o644))
@@ -102,7 +102,7 @@ func realGeom(t *testing.T, p protocol.Profile) layout.Geometry {
 	return realGeomN(t, p, realLayers, realBlocks)
 }
 
-func realGeomN(t *testing.T, p protocol.Profile, layers, numBlocks int) layout.Geometry {
+func realGeomN(t testing.TB, p protocol.Profile, layers, numBlocks int) layout.Geometry {
 	// vLLM's CPU platform holds CPU_ATTN blocks (bf16: the vec packing on CPUs without AMX tiles; this tier
 	// compares bytes, which CPU_ATTN's packing does not change).
 	m := connector.Model{Layers: layers, KVHeads: realKVHeads, HeadDim: realHeadDim, DType: layout.BF16, BlockSize: realBlockSize,
@@ -168,7 +168,7 @@ type event struct {
 	HBsRecv    int             `json:"heartbeats_received"`
 	RankHashes [][]string      `json:"rank_hashes"`
 	LoadErrs   []int           `json:"load_errors"`
-	HandshakeS float64         `json:"handshake_s"` // vLLM's decode: its handshakes since the last pull (TestVLLMSideBySide)
+	HandshakeS float64         `json:"handshake_s"` // vLLM's decode: its handshakes since the last pull (BenchmarkVLLMSideBySide)
 	ReadS      float64         `json:"read_s"`      // vLLM's decode: first READ posted to the last seen done
 	Xfers      int             `json:"xfers"`       // vLLM's decode: READ requests posted
 	raw        string
@@ -176,7 +176,7 @@ type event struct {
 
 // driver is one vLLM instance (python/vllm_real_driver.py) in its own process.
 type driver struct {
-	t       *testing.T
+	t       testing.TB
 	cmd     *exec.Cmd
 	stdin   io.WriteCloser
 	events  chan event
@@ -185,7 +185,7 @@ type driver struct {
 	ready   event
 }
 
-func startDriver(t *testing.T, ctx context.Context, python, role, model string, numBlocks int, args ...string) *driver {
+func startDriver(t testing.TB, ctx context.Context, python, role, model string, numBlocks int, args ...string) *driver {
 	t.Helper()
 	return startDrivers(t, ctx, func(ctx context.Context, distPort int) []*driver {
 		return []*driver{launchDriver(t, ctx, python, role, model, numBlocks, append([]string{"--dist-port", fmt.Sprint(distPort)}, args...)...)}
@@ -198,7 +198,7 @@ func startDriver(t *testing.T, ctx context.Context, python, role, model string, 
 // machine): when a driver reports EADDRINUSE before it is ready, the attempt is killed and redone with a fresh
 // port (3 attempts). pick gives each attempt's port (tests give a taken one first). The side channel's port is
 // the driver's own business (python/vllm_real_driver.py rebinds on EADDRINUSE).
-func startDrivers(t *testing.T, ctx context.Context, launch func(ctx context.Context, distPort int) []*driver, pick func(t *testing.T, attempt int) int) []*driver {
+func startDrivers(t testing.TB, ctx context.Context, launch func(ctx context.Context, distPort int) []*driver, pick func(t testing.TB, attempt int) int) []*driver {
 	t.Helper()
 	for attempt := 1; ; attempt++ {
 		actx, cancel := context.WithCancel(ctx)
@@ -222,7 +222,7 @@ func startDrivers(t *testing.T, ctx context.Context, launch func(ctx context.Con
 }
 
 // loopbackPort picks a free loopback port for a child to bind (startDrivers retries if it is taken meanwhile).
-func loopbackPort(t *testing.T, _ int) int {
+func loopbackPort(t testing.TB, _ int) int {
 	l, err := net.Listen("tcp4", "127.0.0.1:0")
 	require.NoError(t, err)
 	defer l.Close()
@@ -260,7 +260,7 @@ func (d *driver) awaitReady(ctx context.Context) (event, error) {
 	}
 }
 
-func launchDriver(t *testing.T, ctx context.Context, python, role, model string, numBlocks int, args ...string) *driver {
+func launchDriver(t testing.TB, ctx context.Context, python, role, model string, numBlocks int, args ...string) *driver {
 	t.Helper()
 	script := filepath.Join(testenv.RepoRoot(), "python", "vllm_real_driver.py")
 	cmd := exec.CommandContext(ctx, python, append([]string{script, "--role", role, "--model", model,
@@ -361,12 +361,12 @@ func eachRelease(t *testing.T, fn func(t *testing.T, r release)) {
 }
 
 // closeAtEnd closes c at the end of the test, failing it if Close fails.
-func closeAtEnd(t *testing.T, c interface{ Close() error }) {
+func closeAtEnd(t testing.TB, c interface{ Close() error }) {
 	t.Cleanup(func() { require.NoError(t, c.Close()) })
 }
 
 // realCache allocates a DRAM cache of geometry g, closed at the end of the test.
-func realCache(t *testing.T, g layout.Geometry) *connector.DRAMCache {
+func realCache(t testing.TB, g layout.Geometry) *connector.DRAMCache {
 	c, err := connector.NewDRAMCache(g, false)
 	require.NoError(t, err)
 	closeAtEnd(t, c)
@@ -375,14 +375,14 @@ func realCache(t *testing.T, g layout.Geometry) *connector.DRAMCache {
 
 // startPrefill and startDecode start gonixl's roles, closed at the end of the test (before the caches made
 // earlier).
-func startPrefill(t *testing.T, cfg connector.PrefillConfig) *connector.Prefill {
+func startPrefill(t testing.TB, cfg connector.PrefillConfig) *connector.Prefill {
 	pre, err := connector.NewPrefill(cfg)
 	require.NoError(t, err)
 	closeAtEnd(t, pre)
 	return pre
 }
 
-func startDecode(t *testing.T, cfg connector.DecodeConfig) *connector.Decode {
+func startDecode(t testing.TB, cfg connector.DecodeConfig) *connector.Decode {
 	dec, err := connector.NewDecode(cfg)
 	require.NoError(t, err)
 	closeAtEnd(t, dec)
@@ -406,7 +406,7 @@ func (d *driver) pull(ctx context.Context, reqID string, tokens int, params json
 }
 
 // decodeParams decodes the kv_transfer_params of vLLM's "params" event.
-func decodeParams(t *testing.T, p protocol.Profile, ev event) protocol.KVTransferParams {
+func decodeParams(t testing.TB, p protocol.Profile, ev event) protocol.KVTransferParams {
 	t.Helper()
 	kv, err := p.DecodeParams(ev.Params)
 	require.NoError(t, err, "vLLM's kv_transfer_params: %s", ev.Params)
@@ -712,7 +712,7 @@ func TestVLLMRealPortTaken(t *testing.T) {
 	d := startDrivers(t, ctx, func(ctx context.Context, distPort int) []*driver {
 		return []*driver{launchDriver(t, ctx, py, "prefill", model, realBlocks, "--dist-port", fmt.Sprint(distPort),
 			"--side-port", fmt.Sprint(sideTaken))}
-	}, func(t *testing.T, attempt int) int {
+	}, func(t testing.TB, attempt int) int {
 		attempts = attempt
 		if attempt == 1 {
 			return distTaken
