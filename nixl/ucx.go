@@ -55,11 +55,11 @@ const (
 // DefaultUCXOptions are gonixl's UCX settings, chosen from measurements (docs/measured.md): the
 // RMA pipeline on (UCX's only protocol that moves host memory into GPU memory without a software emulation;
 // no effect on DRAM↔DRAM), and a thread pool of one thread per core, at least 4 and at most 16, taking 4
-// descriptors at a time. BenchmarkDRAMToDRAM (nixl-defaults against gonixl-defaults, and its
-// GONIXL_BENCH_SWEEP thread and batch sizes) measured the pool several times faster on a 16-core host, for
-// 32 KiB and 2 MiB blocks alike, and larger batches leaving requests of few descriptors on one thread. On a
-// 2-core host the pool's 4 threads READ another process's DRAM (UCX's cma: each thread copies its share
-// in the kernel) 1.5× faster than one worker (`make bench-vllm`), and cost about 1% of a core while idle.
+// descriptors at a time. BenchmarkDRAMToDRAM states the pool against NIXL's own defaults (ucx=gonixl-defaults
+// against ucx=nixl-defaults; GONIXL_BENCH_SWEEP adds thread counts and batch sizes); these were chosen from
+// its runs on a 16-core GPU host, for 32 KiB and 2 MiB blocks alike, where larger batches left requests of
+// few descriptors on one thread. The connector's decode role adapts them (connector.RoleConfig.Backends; its READs into DRAM use read
+// agents instead of the pool, BenchmarkVLLMSideBySide).
 func DefaultUCXOptions() UCXOptions {
 	return UCXOptions{
 		Engine:         map[string]string{UCXRMAPipeline: "y"},

@@ -26,6 +26,8 @@ go test -c -race=false -o "$out/stage/bin/cuda.test" ./cuda
 go test -c -race -o "$out/stage/bin/cuda-race.test" ./cuda
 go test -c -race=false -o "$out/stage/bin/nixl.test" ./nixl
 go build -o "$out/stage/bin/disagg" ./examples/disagg
+# What was built: scripts/gpu-perreq.sh names it in its host.log (internal/measured's source line).
+echo "$(git describe --always --dirty --abbrev=7) ($(git log -1 --format=%cs))" >"$out/stage/bin/REVISION"
 
 # The wheel's files to carry: roots plus their dependency closure inside the wheel (system libraries and
 # the driver's libcuda / libnvidia-ml stay on the GPU machine).

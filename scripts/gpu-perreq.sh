@@ -19,7 +19,10 @@ export NIXL_LIB_DIR="$b/nixl/lib"
 cudart=$(find /usr/local/cuda*/ /usr/lib /opt -name 'libcudart.so.13*' 2>/dev/null | head -n 1)
 [ -n "$cudart" ] && export LD_LIBRARY_PATH="$(dirname "$cudart")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 cd "$b/bin"
-nproc; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+# host.log: what internal/measured (make measured GPU_LOGS=…) says the figures are of.
+{
+  echo "$(date -u '+%Y-%m-%d %H:%M UTC'), $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -n 1), $(nproc) cores, bundle of $(cat REVISION 2>/dev/null || echo 'an unknown tree')"
+} | tee "$out/host.log"
 others=$(ls disagg-* 2>/dev/null)
 lengths=()
 [ -n "${LENGTHS:-}" ] && lengths=(-lengths "$LENGTHS")
