@@ -5,7 +5,8 @@
 # (NIXL's own READ of the demo's 21- and 40-block requests' shape in both eras: the baselines of the pass),
 # then `disagg -gpu` for vLLM 0.33.0 and 0.16.0, one request at a time and four in flight. Another demo
 # binary put into the bundle's bin/ as disagg-NAME (e.g. main's, built with
-# `go build -o .../bin/disagg-main ./examples/disagg` in a checkout of main) runs one at a time beside it.
+# `go build -o .../bin/disagg-main ./examples/disagg` in a checkout of main) runs one at a time beside it,
+# and four in flight too with OTHERS_C4=1.
 # LENGTHS overrides the demo's -lengths. READ_AGENTS (e.g. "2 4") adds, for each count, the demo with its
 # decode worker's -read-agents set to it (read agents into GPU memory), one at a time and four in flight.
 # Logs go to $OUT (a logs.tgz of them), the table rows to stdout.
@@ -38,7 +39,10 @@ for p in $(seq 1 "${PASSES:-3}"); do
   grep -E '^Benchmark' "$out/bench-p$p.log" | grep -oE 'ucx=[^/]+/block=32KiB/[^ ]+|[0-9.]+ nixl_GB/s' | paste -sd' '
   for v in 0.33.0 0.16.0; do
     demo disagg "$v" 1
-    for o in $others; do demo "$o" "$v" 1; done
+    for o in $others; do
+      demo "$o" "$v" 1
+      [ -n "${OTHERS_C4:-}" ] && demo "$o" "$v" 4
+    done
     demo disagg "$v" 4
     for n in ${READ_AGENTS:-}; do
       demo disagg "$v" 1 -read-agents "$n"
