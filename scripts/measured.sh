@@ -14,6 +14,7 @@ mkdir -p "$dir"
 echo "measured: logs in $dir"
 cpu=$(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | sed 's/.*: //' || true)
 title="This machine: $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores (${cpu:-unknown CPU}), tree $(git describe --always --dirty --abbrev=7), load average $(cut -d' ' -f1-3 /proc/loadavg) at the start; $passes passes of each command (\`make measured\`)."
+echo "$title" >"$dir/title.txt"
 step() { # name log command...
   local name=$1 log=$2; shift 2
   echo "measured: $name"
@@ -30,5 +31,5 @@ step "make bench-vllm ($passes passes)" "$dir/bench-vllm.bench" make --no-print-
 for p in $(seq 1 "$passes"); do
   step "demo, pass $p" "$dir/demo-p$p.log" "$dir/disagg"
 done
-"$go" run ./internal/measured -cpu "$dir" ${GPU_LOGS:+-gpu "$GPU_LOGS"} -readme README.md -full docs/bench.md -title "$title"
+"$go" run ./internal/measured -cpu "$dir" ${GPU_LOGS:+-gpu "$GPU_LOGS"} -readme README.md -full docs/bench.md
 echo "measured: README.md's Measured section and docs/bench.md rewritten"

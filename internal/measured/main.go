@@ -7,7 +7,8 @@
 //
 //	go run ./internal/measured -cpu DIR [-gpu DIR] [-readme README.md] [-full docs/bench.md] [-title TEXT]
 //
-// Without -readme the section is printed. The section lies between the lines BeginMarker and EndMarker.
+// renders a run again (the title defaults to DIR/title.txt, which make measured writes). Without -readme the
+// section is printed. The section lies between the lines BeginMarker and EndMarker.
 package main
 
 import (
@@ -50,6 +51,11 @@ func run(cpu, gpu, readme, full, title string, stdout io.Writer) error {
 		return errors.New("give -cpu and/or -gpu: the folders of one run's logs")
 	}
 	var sec, all strings.Builder
+	if title == "" && cpu != "" { // scripts/measured.sh leaves it with the logs, for a later rendering
+		if b, err := os.ReadFile(filepath.Join(cpu, "title.txt")); err == nil {
+			title = strings.TrimSpace(string(b))
+		}
+	}
 	if title != "" {
 		fmt.Fprintf(&sec, "%s\n\n", title)
 	}
@@ -384,13 +390,19 @@ func writeGPU(w io.Writer, dir string) error {
 			continue
 		}
 		regions := eraRegions(k.version)
+		var blocks, alone float64 // alone: the requests' blocks over their baselines' GB/s, summed
 		for _, id := range d.ids {
-			if base, _ := gpuBaseline(bs, regions, d.blocks[id]); base > 0 {
-				c.ratios[d.blocks[id]] = append(c.ratios[d.blocks[id]], d.req[id]/base)
+			base, _ := gpuBaseline(bs, regions, d.blocks[id])
+			if base <= 0 {
+				alone = 0
+				break
 			}
+			c.ratios[d.blocks[id]] = append(c.ratios[d.blocks[id]], d.req[id]/base)
+			blocks += float64(d.blocks[id])
+			alone += float64(d.blocks[id]) / base
 		}
-		if base, _ := gpuBaseline(bs, regions, 0); base > 0 {
-			c.agg = append(c.agg, d.aggregate/base)
+		if alone > 0 {
+			c.agg = append(c.agg, d.aggregate/(blocks/alone))
 		}
 	}
 	if len(pass) == 0 || len(keys) == 0 {
@@ -414,7 +426,7 @@ func writeGPU(w io.Writer, dir string) error {
 		host = strings.TrimSpace(strings.SplitN(string(b), "\n", 2)[0])
 	}
 	fmt.Fprintf(w, "GPU host (%s), `scripts/gpu-perreq.sh` (%d passes): each demo request's GB/s over the strongest NIXL-only READ of its shape in the same pass "+
-		"(`BenchmarkDRAMToVRAM/ucx=*/block=32KiB/request=REGIONSxBLOCKSx…`, else `…/contiguous`); the aggregate over `…/contiguous` (goals ≥ 0.8):\n\n", host, len(pass))
+		"(`BenchmarkDRAMToVRAM/ucx=*/block=32KiB/request=REGIONSxBLOCKSx…`, else `…/contiguous`); the transfer-only aggregate over the bandwidth of NIXL-only READs of the same requests one after another (those baselines, weighted by blocks) (goals ≥ 0.8):\n\n", host, len(pass))
 	fmt.Fprintf(w, "| demo run | requests ≥ 0.8× | ratio by request size, min / median / max | aggregate ratio |\n| --- | --- | --- | --- |\n")
 	for _, k := range keys {
 		c := cells[k]

@@ -43,8 +43,9 @@ func TestRatios(t *testing.T) {
 	require.NoError(t, writeGPU(&b, "testdata/gpu"))
 	out := b.String()
 	// vLLM 0.33 one at a time, pass 1: 21 blocks 20 GB/s over request=28x21x64KiB's 30, 188 blocks 40 over
-	// the strongest contiguous 45; pass 2: 26 over 30, 42 over 50. Aggregates 35/45 and 36/50.
-	require.Contains(t, out, "| disagg, vLLM 0.33.0, 1 in flight | 4 of 6 | 21 blocks 0.67 / 0.87 / 0.87; 40 blocks 0.75 / 0.90 / 0.90; 188 blocks 0.84 / 0.89 / 0.89 | 0.72 / 0.78 / 0.78 |")
+	// the strongest contiguous 45; pass 2: 26 over 30, 42 over 50. Aggregates: 35 GB/s over the 249 blocks'
+	// NIXL-only bandwidth, 249 / (40/40 + 21/30 + 188/45) = 42.4 GB/s, and 36 over 249 / (… + 188/50) = 45.6.
+	require.Contains(t, out, "| disagg, vLLM 0.33.0, 1 in flight | 4 of 6 | 21 blocks 0.67 / 0.87 / 0.87; 40 blocks 0.75 / 0.90 / 0.90; 188 blocks 0.84 / 0.89 / 0.89 | 0.79 / 0.83 / 0.83 |")
 	// vLLM 0.16's 21 blocks against era A's shape (56 regions): 12 over 20.
 	require.Contains(t, out, "| disagg, vLLM 0.16.0, 1 in flight | 2 of 3 | 21 blocks 0.60")
 	require.Contains(t, out, "vLLM 0.16.0, 4 in flight (1 of 1 runs failed) | 0 of 0 | – | – |")
