@@ -22,7 +22,7 @@ cudart=$(find /usr/local/cuda*/ /usr/lib /opt -name 'libcudart.so.13*' 2>/dev/nu
 cd "$b/bin"
 # host.log: what internal/measured (make measured GPU_LOGS=…) says the figures are of.
 {
-  echo "$(date -u '+%Y-%m-%d %H:%M UTC'), $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -n 1), $(nproc) cores, bundle of $(cat REVISION 2>/dev/null || echo 'an unknown tree')"
+  echo "$(date -u '+%Y-%m-%d %H:%M UTC'), $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -n 1), $(nproc) cores, bundle of $(cat REVISION 2>/dev/null || echo 'an unknown tree'), demo -lengths ${LENGTHS:-(its default)}"
 } | tee "$out/host.log"
 others=$(ls disagg-* 2>/dev/null)
 lengths=()
