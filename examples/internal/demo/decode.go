@@ -163,11 +163,21 @@ func pullStatus(err error) int {
 
 // verify checks every byte the READ brought: for each layer it rebuilds what the prompt's K and V must be
 // (from its KVChain: blocks the prefill reused from a cached prefix are checked like the others),
-// converts them to paged blocks with the same block ids (zero padding included) and compares those blocks
-// with the cache's. It also converts the cache's blocks back to (1, H, tokens, D) and compares the tokens,
-// so a converter bug on either side cannot hide. It returns the number of block bytes checked.
+// converts them to paged blocks (zero padding included) and compares those blocks with the cache's. It also
+// converts the cache's blocks back to (1, H, tokens, D) and compares the tokens, so a converter bug on either
+// side cannot hide. Only the request's blocks are read back (s.blocks), so that verifying one request, run
+// while others are in flight, moves that request's bytes and not the whole cache's. It returns the number of
+// block bytes checked.
 func (s *DecodeServer) verify(chain []uint64, blocks []int) (int64, error) {
 	g := s.cache.Geometry()
+	// The request's blocks side by side, block i of blocks at block id i+1 (0 is vLLM's null block): a geometry
+	// of len(blocks)+1 blocks.
+	compact := g
+	compact.NumBlocks = len(blocks) + 1
+	ids := make([]int, len(blocks))
+	for i := range ids {
+		ids[i] = i + 1
+	}
 	tokens := len(chain)
 	src := layout.Source{Batch: 1, Heads: g.NumKVHeads, SeqLen: tokens, HeadDim: g.HeadDim}
 	rowBytes := g.HeadDim * g.DType.Size()
@@ -175,6 +185,7 @@ func (s *DecodeServer) verify(chain []uint64, blocks []int) (int64, error) {
 	got := make([]byte, len(want))
 	scratch := map[int][]byte{}
 	regions := map[int][]byte{}
+	q := layout.Seq{Row: 0, Tokens: tokens, BlockIDs: ids}
 	var checked int64
 	for l := 0; l < g.NumLayers; l++ {
 		clear(regions)
@@ -184,15 +195,14 @@ func (s *DecodeServer) verify(chain []uint64, blocks []int) (int64, error) {
 				return checked, err
 			}
 			if regions[r] == nil {
-				if regions[r], err = s.region(r); err != nil {
+				if regions[r], err = s.blocks(r, blocks); err != nil {
 					return checked, err
 				}
 			}
 			for h := 0; h < g.NumKVHeads; h++ {
 				FillHead(want[h*tokens*rowBytes:(h+1)*tokens*rowBytes], rowBytes, chain, l, kv, h)
 			}
-			q := layout.Seq{Row: 0, Tokens: tokens, BlockIDs: blocks}
-			if err := g.FromPaged(got, src, kv, regions[r], q); err != nil {
+			if err := compact.FromPaged(got, src, kv, regions[r], q); err != nil {
 				return checked, err
 			}
 			if !bytes.Equal(got, want) {
@@ -200,18 +210,18 @@ func (s *DecodeServer) verify(chain []uint64, blocks []int) (int64, error) {
 			}
 			sc := scratch[r%2]
 			if sc == nil {
-				sc = make([]byte, g.RegionLen())
+				sc = make([]byte, compact.RegionLen())
 				scratch[r%2] = sc
 			}
-			if err := g.ToPaged(sc, kv, want, src, q); err != nil {
+			if err := compact.ToPaged(sc, kv, want, src, q); err != nil {
 				return checked, err
 			}
 		}
 		for r, region := range regions {
 			sc := scratch[r%2]
 			bl := g.BlockLen()
-			for _, b := range blocks {
-				off := int64(b) * bl
+			for i, b := range blocks {
+				off := int64(i+1) * bl
 				if !bytes.Equal(region[off:off+bl], sc[off:off+bl]) {
 					return checked, fmt.Errorf("layer %d region %d block %d: bytes differ (zero padding included)", l, r, b)
 				}
@@ -222,16 +232,39 @@ func (s *DecodeServer) verify(chain []uint64, blocks []int) (int64, error) {
 	return checked, nil
 }
 
-// region returns region r of the cache in host memory (a view of a DRAM cache, a copy of a device cache).
-func (s *DecodeServer) region(r int) ([]byte, error) {
+// blocks returns the given blocks of region r of the cache side by side in host memory, after one unused block
+// (verify's compact geometry): copied from a DRAM cache, read back from a device cache one run of consecutive
+// block ids at a time.
+func (s *DecodeServer) blocks(r int, blocks []int) ([]byte, error) {
+	g := s.cache.Geometry()
+	bl := g.BlockLen()
+	out := make([]byte, int64(len(blocks)+1)*bl)
 	if s.own != nil {
-		return s.own.Region(r), nil
+		region := s.own.Region(r)
+		for i, b := range blocks {
+			copy(out[int64(i+1)*bl:], region[int64(b)*bl:int64(b+1)*bl])
+		}
+		return out, nil
 	}
+	var mem *cuda.DeviceMem
 	switch c := s.cache.(type) {
 	case *cuda.KVCache:
-		return readVRAM(c, r)
+		mem = c.Mem()
 	case *cuda.HostBufferedKVCache:
-		return readVRAM(c.VRAM(), r)
+		mem = c.VRAM().Mem()
+	default:
+		return nil, fmt.Errorf("cache %T cannot be read back for verification", s.cache)
 	}
-	return nil, fmt.Errorf("cache %T cannot be read back for verification", s.cache)
+	for i := 0; i < len(blocks); {
+		j := i + 1
+		for j < len(blocks) && blocks[j] == blocks[j-1]+1 {
+			j++
+		}
+		off := g.RegionOffset(r) + int64(blocks[i])*bl
+		if err := mem.Read(uint64(off), out[int64(i+1)*bl:int64(j+1)*bl]); err != nil {
+			return nil, err
+		}
+		i = j
+	}
+	return out, nil
 }

@@ -61,10 +61,3 @@ func openGPU(cfg DecodeConfig, flag string) (*cuda.Device, layout.Geometry, erro
 func newHostBufCache(cfg DecodeConfig) (*cuda.HostBufferedKVCache, func(), error) {
 	return newCUDACache(cfg, "-cache hostbuf", cuda.NewHostBufferedKVCache)
 }
-
-// readVRAM copies region r of a VRAM cache back to host memory (for verification).
-func readVRAM(c *cuda.KVCache, r int) ([]byte, error) {
-	g := c.Geometry()
-	buf := make([]byte, g.RegionLen())
-	return buf, c.Mem().Read(uint64(g.RegionOffset(r)), buf)
-}
