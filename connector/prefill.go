@@ -1,6 +1,7 @@
 package connector
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -69,6 +70,9 @@ type PrefillConfig struct {
 
 	// clock replaces time.Now for holds, leases and expiry (tests inject a fake clock); nil = time.Now.
 	clock func() time.Time
+	// idlePoll replaces idlePoll, the loop's interval while nothing is held (tests: an hour shows that a hold
+	// wakes the loop); 0 = idlePoll.
+	idlePoll time.Duration
 }
 
 // check refuses what the prefill's own fields cannot mean, before anything is derived or registered.
@@ -112,6 +116,10 @@ type Prefill struct {
 	hash       string
 	regMu      sync.Mutex // serialises Reregister and the deregistration in Close
 	regClosed  bool       // guarded by regMu
+
+	// busy wakes the loop out of its idle interval when a request becomes held (capacity 1): a decode peer
+	// starts reading as soon as it has the params, and the loop must be progressing by then.
+	busy chan struct{}
 
 	mu      sync.Mutex
 	held    map[string]*heldReq
@@ -190,7 +198,7 @@ func NewPrefill(cfg PrefillConfig) (_ *Prefill, err error) {
 	// vLLM's scheduler counts registrations from 0 and bumps the count when it publishes a changed handshake
 	// payload, so its first kv_transfer_params carry remote_registration_generation 1.
 	p := &Prefill{cfg: cfg, log: log, metrics: core.metrics, reg: reg, held: map[string]*heldReq{}, pending: map[string]bool{},
-		notifyKey: notifyKey(cfg), hash: hash, shared: cfg.SideChannel, hold: holdTimeout(cfg)}
+		notifyKey: notifyKey(cfg), hash: hash, shared: cfg.SideChannel, hold: holdTimeout(cfg), busy: make(chan struct{}, 1)}
 	p.generation.Store(1)
 	p.pool = NewBlockPool(reg.geom.NumBlocks)
 	if p.prefix, err = newPrefixState(cfg, reg.geom, p.pool, p.metrics, log); err != nil {
@@ -427,6 +435,10 @@ func (p *Prefill) holdRequest(ctx context.Context, requestID string, numTokens i
 	p.held[requestID] = &heldReq{id: requestID, blocks: blocks, expiry: p.now().Add(p.hold), bytes: bytes, token: token,
 		since: time.Now()}
 	p.mu.Unlock()
+	select { // the loop, idle, would notice the hold only at its next tick (up to idlePoll)
+	case p.busy <- struct{}{}:
+	default:
+	}
 	p.metrics.requests.Add(1)
 	p.metrics.bytes.Add(bytes)
 	p.metrics.blocksHeld.Add(int64(len(blocks)))
@@ -505,7 +517,7 @@ func (p *Prefill) free(blocks []int) {
 
 // Progress intervals of the prefill loop: while blocks are held a decode peer may be reading them, and a
 // target over TCP (or feeding UCX's GPU pipeline) serves those reads only when it progresses; idle, it only
-// has handshakes to answer. The busy interval is slept with poll.Sleep: a Go timer of 50 µs lasts many
+// has handshakes to answer. A new hold wakes the idle loop at once (Prefill.busy). The busy interval is slept with poll.Sleep: a Go timer of 50 µs lasts many
 // times longer on the hosts measured (internal/poll's BenchmarkSleep, x_timer; docs/measured.md,
 // "Per-request cost (issue 25)").
 const (
@@ -530,7 +542,8 @@ func logPeerLine(n int64) bool { return n <= peerLogFirst || n%peerLogEvery == 0
 // requests.
 func (p *Prefill) loop(ctx context.Context) {
 	defer p.wg.Done()
-	t := time.NewTimer(idlePoll)
+	idle := cmp.Or(p.cfg.idlePoll, idlePoll)
+	t := time.NewTimer(idle)
 	defer t.Stop()
 	lastExpiry := p.now()
 	busy := false
@@ -545,10 +558,11 @@ func (p *Prefill) loop(ctx context.Context) {
 			case <-ctx.Done():
 				return
 			case <-t.C:
+			case <-p.busy: // Reset below (or the busy branch) replaces the pending tick (Go 1.23 timers)
 			}
 		}
 		if busy = p.Held() > 0; !busy {
-			t.Reset(idlePoll)
+			t.Reset(idle)
 		}
 		ns, err := p.reg.agent.GetNotifications()
 		if err != nil {
