@@ -297,7 +297,10 @@ var requestShapes = []requestShape{{28, 21, 64 << 10}, {28, 40, 64 << 10}, {56, 
 // benchRequestShape posts and waits for one prepared READ of shape sh (the benchmark's blk-sized descriptor
 // lists vp/rp, each region a contiguous run at its own stride, so NIXL merges a run per region and no two
 // regions): NIXL's own cost for a request of that shape, without the decode role's planning, notification or
-// heartbeat. Reports nixl_GB/s and the request's microseconds, and returns the descriptor indices read.
+// heartbeat. Reports nixl_GB/s and the request's microseconds; then, as the decode role posts a request's
+// READ, a request made for each READ and released after it, without (fresh_GB/s) and with the notification
+// vLLM's READ carries (notif_GB/s), and what each adds per READ (fresh_extra_us, notif_extra_us: the
+// difference of the loops' means, so noise can make it negative). It returns the descriptor indices read.
 func benchRequestShape(b *testing.B, a *nixl.Agent, dev *cuda.Device, vp, rp *nixl.Prepped, sh requestShape, blk, total int) (li, ri []int) {
 	per := sh.BlockLen / blk * sh.Blocks // descriptors per region
 	stride := total / blk / sh.Regions
@@ -327,8 +330,40 @@ func benchRequestShape(b *testing.B, a *nixl.Agent, dev *cuda.Device, vp, rp *ni
 		run()
 	}
 	d := time.Since(t0)
+	// A demo request's READ as the decode role posts it: a request made for it (MakeXfer on the prepared
+	// lists), then released, without (fresh) and with (notif) the notification vLLM's READ carries.
+	once := func(opts ...nixl.Option) time.Duration {
+		t := time.Now()
+		var x *nixl.Xfer
+		if err := dev.Do(func() (err error) {
+			if x, err = a.MakeXfer(nixl.Read, vp, li, rp, ri, opts...); err != nil {
+				return err
+			}
+			_, err = x.Post()
+			return err
+		}); err != nil {
+			b.Fatal(err)
+		}
+		if err := x.Wait(testenv.Context(b, time.Minute)); err != nil {
+			b.Fatal(err)
+		}
+		if err := x.Close(); err != nil {
+			b.Fatal(err)
+		}
+		return time.Since(t)
+	}
+	var dF, dN time.Duration
+	for i := range b.N {
+		dF += once()
+		dN += once(nixl.WithNotification([]byte(fmt.Sprintf("bench-%d", i))))
+	}
 	b.StopTimer()
-	b.ReportMetric(float64(bytes)*float64(b.N)/d.Seconds()/1e9, "nixl_GB/s")
+	gb := func(d time.Duration) float64 { return float64(bytes) * float64(b.N) / d.Seconds() / 1e9 }
+	b.ReportMetric(gb(d), "nixl_GB/s")
 	b.ReportMetric(float64(d.Microseconds())/float64(b.N), "us/request")
+	b.ReportMetric(gb(dF), "fresh_GB/s")
+	b.ReportMetric(gb(dN), "notif_GB/s")
+	b.ReportMetric(float64(dF-d)/float64(b.N)/1e3, "fresh_extra_us")
+	b.ReportMetric(float64(dN-dF)/float64(b.N)/1e3, "notif_extra_us")
 	return li, ri
 }
