@@ -60,7 +60,6 @@ func BenchmarkVLLMSideBySide(b *testing.B) {
 
 // sideBySide is one pass of BenchmarkVLLMSideBySide: runs READs per reader, then the metrics.
 func sideBySide(b *testing.B, lib *nixl.Library, r release, runs int) {
-	t := b
 	version, p := r.version, r.p
 	const (
 		layers = 28
@@ -70,16 +69,16 @@ func sideBySide(b *testing.B, lib *nixl.Library, r release, runs int) {
 	model := writeModel(b, "qwen3-0.6b", layers)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
-	pre := startDriver(t, ctx, r.py, "prefill", model, 2*blocks+4)
-	dec := startDriver(t, ctx, r.py, "decode", model, blocks+8)
-	require.Equal(t, version, pre.ready.Version)
+	pre := startDriver(b, ctx, r.py, "prefill", model, 2*blocks+4)
+	dec := startDriver(b, ctx, r.py, "decode", model, blocks+8)
+	require.Equal(b, version, pre.ready.Version)
 
 	compat := realCompat(p, model)
 	compat.NumHiddenLayers = layers
-	g := realGeomN(t, p, layers, blocks+8)
-	c := realCache(t, g)
+	g := realGeomN(b, p, layers, blocks+8)
+	c := realCache(b, g)
 	m := &connector.Metrics{}
-	gd := startDecode(t, connector.DecodeConfig{RoleConfig: connector.RoleConfig{Profile: p, Library: lib, Cache: c, Compat: compat, Metrics: m}})
+	gd := startDecode(b, connector.DecodeConfig{RoleConfig: connector.RoleConfig{Profile: p, Library: lib, Cache: c, Compat: compat, Metrics: m}})
 	local := connector.LocalBlocks(blocks, 0)
 
 	type sample struct {
@@ -97,18 +96,18 @@ func sideBySide(b *testing.B, lib *nixl.Library, r release, runs int) {
 	readVLLM := func() {
 		ev := prefill()
 		res := dec.pull(ctx, "vllm-"+ev.ReqID, tokens, ev.Params, 0)
-		require.True(t, res.OK, "vLLM's READ failed: %s", res.raw)
-		require.Equal(t, ev.Hashes, res.Hashes, "vLLM's decode received other bytes than its prefill held")
-		require.Positive(t, res.ReadS, "no READ timing from vLLM's worker: %s", res.raw)
+		require.True(b, res.OK, "vLLM's READ failed: %s", res.raw)
+		require.Equal(b, ev.Hashes, res.Hashes, "vLLM's decode received other bytes than its prefill held")
+		require.Positive(b, res.ReadS, "no READ timing from vLLM's worker: %s", res.raw)
 		fin := pre.next(ctx, "finished_sending", ev.ReqID)
 		vs = append(vs, sample{handshake: secs(res.HandshakeS), read: secs(res.ReadS), notified: secs(fin.AfterS),
 			bytes: int64(blocks) * g.BlockLen() * int64(g.NumRegions()), xfers: res.Xfers})
 	}
 	readGonixl := func() {
 		ev := prefill()
-		res, err := gd.Pull(ctx, "gonixl-"+ev.ReqID, decodeParams(t, p, ev), local)
-		require.NoError(t, err)
-		require.Equal(t, ev.Hashes, blockHashes(c, local), "gonixl's decode received other bytes than vLLM's prefill held")
+		res, err := gd.Pull(ctx, "gonixl-"+ev.ReqID, decodeParams(b, p, ev), local)
+		require.NoError(b, err)
+		require.Equal(b, ev.Hashes, blockHashes(c, local), "gonixl's decode received other bytes than vLLM's prefill held")
 		fin := pre.next(ctx, "finished_sending", ev.ReqID)
 		gs = append(gs, sample{handshake: res.Handshake, read: res.Transfer, notified: secs(fin.AfterS), bytes: res.Bytes, xfers: 1})
 	}

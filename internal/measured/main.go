@@ -109,16 +109,14 @@ func replaceSection(path, body string) error {
 // series is one figure's value in each pass, in the order the passes ran.
 type series []float64
 
+// spread is "min / median / max" of the passes, each formatted with format (a fmt verb for a float64).
 func (s series) spread(format string) string {
 	if len(s) == 0 {
 		return "–"
 	}
 	v := slices.Clone(s)
 	slices.Sort(v)
-	f := func(x float64) string { return strconv.FormatFloat(x, 'f', -1, 64) }
-	if format != "" {
-		f = func(x float64) string { return fmt.Sprintf(format, x) }
-	}
+	f := func(x float64) string { return fmt.Sprintf(format, x) }
 	return fmt.Sprintf("%s / %s / %s", f(v[0]), f(v[len(v)/2]), f(v[len(v)-1]))
 }
 
