@@ -517,9 +517,9 @@ func (p *Prefill) free(blocks []int) {
 
 // Progress intervals of the prefill loop: while blocks are held a decode peer may be reading them, and a
 // target over TCP (or feeding UCX's GPU pipeline) serves those reads only when it progresses; idle, it only
-// has handshakes to answer. A new hold wakes the idle loop at once (Prefill.busy). The busy interval is slept with poll.Sleep: a Go timer of 50 µs lasts many
-// times longer on the hosts measured (internal/poll's BenchmarkSleep, x_timer; docs/measured.md,
-// "Per-request cost (issue 25)").
+// has handshakes to answer. A new hold wakes the idle loop at once (Prefill.busy). The busy interval is slept
+// with poll.Sleep: a Go timer of 50 µs lasts many times longer on the hosts measured (internal/poll's
+// BenchmarkSleep, x_timer; docs/measured.md, "Per-request cost (issue 25)").
 const (
 	busyPoll = 50 * time.Microsecond
 	idlePoll = time.Millisecond
