@@ -27,8 +27,11 @@ func TestPrefillRefusesNegativeHoldTimeout(t *testing.T) {
 		_, err := NewPrefill(PrefillConfig{RoleConfig: RoleConfig{VLLMVersion: "0.16.0", Model: qwen, NumBlocks: 16}, HoldTimeout: hold})
 		require.ErrorContains(t, err, "connector: PrefillConfig.HoldTimeout is "+hold.String()+": set a positive duration")
 	}
+	// So is a negative BusyPoll (0 is the default: polling back to back while blocks are held).
+	_, err := NewPrefill(PrefillConfig{RoleConfig: RoleConfig{VLLMVersion: "0.16.0", Model: qwen, NumBlocks: 16}, BusyPoll: -time.Microsecond})
+	require.ErrorContains(t, err, "connector: PrefillConfig.BusyPoll is -1µs: set 0 to poll back to back")
 	// The same config with the default hold gets past the check (and fails only for want of a NIXL library).
-	_, err := NewPrefill(PrefillConfig{RoleConfig: RoleConfig{VLLMVersion: "0.16.0", Model: qwen, NumBlocks: 16}})
+	_, err = NewPrefill(PrefillConfig{RoleConfig: RoleConfig{VLLMVersion: "0.16.0", Model: qwen, NumBlocks: 16}})
 	require.ErrorContains(t, err, "nil NIXL library")
 	// A notification key too short to be secret, and ranks in separate processes without a shared key (each
 	// would draw its own, and drop the others' notifications as forged), are refused naming the field.

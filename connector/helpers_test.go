@@ -153,6 +153,7 @@ type pairOpts struct {
 	kvEvents                    *KVEventsConfig                      // PrefillConfig.KVEvents
 	readAgents                  int                                  // DecodeConfig.ReadAgents
 	idlePoll                    time.Duration                        // PrefillConfig.idlePoll
+	busyPoll                    time.Duration                        // PrefillConfig.BusyPoll
 }
 
 // fakeClock is a clock that moves only when the test says so: hold and lease tests assert what happens
@@ -215,7 +216,7 @@ func newPair(t testing.TB, p protocol.Profile, o pairOpts) *pair {
 	if o.notifyFrom != nil {
 		notifyFrom = o.notifyFrom(decID)
 	}
-	pr.pre, err = NewPrefill(PrefillConfig{RoleConfig: RoleConfig{Profile: p, Library: l, Cache: pr.pcache, Compat: tinyCompat(p), Logger: o.prefillLog, Metrics: pr.preM, Backends: o.backends, EngineID: fmt.Sprintf("prefill-%s-%d", p.Name, time.Now().UnixNano())}, clock: clock, idlePoll: o.idlePoll, NotifyFrom: notifyFrom, HoldTimeout: o.hold, PrefixCache: o.prefixCache, KVEvents: o.kvEvents})
+	pr.pre, err = NewPrefill(PrefillConfig{RoleConfig: RoleConfig{Profile: p, Library: l, Cache: pr.pcache, Compat: tinyCompat(p), Logger: o.prefillLog, Metrics: pr.preM, Backends: o.backends, EngineID: fmt.Sprintf("prefill-%s-%d", p.Name, time.Now().UnixNano())}, clock: clock, idlePoll: o.idlePoll, BusyPoll: o.busyPoll, NotifyFrom: notifyFrom, HoldTimeout: o.hold, PrefixCache: o.prefixCache, KVEvents: o.kvEvents})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, pr.pre.Close()) })
 	dc := tinyCompat(dp)

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"runtime"
 	"runtime/trace"
 	"strings"
 	"sync"
@@ -67,6 +68,15 @@ type PrefillConfig struct {
 	// KVEvents, when set, publishes the prefix cache's changes as vLLM's KV events for KV-aware routers; it
 	// needs PrefixCache. Nil: none.
 	KVEvents *KVEventsConfig
+	// BusyPoll is how long the role's loop sleeps between its polls of NIXL (progress and notifications)
+	// while blocks are held, that is while a decode peer may be reading them: a READ into a peer's GPU
+	// memory over UCX, or over TCP, advances only as this side progresses. 0: the loop polls back to back,
+	// yielding the processor between polls, so one core is busy while any block is held (as NIXL's own
+	// progress thread is at its default delay); on the H100 host a 50 µs interval cost a 21-block READ into
+	// GPU memory 13–19% of its bandwidth (docs/measured.md, "Per-request cost (issue 25)"). A positive value sleeps
+	// that long (the kernel adds its timer slack, about 50 µs on Linux) and spares the core. Negative is
+	// refused. With nothing held the loop wakes for new holds and otherwise polls once a millisecond.
+	BusyPoll time.Duration
 
 	// clock replaces time.Now for holds, leases and expiry (tests inject a fake clock); nil = time.Now.
 	clock func() time.Time
@@ -77,6 +87,9 @@ type PrefillConfig struct {
 
 // check refuses what the prefill's own fields cannot mean, before anything is derived or registered.
 func (cfg *PrefillConfig) check() error {
+	if cfg.BusyPoll < 0 {
+		return fmt.Errorf("connector: PrefillConfig.BusyPoll is %v: set 0 to poll back to back while blocks are held, or a positive interval", cfg.BusyPoll)
+	}
 	if cfg.HoldTimeout < 0 {
 		return fmt.Errorf("connector: PrefillConfig.HoldTimeout is %v: set a positive duration, or 0 for the profile's lease or abort timeout", cfg.HoldTimeout)
 	}
@@ -516,12 +529,12 @@ func (p *Prefill) free(blocks []int) {
 }
 
 // Progress intervals of the prefill loop: while blocks are held a decode peer may be reading them, and a
-// target over TCP (or feeding UCX's GPU pipeline) serves those reads only when it progresses; idle, it only
-// has handshakes to answer. A new hold wakes the idle loop at once (Prefill.busy). The busy interval is slept
-// with poll.Sleep: a Go timer of 50 µs lasts many times longer on the hosts measured (internal/poll's
-// BenchmarkSleep, x_timer; docs/measured.md, "Per-request cost (issue 25)").
+// target over TCP (or feeding UCX's GPU pipeline) serves those reads only when it progresses
+// (PrefillConfig.BusyPoll); idle, it only has handshakes to answer. A new hold wakes the idle loop at once
+// (Prefill.busy). A positive BusyPoll is slept with poll.Sleep: a Go timer of 50 µs lasts many times
+// longer on the hosts measured (internal/poll's BenchmarkSleep, x_timer; docs/measured.md, "Per-request
+// cost (issue 25)").
 const (
-	busyPoll = 50 * time.Microsecond
 	idlePoll = time.Millisecond
 	// expiryPeriod is how often the loop frees the requests whose hold lapsed (on the role's clock).
 	expiryPeriod = 50 * time.Millisecond
@@ -549,7 +562,11 @@ func (p *Prefill) loop(ctx context.Context) {
 	busy := false
 	for {
 		if busy {
-			poll.Sleep(busyPoll)
+			if p.cfg.BusyPoll > 0 {
+				poll.Sleep(p.cfg.BusyPoll)
+			} else {
+				runtime.Gosched()
+			}
 			if ctx.Err() != nil {
 				return
 			}

@@ -34,16 +34,21 @@ func TestLeaseExtension(t *testing.T) {
 // A hold wakes the prefill loop out of its idle interval: a decode peer reads as soon as it has the params,
 // and the loop (which serves the READ where the transport needs the target's progress, and takes the
 // notification that frees the blocks) must be running by then, not at its next idle tick. With an idle
-// interval of an hour, the blocks are freed within seconds only because the hold woke the loop.
+// interval of an hour, the blocks are freed within seconds only because the hold woke the loop. So it is
+// with the default BusyPoll (polls back to back while blocks are held) and with a positive one.
 func TestHoldWakesLoop(t *testing.T) {
 	p, _ := protocol.ProfileByName("0.33")
-	pr := newPair(t, p, pairOpts{idlePoll: time.Hour})
-	ctx := testenv.Context(t, 30*time.Second)
-	for i, id := range []string{"first", "second"} { // the second finds the loop idle again
-		kv := pr.prefill(t, ctx, id, 2*tinyBlock, 3+i)
-		_, err := pr.dec.Pull(ctx, id, kv, localBlocks(len(kv.RemoteBlockIDs[0]), 0))
-		require.NoError(t, err)
-		require.Eventually(t, func() bool { return pr.pre.Held() == 0 }, 20*time.Second, time.Millisecond, "request %s", id)
+	for _, busy := range []time.Duration{0, 50 * time.Microsecond} {
+		t.Run("busy-poll="+busy.String(), func(t *testing.T) {
+			pr := newPair(t, p, pairOpts{idlePoll: time.Hour, busyPoll: busy})
+			ctx := testenv.Context(t, 30*time.Second)
+			for i, id := range []string{"first", "second"} { // the second finds the loop idle again
+				kv := pr.prefill(t, ctx, id, 2*tinyBlock, 3+i)
+				_, err := pr.dec.Pull(ctx, id, kv, localBlocks(len(kv.RemoteBlockIDs[0]), 0))
+				require.NoError(t, err)
+				require.Eventually(t, func() bool { return pr.pre.Held() == 0 }, 20*time.Second, time.Millisecond, "request %s", id)
+			}
+			assert.EqualValues(t, 2, pr.preM.Notifications())
+		})
 	}
-	assert.EqualValues(t, 2, pr.preM.Notifications())
 }

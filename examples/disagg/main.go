@@ -50,6 +50,7 @@ func orchestrate() error {
 	readAgents := fs.Int("read-agents", 0, "the decode worker's -read-agents: NIXL agents of its own that split each READ (0 = the default: min(4, CPUs) into DRAM, none into GPU memory; 1 = none)")
 	timeout := fs.Duration("timeout", 5*time.Minute, "bound on the whole run")
 	cudaCtx := fs.String("prefill-cuda-context", "auto", "the prefill worker's -cuda-context: auto (hold a CUDA context when a driver and device are present: needed for reads into a GPU on this host at PCIe speed), on, off")
+	busyPoll := fs.Duration("prefill-busy-poll", 0, "the prefill worker's -busy-poll (0: it polls NIXL back to back while blocks are held)")
 	pin := fs.Bool("prefill-cuda-pin-staging", true, "the prefill worker's -cuda-pin-staging (page-lock its staging arena for CUDA while it holds a context)")
 	useNetNS := fs.Bool("netns", false, "run prefill and decode in two network namespaces joined by a veth pair (root; implied by -backends LIBFABRIC)")
 	inner := fs.String("netns-inner", "", "internal: the namespaces made by -netns (prefill-ns,prefill-if,decode-if); this run is in the decode's")
@@ -85,7 +86,7 @@ func orchestrate() error {
 	t0 := time.Now()
 	pre, preURL, preInfo, err := demo.StartWorker(ctx, demo.WorkerSpec{Name: "prefill worker", Role: "prefill", Wrap: preWrap, Env: preEnv,
 		Args: append(append(append([]string{"-max-seq", strconv.Itoa(maxLen), "-batch-rows", strconv.Itoa(*concurrency),
-			"-cuda-context", *cudaCtx, "-cuda-pin-staging=" + strconv.FormatBool(*pin)}, c.WorkerArgs()...), preNet...), c.TraceArgs("prefill")...)})
+			"-cuda-context", *cudaCtx, "-cuda-pin-staging=" + strconv.FormatBool(*pin), "-busy-poll", busyPoll.String()}, c.WorkerArgs()...), preNet...), c.TraceArgs("prefill")...)})
 	if err != nil {
 		return err
 	}

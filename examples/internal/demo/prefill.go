@@ -40,6 +40,7 @@ type PrefillConfig struct {
 	NRTPath     string            // libnrt: "" = the real libnrt.so.1 if present, else the fake one built in a temp dir
 	Backends    []nixl.BackendSpec
 	HoldTimeout time.Duration // 0: the profile's
+	BusyPoll    time.Duration // connector.PrefillConfig.BusyPoll (0 = poll back to back while blocks are held)
 	DataDevice  string        // connector.PrefillConfig.DataDevice ("" = loopback, as the side channel)
 	NotifyFrom  []string      // connector.PrefillConfig.NotifyFrom (nil = every agent)
 	Library     *nixl.Library
@@ -209,6 +210,7 @@ func NewPrefillServer(ctx context.Context, cfg PrefillConfig) (s *PrefillServer,
 		Host:          cfg.SideHost,
 		Port:          cfg.SideChannel,
 		HoldTimeout:   cfg.HoldTimeout,
+		BusyPoll:      cfg.BusyPoll,
 		KVCacheLayout: cfg.Label,
 		NotifyFrom:    cfg.NotifyFrom,
 		PrefixCache:   cfg.PrefixCache,

@@ -37,6 +37,7 @@ func RunPrefill(ctx context.Context, args []string) error {
 	kvEvents := fs.String("kv-events", "", "publish vLLM's KV events of the prefix cache on a ZMQ PUB socket at this TCP address, e.g. 127.0.0.1:0 (the bound address is in GET /version and the READY line; needs -prefix-cache-blocks)")
 	kvReplay := fs.String("kv-events-replay", "", "serve replay requests for recent KV-event batches on a ZMQ ROUTER socket at this TCP address (needs -kv-events)")
 	kvTopic := fs.String("kv-events-topic", "", "ZMQ topic of the KV events")
+	busyPoll := fs.Duration("busy-poll", 0, "interval of the role's NIXL polls while blocks are held (0: back to back, a busy core while a decode peer may be reading; e.g. 50us spares the core at some READ speed)")
 	hashSeed := fs.String("python-hash-seed", "", "the PYTHONHASHSEED the vLLM engines run with, for the prefix cache's block hashes (default: vLLM's own default for the release)")
 	w, err := c.start(fs, args)
 	if err != nil {
@@ -46,7 +47,7 @@ func RunPrefill(ctx context.Context, args []string) error {
 	log, lib, order := w.log, w.lib, w.order
 	cfg := PrefillConfig{VLLMVersion: c.VLLMVersion, Model: Qwen3_0_6B, NumBlocks: c.NumBlocks, BatchRows: *rows,
 		MaxSeq: *maxSeq, Order: order, NRTPath: *nrt, Label: *label, Backends: c.BackendSpecs(), Library: lib, Logger: log, SideChannel: *side,
-		SideHost: *sideHost, DataDevice: c.DataDevice, CUDAContext: *cudaCtx, NoPinStaging: !*pin, NotifyFrom: splitList(*notifyFrom)}
+		SideHost: *sideHost, DataDevice: c.DataDevice, CUDAContext: *cudaCtx, NoPinStaging: !*pin, NotifyFrom: splitList(*notifyFrom), BusyPoll: *busyPoll}
 	if cfg.PrefixCache, cfg.KVEvents, err = prefixFlags(fs, *prefixBlocks, *kvEvents, *kvReplay, *kvTopic, *hashSeed); err != nil {
 		return err
 	}
