@@ -6,7 +6,8 @@
 # then `disagg -gpu` for vLLM 0.33.0 and 0.16.0, one request at a time and four in flight. Another demo
 # binary put into the bundle's bin/ as disagg-NAME (e.g. main's, built with
 # `go build -o .../bin/disagg-main ./examples/disagg` in a checkout of main) runs one at a time beside it,
-# and four in flight too with OTHERS_C4=1.
+# and four in flight too with OTHERS_C4=1. VARIANTS (e.g. "poll50:-prefill-busy-poll=50us") makes such a
+# disagg-NAME of the bundle's demo with other flags (comma-separated), in the same passes.
 # LENGTHS overrides the demo's -lengths. READ_AGENTS (e.g. "2 4") adds, for each count, the demo with its
 # decode worker's -read-agents set to it (read agents into GPU memory), one at a time and four in flight.
 # Logs go to $OUT (a logs.tgz of them), the table rows to stdout.
@@ -24,6 +25,10 @@ cd "$b/bin"
 {
   echo "$(date -u '+%Y-%m-%d %H:%M UTC'), $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -n 1), $(nproc) cores, bundle of $(cat REVISION 2>/dev/null || echo 'an unknown tree'), demo -lengths ${LENGTHS:-(its default)}"
 } | tee "$out/host.log"
+for v in ${VARIANTS:-}; do
+  flags=${v#*:}
+  printf '#!/bin/sh\nexec "$(dirname "$0")/disagg" %s "$@"\n' "${flags//,/ }" >"disagg-${v%%:*}" && chmod +x "disagg-${v%%:*}"
+done
 others=$(ls disagg-* 2>/dev/null)
 lengths=()
 [ -n "${LENGTHS:-}" ] && lengths=(-lengths "$LENGTHS")
