@@ -72,10 +72,11 @@ type PrefillConfig struct {
 	// while blocks are held, that is while a decode peer may be reading them: a READ into a peer's GPU
 	// memory over UCX, or over TCP, advances only as this side progresses. 0: the loop polls back to back,
 	// yielding the processor between polls, so one core is busy while any block is held (as NIXL's own
-	// progress thread is at its default delay); on the H100 host a 50 µs interval cost a 21-block READ into
-	// GPU memory 13–19% of its bandwidth (docs/measured.md, "Per-request cost (issue 25)"). A positive value sleeps
-	// that long (the kernel adds its timer slack, about 50 µs on Linux) and spares the core. Negative is
-	// refused. With nothing held the loop wakes for new holds and otherwise polls once a millisecond.
+	// progress thread is at its default delay). A positive value sleeps that long (plus the kernel's timer
+	// slack) and spares the core at a cost to READs into GPU memory that scripts/gpu-perreq.sh measures
+	// (VARIANTS=poll50:-prefill-busy-poll=50us; docs/measured.md, "the prefill loop polling back to back").
+	// Negative is refused. With nothing held the loop wakes for new holds and otherwise polls once a
+	// millisecond.
 	BusyPoll time.Duration
 
 	// clock replaces time.Now for holds, leases and expiry (tests inject a fake clock); nil = time.Now.
