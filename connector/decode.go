@@ -75,19 +75,24 @@ type Decode struct {
 	reg     *registered
 	hash    string
 
-	hs        *handshakes             // the handshake cache (handshakes.go)
-	mu        sync.Mutex              // guards closed and the pulls' Add
-	agentsMu  sync.Mutex              // guards agents and the NIXL loads and invalidations (remoteagents.go)
-	agents    map[string]*loadedAgent // remote NIXL agents loaded, by name
-	probe     *nixl.Agent             // checks unknown metadata before the agent loads it (remoteagents.go)
-	probeSeq  int
-	probeInit chan struct{} // closed once startProbe's background creation of probe returned
-	failLog   *zap.Logger   // log, sampled (failLogFirst a second, then every failLogThereafter-th)
-	closed    bool          // guarded by mu: set by Close
-	closeOnce lifetime.Once
-	pulls     sync.WaitGroup // in-flight Pull calls; Close waits for them
-	closing   context.Context
-	stop      context.CancelFunc // cancels closing: every in-flight pull's context
+	hs       *handshakes             // the handshake cache (handshakes.go)
+	mu       sync.Mutex              // guards closed and the pulls' Add
+	agentsMu sync.Mutex              // guards agents and the NIXL loads and invalidations (remoteagents.go)
+	agents   map[string]*loadedAgent // remote NIXL agents loaded, by the name their blob claims
+	aliased  bool                    // loadAgent loads each blob under an alias of its own: every backend is UCX
+	aliasSeq int                     // numbers the aliases
+	// loadFailures counts blobs NIXL failed to load; from maxUnprobedFailures on (always when not aliased),
+	// probe checks each new blob before the role's agents load it (remoteagents.go).
+	loadFailures int
+	probe        *nixl.Agent
+	probeSeq     int
+	probeInit    chan struct{} // closed once startProbe's background creation of probe returned
+	failLog      *zap.Logger   // log, sampled (failLogFirst a second, then every failLogThereafter-th)
+	closed       bool          // guarded by mu: set by Close
+	closeOnce    lifetime.Once
+	pulls        sync.WaitGroup // in-flight Pull calls; Close waits for them
+	closing      context.Context
+	stop         context.CancelFunc // cancels closing: every in-flight pull's context
 }
 
 // NewDecode starts a decode worker: it resolves the config (RoleConfig: the Profile, Compat and, when Cache
@@ -130,6 +135,7 @@ func NewDecode(cfg DecodeConfig) (_ *Decode, err error) {
 		agents: map[string]*loadedAgent{}}
 	d.hs = newHandshakes(d.release)
 	d.closing, d.stop = context.WithCancel(context.Background())
+	d.aliased = allUCX(reg.backends)
 	d.startProbe()
 	return d, nil
 }
@@ -556,7 +562,7 @@ func (d *Decode) handshake(ctx context.Context, engineID string, re *remoteEngin
 		}
 		src := &source{rank: rank, meta: md}
 		re.sources = append(re.sources, src)
-		if src.agent, err = d.loadAgent(engineID, md.AgentMetadata); err != nil {
+		if src.agent, src.agentName, err = d.loadAgent(engineID, md.AgentMetadata); err != nil {
 			return fmt.Errorf("connector: loading prefill engine %s rank %d's NIXL metadata: %w", engineID, rank, err)
 		}
 		if err = d.checkRegions(engineID, src.agent, md, geom); err != nil {
@@ -599,7 +605,7 @@ func (d *Decode) handshake(ctx context.Context, engineID string, re *remoteEngin
 		d.warmUps(ctx, re, src)
 		d.warmUpNotification(ctx, src, remoteRequestID)
 		d.log.Info("handshake done", zap.String("remote_engine_id", engineID), zap.String("addr", re.addr), zap.Int("remote_rank", rank),
-			zap.String("remote_agent", src.agent), zap.String("remote_geometry", geom.String()))
+			zap.String("remote_agent", src.agentName), zap.String("remote_geometry", geom.String()))
 	}
 	return nil
 }
@@ -661,7 +667,7 @@ func (d *Decode) warmUpWith(ctx context.Context, re *remoteEngine, src *source, 
 		}
 	}
 	if err != nil {
-		d.log.Warn("warm-up READ of the null block failed; the first request's READ sets the connection up", zap.String("agent", l.agent.Name()), zap.String("remote_agent", src.agent), zap.Error(err))
+		d.log.Warn("warm-up READ of the null block failed; the first request's READ sets the connection up", zap.String("agent", l.agent.Name()), zap.String("remote_agent", src.agentName), zap.Error(err))
 	}
 }
 
@@ -685,7 +691,7 @@ func (d *Decode) warmUpNotification(ctx context.Context, src *source, remoteRequ
 		}
 	}
 	if err != nil {
-		d.log.Warn("warm-up heartbeat failed; the first request's notification sets it up", zap.String("remote_agent", src.agent), zap.Error(err))
+		d.log.Warn("warm-up heartbeat failed; the first request's notification sets it up", zap.String("remote_agent", src.agentName), zap.Error(err))
 	}
 }
 

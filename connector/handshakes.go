@@ -56,13 +56,14 @@ type remoteEngine struct {
 
 // source is one prefill rank this decode rank reads.
 type source struct {
-	rank    int
-	agent   string
-	meta    protocol.AgentMetadata
-	remote  *nixl.Prepped // the prefill rank's blocks as this rank reads them
-	local   *nixl.Prepped // the local blocks (or their slices) they land in
-	pairLen int64         // bytes per descriptor pair
-	stripes []stripeLists // the same lists prepared by each read agent (stripes.go)
+	rank      int
+	agent     string // the name its NIXL agent is loaded under (loadAgent's alias)
+	agentName string // the name its metadata claims
+	meta      protocol.AgentMetadata
+	remote    *nixl.Prepped // the prefill rank's blocks as this rank reads them
+	local     *nixl.Prepped // the local blocks (or their slices) they land in
+	pairLen   int64         // bytes per descriptor pair
+	stripes   []stripeLists // the same lists prepared by each read agent (stripes.go)
 }
 
 // agents are the NIXL agent names of the prefill ranks read.
@@ -251,7 +252,7 @@ func (d *Decode) release(re *remoteEngine) {
 			sl.close()
 		}
 		if src.agent != "" {
-			d.unloadAgent(src.agent) // only the references this engine took: never an agent another still uses
+			d.unloadAgent(src.agentName) // only the references this engine took: never an agent another still uses
 		}
 	}
 	re.sources = nil

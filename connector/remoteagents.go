@@ -29,22 +29,35 @@ var ErrAgentConflict = errors.New("connector: prefill NIXL metadata conflicts wi
 // agent under another.
 type loadedAgent struct {
 	engineID string   // the engine whose handshake loaded it first (for the error messages)
+	alias    string   // the name NIXL knows it under (loadAgent)
 	sum      [32]byte // SHA-256 of the blob
 	refs     int
 }
 
-// loadAgent loads a prefill rank's NIXL metadata for engine engineID and returns the agent's name, with a
-// reference the caller gives back with unloadAgent. A blob whose agent is already loaded is shared when it
-// is byte for byte the same, and refused (ErrAgentConflict) when it differs. A blob NIXL fails to load
-// leaves nothing behind.
-func (d *Decode) loadAgent(engineID string, md []byte) (string, error) {
-	name, err := nixl.MetadataAgentName(md)
+// maxUnprobedFailures is how many blobs NIXL failed to load a decode role whose backends are all UCX tolerates
+// before it checks every new blob in a probe agent first (probeLoad): each such failure leaves the agents that
+// tried connected to an alias no later load uses (a few endpoints each), so their number stays bounded, and a
+// worker that meets no bad blob never pays the probe's load (a third of a handshake on a 2-core host;
+// docs/measured.md). Other backends (LIBFABRIC) probe every new blob: their connections are set up by a
+// handshake between the agents that names both, so an agent can be loaded under the name it claims only.
+const maxUnprobedFailures = 4
+
+// loadAgent loads a prefill rank's NIXL metadata for engine engineID and returns the name the agent is known
+// by to NIXL (an alias: the name the blob claims, then '#' and a number of this role's), with a reference the
+// caller gives back with unloadAgent and the name the blob claims. A blob whose agent is already loaded is
+// shared when it is byte for byte the same, and refused (ErrAgentConflict) when it differs. A blob NIXL fails
+// to load leaves nothing that matters behind: NIXL keeps part of such a blob (its backends' connection) under
+// the name it was loaded under and refuses every later load of that name until the agent is closed, so with
+// UCX every load gets a name of its own (nixl.RenameMetadata), and after maxUnprobedFailures failures (with
+// other backends always) a blob is loaded into a probe agent first, and under the name it claims.
+func (d *Decode) loadAgent(engineID string, md []byte) (alias, name string, err error) {
+	name, err = nixl.MetadataAgentName(md)
 	if err != nil {
-		return "", fmt.Errorf("%w: prefill engine %s's agent metadata: %v", ErrBadParams, engineID, err)
+		return "", "", fmt.Errorf("%w: prefill engine %s's agent metadata: %v", ErrBadParams, engineID, err)
 	}
 	if name == d.reg.agent.Name() || d.reg.readAgentNamed(name) {
 		d.metrics.agentConflicts.Add(1)
-		return "", fmt.Errorf("%w: prefill engine %s's metadata names this decode worker's own agent %q", ErrAgentConflict, engineID, name)
+		return "", "", fmt.Errorf("%w: prefill engine %s's metadata names this decode worker's own agent %q", ErrAgentConflict, engineID, name)
 	}
 	sum := sha256.Sum256(md)
 	d.agentsMu.Lock()
@@ -52,26 +65,36 @@ func (d *Decode) loadAgent(engineID string, md []byte) (string, error) {
 	if la := d.agents[name]; la != nil {
 		if la.sum != sum {
 			d.metrics.agentConflicts.Add(1)
-			return "", fmt.Errorf("%w: prefill engine %s's metadata names agent %q, already loaded with other metadata for engine %s; refused so that engine keeps working (a hostile or misconfigured side channel?)",
+			return "", "", fmt.Errorf("%w: prefill engine %s's metadata names agent %q, already loaded with other metadata for engine %s; refused so that engine keeps working (a hostile or misconfigured side channel?)",
 				ErrAgentConflict, engineID, name, la.engineID)
 		}
 		la.refs++
-		return name, nil
+		return la.alias, name, nil
 	}
-	if err := d.probeLoad(md); err != nil {
-		return "", err
+	alias, renamed := name, md
+	if !d.aliased || d.loadFailures >= maxUnprobedFailures {
+		if err := d.probeLoad(md); err != nil {
+			return "", "", err
+		}
 	}
-	// The role's agent and its read agents load the blob (which the probe loaded) at once: each load connects
-	// that agent's UCX worker to the peer, tens of milliseconds on a small host.
+	if d.aliased {
+		d.aliasSeq++
+		alias = fmt.Sprintf("%s#%d", name, d.aliasSeq)
+		if renamed, err = nixl.RenameMetadata(md, alias); err != nil {
+			return "", "", fmt.Errorf("%w: prefill engine %s's agent metadata: %v", ErrBadParams, engineID, err)
+		}
+	}
+	// The role's agent and its read agents load the blob at once: each load connects that agent's UCX worker
+	// to the peer, tens of milliseconds on a small host.
 	errs := make([]error, len(d.reg.readAgents))
 	var wg sync.WaitGroup
 	for i, ra := range d.reg.readAgents {
-		wg.Go(func() { _, errs[i] = ra.agent.LoadRemoteMetadata(md) })
+		wg.Go(func() { _, errs[i] = ra.agent.LoadRemoteMetadata(renamed) })
 	}
-	got, err := d.reg.agent.LoadRemoteMetadata(md)
+	got, err := d.reg.agent.LoadRemoteMetadata(renamed)
 	wg.Wait()
-	if err == nil && got != name {
-		err = fmt.Errorf("%w: prefill engine %s's metadata was read as agent %q but NIXL loaded %q", ErrBadParams, engineID, name, got)
+	if err == nil && got != alias {
+		err = fmt.Errorf("%w: prefill engine %s's metadata was loaded as agent %q, not %q", ErrBadParams, engineID, got, alias)
 	}
 	for i, ra := range d.reg.readAgents {
 		if err == nil && errs[i] != nil {
@@ -79,27 +102,32 @@ func (d *Decode) loadAgent(engineID string, md []byte) (string, error) {
 		}
 	}
 	if err != nil {
-		for i, ra := range d.reg.readAgents {
-			if errs[i] == nil {
-				_ = ra.agent.InvalidateRemoteMetadata(name)
-			}
+		// What NIXL kept of a failed load goes where it can; the alias is never loaded again either way.
+		for _, ra := range d.reg.readAgents {
+			_ = ra.agent.InvalidateRemoteMetadata(alias)
 		}
-		if got != "" {
-			_ = d.reg.agent.InvalidateRemoteMetadata(got)
+		_ = d.reg.agent.InvalidateRemoteMetadata(alias)
+		d.loadFailures++
+		if d.aliased && d.loadFailures == maxUnprobedFailures {
+			d.log.Warn("NIXL failed to load several prefill engines' metadata: each new engine's is now checked in a probe agent first (a slower handshake)",
+				zap.Int("failures", d.loadFailures), zap.String("last_engine_id", engineID), zap.Error(err))
 		}
-		_ = d.reg.agent.InvalidateRemoteMetadata(name)
-		return "", err
+		return "", "", err
 	}
-	d.agents[name] = &loadedAgent{engineID: engineID, sum: sum, refs: 1}
-	return name, nil
+	d.agents[name] = &loadedAgent{engineID: engineID, alias: alias, sum: sum, refs: 1}
+	return alias, name, nil
 }
 
-// startProbe creates the probe agent (probeLoad) in the background, so that the first handshake does not pay
-// for its creation: a NIXL agent with the decode agent's backends (for UCX a context and a worker) takes tens
-// of milliseconds, more than the rest of a handshake on a small host (docs/measured.md, "Side by side"). A
-// failed creation is retried by the first handshake, which reports it.
+// startProbe creates the probe agent (probeLoad) in the background for a role that probes every blob (backends
+// other than UCX), so that the first handshake does not pay for its creation: a NIXL agent with the decode
+// agent's backends takes tens of milliseconds, more than the rest of a handshake on a small host
+// (docs/measured.md, "Side by side"). A failed creation is retried by the first handshake, which reports it.
 func (d *Decode) startProbe() {
 	d.probeInit = make(chan struct{})
+	if d.aliased {
+		close(d.probeInit) // created on the first probeLoad, if any
+		return
+	}
 	go func() {
 		defer close(d.probeInit)
 		a, err := d.newProbe()
@@ -123,11 +151,10 @@ func (d *Decode) newProbe() (*nixl.Agent, error) {
 	return a, nil
 }
 
-// probeLoad loads a blob into a throwaway agent first (created by startProbe, or again after a failure, with
-// the decode agent's backends) and forgets it there. NIXL keeps part of a blob it fails to load (e.g. the
-// connection info of one cut in its memory sections) under the name the blob claims, and a later load of that
-// agent's real metadata then fails with NIXL_CAPI_ERROR_INVALID_PARAM until the process restarts; only the
-// probe, which is replaced after such a failure, is left in that state. Called with agentsMu held.
+// probeLoad loads a blob into a throwaway agent first (created by startProbe or the first call, again after a
+// failure, with the decode agent's backends) and forgets it there, so that a blob NIXL fails to load costs
+// the role's agents nothing: only the probe, replaced after such a failure, keeps what NIXL kept of it.
+// Called with agentsMu held.
 func (d *Decode) probeLoad(md []byte) error {
 	<-d.probeInit
 	if d.probe == nil {
@@ -146,7 +173,7 @@ func (d *Decode) probeLoad(md []byte) error {
 	return d.probe.InvalidateRemoteMetadata(name)
 }
 
-// closeProbe closes the probe agent once startProbe's creation returned (Decode.Close).
+// closeProbe closes the probe agent, if one was created, once startProbe's creation returned (Decode.Close).
 func (d *Decode) closeProbe() {
 	<-d.probeInit
 	d.agentsMu.Lock()
@@ -157,7 +184,8 @@ func (d *Decode) closeProbe() {
 	}
 }
 
-// unloadAgent gives back a reference from loadAgent; the last one invalidates the agent's metadata.
+// unloadAgent gives back a reference from loadAgent for the agent whose blob claims name; the last one
+// invalidates the agent's metadata.
 func (d *Decode) unloadAgent(name string) {
 	d.agentsMu.Lock()
 	defer d.agentsMu.Unlock()
@@ -171,9 +199,9 @@ func (d *Decode) unloadAgent(name string) {
 	delete(d.agents, name)
 	d.reg.drainReadAgents() // before their endpoints to it go
 	for _, ra := range d.reg.readAgents {
-		_ = ra.agent.InvalidateRemoteMetadata(name)
+		_ = ra.agent.InvalidateRemoteMetadata(la.alias)
 	}
-	_ = d.reg.agent.InvalidateRemoteMetadata(name)
+	_ = d.reg.agent.InvalidateRemoteMetadata(la.alias)
 }
 
 // checkRegions refuses (ErrAgentConflict) a prefill rank whose published KV regions are not memory its NIXL
@@ -247,4 +275,14 @@ func sampled(log *zap.Logger) *zap.Logger {
 	return log.WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
 		return zapcore.NewSamplerWithOptions(c, time.Second, failLogFirst, failLogThereafter)
 	}))
+}
+
+// allUCX reports whether every backend of specs is UCX (loadAgent's aliases).
+func allUCX(specs []nixl.BackendSpec) bool {
+	for _, s := range specs {
+		if s.Plugin != "UCX" {
+			return false
+		}
+	}
+	return len(specs) > 0
 }

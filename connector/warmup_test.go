@@ -2,6 +2,7 @@ package connector
 
 import (
 	"bytes"
+	"fmt"
 	"testing"
 	"time"
 
@@ -74,8 +75,11 @@ func TestWarmUpDescs(t *testing.T) {
 	}
 }
 
-// The probe agent that checks a peer's metadata (probeLoad) is created when the role starts, not in the first
-// handshake, and without NIXL's UCX thread pool, whose workers would each connect an endpoint to the peer.
+// The probe agent that checks a peer's metadata (probeLoad) runs without NIXL's UCX thread pool, whose workers
+// would each connect an endpoint to the peer, and only once maxUnprobedFailures blobs failed to load: until
+// then a handshake loads the blob straight into the role's agents, under an alias, and a blob NIXL fails to
+// load costs nothing later (the real engine, whose blob claims the same name, still loads); from then on every
+// new blob is probed first, and the failures counted stay at the bound.
 func TestProbeAgent(t *testing.T) {
 	specs := []nixl.BackendSpec{
 		{Plugin: "UCX", Params: map[string]string{"num_threads": "4", "split_batch_size": "4", "engine_config": "RMA_PPLN_ENABLE=y"}},
@@ -91,19 +95,53 @@ func TestProbeAgent(t *testing.T) {
 	p, err := protocol.ProfileByName("0.33")
 	require.NoError(t, err)
 	pr := newPair(t, p, pairOpts{})
-	select {
-	case <-pr.dec.probeInit:
-	case <-time.After(10 * time.Second):
-		require.FailNow(t, "the probe agent was not created in the background")
+	ctx := testenv.Context(t, 60*time.Second)
+	probes := func() (bool, int, int) {
+		pr.dec.agentsMu.Lock()
+		defer pr.dec.agentsMu.Unlock()
+		return pr.dec.probe != nil, pr.dec.probeSeq, pr.dec.loadFailures
 	}
-	require.NotNil(t, pr.dec.probe, "created before any handshake")
-	probe := pr.dec.probe
+	kv := pr.prefill(t, ctx, "victim", 2*tinyBlock, 1)
+	cut := func(md *protocol.AgentMetadata) { md.AgentMetadata = md.AgentMetadata[:len(md.AgentMetadata)-16] }
+	for i := range maxUnprobedFailures + 2 {
+		bad := hostileEngine(t, pr, fmt.Sprintf("cut-%d", i), kv, cut)
+		_, err := pr.dec.Pull(ctx, fmt.Sprintf("hostile-%d", i), bad, localBlocks(2, 10))
+		require.Error(t, err, "a pull through a blob cut in its memory sections")
+		_, seq, failures := probes()
+		if i < maxUnprobedFailures {
+			require.Zero(t, seq, "no probe before %d failures (pull %d)", maxUnprobedFailures, i)
+			require.Equal(t, i+1, failures)
+		} else {
+			require.Equal(t, i+1-maxUnprobedFailures, seq, "the probe loads the blob and is replaced after it failed (pull %d)", i)
+			require.Equal(t, maxUnprobedFailures, failures, "failures in the probe cost the role's agents nothing")
+		}
+	}
+	_, err = pr.dec.Pull(ctx, "victim", kv, localBlocks(2, 0))
+	require.NoError(t, err, "the real engine, whose blob claims the name the cut ones did, loads")
+	requirePattern(t, pr.dcache, localBlocks(2, 0), kv.RemoteBlockIDs[0], 1)
+	live, seq, _ := probes()
+	require.True(t, live, "the real blob went through a probe, which it left as it was")
+	require.Equal(t, 3, seq)
+}
+
+// A handshake that meets no bad blob loads it straight into the role's agents: no probe agent is created.
+func TestNoProbeWithoutFailures(t *testing.T) {
+	p, err := protocol.ProfileByName("0.33")
+	require.NoError(t, err)
+	pr := newPair(t, p, pairOpts{})
 	ctx := testenv.Context(t, 10*time.Second)
 	kv, err := pr.pre.Hold(ctx, "p1", tinyBlock, patternFill(pr.pcache, 3))
 	require.NoError(t, err)
 	_, err = pr.dec.Pull(ctx, "p1", kv, []int{5})
 	require.NoError(t, err)
-	require.Same(t, probe, pr.dec.probe, "the handshake used the probe created at start")
+	pr.dec.agentsMu.Lock()
+	defer pr.dec.agentsMu.Unlock()
+	require.Nil(t, pr.dec.probe)
+	require.Zero(t, pr.dec.probeSeq)
+	require.Len(t, pr.dec.agents, 1)
+	for name, la := range pr.dec.agents {
+		require.Equal(t, name+"#1", la.alias, "loaded under an alias of its own")
+	}
 }
 
 // A decode role reading into GPU memory or DRAM runs UCX without NIXL's thread pool when its UCX spec has

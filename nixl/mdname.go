@@ -31,3 +31,25 @@ func MetadataAgentName(md []byte) (string, error) {
 	}
 	return string(rest[:n]), nil
 }
+
+// RenameMetadata returns a copy of a metadata blob (another agent's LocalMetadata) whose agent name is name:
+// loaded, the agent is known under name instead of the one it claims (which MetadataAgentName reads). Only
+// the name entry changes; the rest of the blob is NIXL's to check when it is loaded. A caller that loads
+// every blob under a name of its own never reuses a name NIXL might still hold part of a failed load under
+// (see Agent.LoadRemoteMetadata); transfers and notifications to the agent then name it so, and the peer
+// sees nothing of it.
+func RenameMetadata(md []byte, name string) ([]byte, error) {
+	old, err := MetadataAgentName(md)
+	if err != nil {
+		return nil, err
+	}
+	if name == "" {
+		return nil, goErr("rename metadata", ErrInvalidParam, "empty agent name: set the name to load the agent under")
+	}
+	rest := md[len(serdesHeader)+len(serdesName)+8+len(old):]
+	out := make([]byte, 0, len(md)-len(old)+len(name))
+	out = append(out, serdesHeader+serdesName...)
+	out = binary.LittleEndian.AppendUint64(out, uint64(len(name)))
+	out = append(out, name...)
+	return append(out, rest...), nil
+}

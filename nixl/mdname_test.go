@@ -55,3 +55,57 @@ func FuzzMetadataAgentName(f *testing.F) {
 		}
 	})
 }
+
+func TestRenameMetadata(t *testing.T) {
+	md := serdesBlob("prefill-tp0", "Conns...")
+	got, err := nixl.RenameMetadata(md, "prefill-tp0#7")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := serdesBlob("prefill-tp0#7", "Conns..."); string(got) != string(want) {
+		t.Fatalf("got %q, want %q", got, want)
+	}
+	if string(md) != string(serdesBlob("prefill-tp0", "Conns...")) {
+		t.Fatal("the blob given was changed")
+	}
+	if _, err := nixl.RenameMetadata(md, ""); !errors.Is(err, nixl.ErrInvalidParam) {
+		t.Errorf("empty name: got %v, want nixl.ErrInvalidParam", err)
+	}
+	if _, err := nixl.RenameMetadata([]byte("garbage"), "x"); !errors.Is(err, nixl.ErrInvalidParam) {
+		t.Errorf("not a blob: got %v, want nixl.ErrInvalidParam", err)
+	}
+}
+
+// A real agent's blob, renamed, loads under the new name, and the agent under it reads the peer's memory.
+func TestRenameMetadataOfRealAgent(t *testing.T) {
+	a := nixltest.Agent(t, "md-rename-a")
+	b := nixltest.Agent(t, "md-rename-b")
+	md, err := a.LocalMetadata()
+	if err != nil {
+		t.Fatal(err)
+	}
+	renamed, err := nixl.RenameMetadata(md, "md-rename-a#1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := b.LoadRemoteMetadata(renamed); err != nil || got != "md-rename-a#1" {
+		t.Fatalf("got %q, %v", got, err)
+	}
+	if got, err := b.LoadRemoteMetadata(md); err != nil || got != a.Name() {
+		t.Fatalf("the original name loads beside it: got %q, %v", got, err)
+	}
+}
+
+func FuzzRenameMetadata(f *testing.F) {
+	f.Add(serdesBlob("prefill-tp0", "Conns"), "x")
+	f.Add([]byte("nixlSerDes|Agent"), "")
+	f.Fuzz(func(t *testing.T, b []byte, name string) {
+		out, err := nixl.RenameMetadata(b, name)
+		if err != nil {
+			return
+		}
+		if got, err := nixl.MetadataAgentName(out); err != nil || got != name {
+			t.Fatalf("renamed to %q, reads %q, %v", name, got, err)
+		}
+	})
+}

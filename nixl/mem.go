@@ -227,7 +227,10 @@ func (a *Agent) LocalPartialMetadata(mem MemType, descs []Desc, opts ...Option) 
 	return md, nil
 }
 
-// LoadRemoteMetadata loads a peer's metadata blob and returns the peer agent's name.
+// LoadRemoteMetadata loads a peer's metadata blob and returns the peer agent's name. A blob whose memory
+// sections NIXL fails to load (e.g. one cut short) leaves its backends connected to the name it claims, and
+// every later load under that name is refused (ErrInvalidParam) until the agent is closed (NIXL 1.5.0): load
+// blobs from untrusted peers under names of your own (RenameMetadata).
 func (a *Agent) LoadRemoteMetadata(md []byte) (string, error) {
 	op := "load remote metadata"
 	if len(md) == 0 {
