@@ -174,7 +174,7 @@ func NewStager(cfg StagerConfig) (*Stager, error) {
 		s.bases[r] = mem.Addr() + uint64(g.RegionOffset(r))
 	}
 	log.Debug("staging arena ready", zap.Stringer("geometry", g), zap.Int64("bytes", total),
-		zap.Bool("locked", mem.Locked()), zap.Bool("huge_pages", mem.HugePages()), zap.Int("workers", workers))
+		zap.Bool("locked", mem.Locked()), zap.Bool("huge_pages", mem.HugePages()), zap.Bool("transparent_huge_pages", mem.TransparentHugePages()), zap.Int("workers", workers))
 	return s, nil
 }
 

@@ -106,7 +106,9 @@ func serve(sizeS, paramsS string) error {
 		return err
 	}
 	defer a.Close()
-	m, err := nixl.AllocHost(n, nixl.HostOptions{})
+	// The memory a prefill cache would have (connector's DRAM caches ask for huge pages): a READ from it is
+	// the strongest baseline.
+	m, err := nixl.AllocHost(n, nixl.HostOptions{HugePages: true})
 	if err != nil {
 		return err
 	}
