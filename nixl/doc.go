@@ -19,8 +19,8 @@
 // through OnLeak (and released) by a runtime cleanup; this is a safety net, not a way to manage handles.
 //
 // Registered memory must stay mapped at a fixed address until it is deregistered, so it is never Go heap
-// memory: use AllocHost (page-aligned mmap, optionally mlocked and on huge pages) for DRAM, or device
-// memory from a device package.
+// memory: use AllocHost (page-aligned mmap, optionally mlocked and on huge pages: reserved ones, else
+// transparent ones) for DRAM, or device memory from a device package.
 //
 // # Batch-first
 //
