@@ -81,6 +81,7 @@ type Decode struct {
 	agents   map[string]*loadedAgent // remote NIXL agents loaded, by the name their blob claims
 	aliased  bool                    // loadAgent loads each blob under an alias of its own: every backend is UCX
 	aliasSeq int                     // numbers the aliases
+	warmed   int                     // agents whose UCX worker NewDecode warmed up (registered.warmUpWorkers)
 	// loadFailures counts blobs NIXL failed to load; from maxUnprobedFailures on (always when not aliased),
 	// probe checks each new blob before the role's agents load it (remoteagents.go).
 	loadFailures int
@@ -131,8 +132,9 @@ func NewDecode(cfg DecodeConfig) (_ *Decode, err error) {
 			return nil, err
 		}
 	}
+	warmed := reg.warmUpWorkers(core.log)
 	d := &Decode{cfg: cfg, log: core.log, metrics: core.metrics, reg: reg, hash: hash, failLog: sampled(core.log),
-		agents: map[string]*loadedAgent{}}
+		agents: map[string]*loadedAgent{}, warmed: warmed}
 	d.hs = newHandshakes(d.release)
 	d.closing, d.stop = context.WithCancel(context.Background())
 	d.aliased = allUCX(reg.backends)

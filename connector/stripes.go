@@ -9,6 +9,8 @@ import (
 	"sync"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/gonixl/gonixl/internal/poll"
 	"github.com/gonixl/gonixl/nixl"
 )
@@ -74,6 +76,74 @@ func (r *registered) startReadAgents(lib *nixl.Library, n int) (err error) {
 		r.readAgents = append(r.readAgents, ra)
 	}
 	return nil
+}
+
+// warmUpWorkers loads into the role's agent the metadata of its first read agent, and into each read agent
+// the role agent's, all at once, READs a few bytes of the null block through it and forgets it again (the
+// role's agents are never each other's peers). A UCX worker selects its protocols for a kind of peer (one on
+// the same host: cma and tcp lanes) when it first connects to one, and for a kind of remote memory (host
+// memory there) at its first READ of it, reading sysfs for every interface and protocol: tens of milliseconds
+// on the 2-core machine for three agents, which every first handshake paid in its loads and warm-up READs.
+// The worker keeps what it selected for its lifetime, so once warmed a handshake with a same-host prefill
+// pays only its own connection (make bench-vllm's handshake_ms).
+// A peer on another host needs its own selection, which its first handshake pays. It returns how many
+// agents were warmed; failures are only logged.
+func (r *registered) warmUpWorkers(log *zap.Logger) int {
+	if len(r.readAgents) == 0 {
+		return 0
+	}
+	type pair struct{ loader, peer *nixl.Agent }
+	pairs := []pair{{r.agent, r.readAgents[0].agent}}
+	for _, ra := range r.readAgents {
+		pairs = append(pairs, pair{ra.agent, r.agent})
+	}
+	// The first bytes of the null block (block 0 of region 0, which no request names): read from the peer's
+	// registration of the cache into the loader's, the same memory, before any transfer runs.
+	null := nixl.Desc{Addr: r.cache.RegionBases()[0], Len: uint64(min(r.geom.BlockLen(), 4096))}
+	ok := make([]bool, len(pairs))
+	var wg sync.WaitGroup
+	for i, p := range pairs {
+		wg.Go(func() {
+			md, err := p.peer.LocalMetadata()
+			if err == nil {
+				var name string
+				if name, err = p.loader.LoadRemoteMetadata(md); err == nil {
+					err = warmUpRead(p.loader, name, null)
+					if ierr := p.loader.InvalidateRemoteMetadata(name); err == nil {
+						err = ierr
+					}
+					ok[i] = err == nil
+				}
+			}
+			if err != nil {
+				log.Debug("warming up an agent's UCX worker failed; the first handshake pays its protocol selection",
+					zap.String("agent", p.loader.Name()), zap.Error(err))
+			}
+		})
+	}
+	wg.Wait()
+	n := 0
+	for _, o := range ok {
+		if o {
+			n++
+		}
+	}
+	return n
+}
+
+// warmUpRead READs desc from remote into the same addresses of a (warmUpWorkers), bounded by a few seconds.
+func warmUpRead(a *nixl.Agent, remote string, desc nixl.Desc) error {
+	x, err := a.CreateXfer(nixl.Read, nixl.DRAM, []nixl.Desc{desc}, nixl.DRAM, []nixl.Desc{desc}, remote)
+	if err != nil {
+		return err
+	}
+	defer x.Close()
+	if _, err := x.Post(); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	return x.Wait(ctx)
 }
 
 // drainReadAgents progresses every read agent's worker until it reports no more work (NIXL's progress loop,

@@ -205,3 +205,28 @@ func TestDRAMDecodeMergedRuns(t *testing.T) {
 		})
 	}
 }
+
+// NewDecode warms up the UCX worker of its agent and of each read agent by loading another of them (their
+// protocol selection for a same-host peer is then done before any handshake) and forgets those loads: no
+// agent keeps another's metadata, and a pull works as before.
+func TestWorkersWarmedUp(t *testing.T) {
+	p, err := protocol.ProfileByName("0.33")
+	require.NoError(t, err)
+	pr := newPair(t, p, pairOpts{})
+	ras := pr.dec.reg.readAgents
+	if len(ras) == 0 {
+		require.Zero(t, pr.dec.warmed, "no read agents, nothing warmed")
+		t.Skip("no read agents on a 1-CPU host")
+	}
+	require.Equal(t, 1+len(ras), pr.dec.warmed)
+	role := pr.dec.reg.agent
+	require.ErrorIs(t, role.CheckRemoteMetadata(ras[0].agent.Name(), nixl.DRAM, nil), nixl.ErrNotFound)
+	for _, ra := range ras {
+		require.ErrorIs(t, ra.agent.CheckRemoteMetadata(role.Name(), nixl.DRAM, nil), nixl.ErrNotFound)
+	}
+	ctx := testenv.Context(t, 10*time.Second)
+	kv, err := pr.pre.Hold(ctx, "p1", tinyBlock, patternFill(pr.pcache, 3))
+	require.NoError(t, err)
+	_, err = pr.dec.Pull(ctx, "p1", kv, []int{5})
+	require.NoError(t, err)
+}
