@@ -37,8 +37,7 @@ type loadedAgent struct {
 // maxUnprobedFailures is how many blobs NIXL failed to load a decode role whose backends are all UCX tolerates
 // before it checks every new blob in a probe agent first (probeLoad): each such failure leaves the agents that
 // tried connected to an alias no later load uses (a few endpoints each), so their number stays bounded, and a
-// worker that meets no bad blob never pays the probe's load (a third of a handshake on a 2-core host;
-// docs/measured.md). Other backends (LIBFABRIC) probe every new blob: their connections are set up by a
+// worker that meets no bad blob never pays the probe's load (make bench-vllm's handshake_ms). Other backends (LIBFABRIC) probe every new blob: their connections are set up by a
 // handshake between the agents that names both, so an agent can be loaded under the name it claims only.
 const maxUnprobedFailures = 4
 
@@ -85,7 +84,7 @@ func (d *Decode) loadAgent(engineID string, md []byte) (alias, name string, err 
 		}
 	}
 	// The role's agent and its read agents load the blob at once: each load connects that agent's UCX worker
-	// to the peer, tens of milliseconds on a small host.
+	// to the peer.
 	errs := make([]error, len(d.reg.readAgents))
 	var wg sync.WaitGroup
 	for i, ra := range d.reg.readAgents {

@@ -82,10 +82,10 @@ func (r *registered) startReadAgents(lib *nixl.Library, n int) (err error) {
 // the role agent's, all at once, READs a few bytes of the null block through it and forgets it again (the
 // role's agents are never each other's peers). A UCX worker selects its protocols for a kind of peer (one on
 // the same host: cma and tcp lanes) when it first connects to one, and for a kind of remote memory (host
-// memory there) at its first READ of it, reading sysfs for every interface and protocol: tens of milliseconds
-// on the 2-core machine for three agents, which every first handshake paid in its loads and warm-up READs.
-// The worker keeps what it selected for its lifetime, so once warmed a handshake with a same-host prefill
-// pays only its own connection (make bench-vllm's handshake_ms).
+// memory there) at its first READ of it, reading sysfs for every interface and protocol, which every first
+// handshake paid in its loads and warm-up READs, three agents at once. The worker keeps what it selected for
+// its lifetime, so once warmed a handshake with a same-host prefill pays only its own connection (make
+// bench-vllm's handshake_ms; docs/measured.md).
 // A peer on another host needs its own selection, which its first handshake pays. It returns how many
 // agents were warmed; failures are only logged.
 func (r *registered) warmUpWorkers(log *zap.Logger) int {

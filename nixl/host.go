@@ -18,8 +18,7 @@ type HostOptions struct {
 	// transparent huge pages (the memory 2 MiB-aligned and madvised MADV_HUGEPAGE, which the kernel honours
 	// unless /sys/kernel/mm/transparent_hugepage/enabled is "never"), else normal pages (HostMem.HugePages and
 	// HostMem.TransparentHugePages say which it got). A peer READing the memory through UCX's cma pins it
-	// page by page: transparent huge pages made such READs about 3× faster on the 2-core machine
-	// (BenchmarkDRAMToDRAM, its peer's memory allocated so).
+	// page by page, 2 MiB at a time on huge pages (BenchmarkDRAMToDRAM, whose peer's memory is allocated so).
 	HugePages bool
 	// MaxBytes refuses sizes above it (0: 1 TiB), so a geometry mistake fails here with a clear error
 	// instead of exhausting memory.
