@@ -102,10 +102,7 @@ func (d *Decode) loadAgent(engineID string, md []byte) (alias, name string, err 
 	}
 	if err != nil {
 		// What NIXL kept of a failed load goes where it can; the alias is never loaded again either way.
-		for _, ra := range d.reg.readAgents {
-			_ = ra.agent.InvalidateRemoteMetadata(alias)
-		}
-		_ = d.reg.agent.InvalidateRemoteMetadata(alias)
+		d.forgetAlias(alias)
 		d.loadFailures++
 		if d.aliased && d.loadFailures == maxUnprobedFailures {
 			d.log.Warn("NIXL failed to load several prefill engines' metadata: each new engine's is now checked in a probe agent first (a slower handshake)",
@@ -197,10 +194,16 @@ func (d *Decode) unloadAgent(name string) {
 	}
 	delete(d.agents, name)
 	d.reg.drainReadAgents() // before their endpoints to it go
+	d.forgetAlias(la.alias)
+}
+
+// forgetAlias invalidates the metadata loaded under alias in the read agents and the role's agent (errors
+// ignored: a failed load may have left nothing to invalidate).
+func (d *Decode) forgetAlias(alias string) {
 	for _, ra := range d.reg.readAgents {
-		_ = ra.agent.InvalidateRemoteMetadata(la.alias)
+		_ = ra.agent.InvalidateRemoteMetadata(alias)
 	}
-	_ = d.reg.agent.InvalidateRemoteMetadata(la.alias)
+	_ = d.reg.agent.InvalidateRemoteMetadata(alias)
 }
 
 // checkRegions refuses (ErrAgentConflict) a prefill rank whose published KV regions are not memory its NIXL
