@@ -71,7 +71,7 @@ type PrefillConfig struct {
 	// BusyPoll is how long the role's loop sleeps between its polls of NIXL (progress and notifications)
 	// while blocks are held, that is while a decode peer may be reading them: a READ into a peer's GPU
 	// memory over UCX, or over TCP, advances only as this side progresses. 0: the loop polls back to back,
-	// yielding the processor between polls, so one core is busy while any block is held (as NIXL's own
+	// yielding the processor once a millisecond, so one core is busy while any block is held (as NIXL's own
 	// progress thread is at its default delay). A positive value sleeps that long (plus the kernel's timer
 	// slack) and spares the core at a cost to READs into GPU memory that scripts/gpu-perreq.sh measures
 	// (VARIANTS=poll50:-prefill-busy-poll=50us; docs/measured.md, "the prefill loop polling back to back").
@@ -537,6 +537,10 @@ func (p *Prefill) free(blocks []int) {
 // cost (issue 25)").
 const (
 	idlePoll = time.Millisecond
+	// busyYield: polling back to back, the loop yields the processor at most this often. It runs locked to
+	// its OS thread where it holds a device context, and there a yield at every poll left tens of
+	// microseconds between polls (internal/poll's BenchmarkGosched, x_unlocked).
+	busyYield = time.Millisecond
 	// expiryPeriod is how often the loop frees the requests whose hold lapsed (on the role's clock).
 	expiryPeriod = 50 * time.Millisecond
 )
@@ -560,13 +564,15 @@ func (p *Prefill) loop(ctx context.Context) {
 	t := time.NewTimer(idle)
 	defer t.Stop()
 	lastExpiry := p.now()
+	lastYield := time.Now()
 	busy := false
 	for {
 		if busy {
 			if p.cfg.BusyPoll > 0 {
 				poll.Sleep(p.cfg.BusyPoll)
-			} else {
+			} else if now := time.Now(); now.Sub(lastYield) >= busyYield {
 				runtime.Gosched()
+				lastYield = now
 			}
 			if ctx.Err() != nil {
 				return
