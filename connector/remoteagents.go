@@ -37,8 +37,9 @@ type loadedAgent struct {
 // maxUnprobedFailures is how many blobs NIXL failed to load a decode role whose backends are all UCX tolerates
 // before it checks every new blob in a probe agent first (probeLoad): each such failure leaves the agents that
 // tried connected to an alias no later load uses (a few endpoints each), so their number stays bounded, and a
-// worker that meets no bad blob never pays the probe's load (make bench-vllm's handshake_ms). Other backends (LIBFABRIC) probe every new blob: their connections are set up by a
-// handshake between the agents that names both, so an agent can be loaded under the name it claims only.
+// worker that meets no bad blob never pays the probe's load (make bench-vllm's handshake_ms). Other backends
+// (LIBFABRIC) probe every new blob: their connections are set up by a handshake between the agents that names
+// both, so an agent can be loaded under the name it claims only.
 const maxUnprobedFailures = 4
 
 // loadAgent loads a prefill rank's NIXL metadata for engine engineID and returns the name the agent is known

@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -100,35 +101,37 @@ func (r *registered) warmUpWorkers(log *zap.Logger) int {
 	// The first bytes of the null block (block 0 of region 0, which no request names): read from the peer's
 	// registration of the cache into the loader's, the same memory, before any transfer runs.
 	null := nixl.Desc{Addr: r.cache.RegionBases()[0], Len: uint64(min(r.geom.BlockLen(), 4096))}
-	ok := make([]bool, len(pairs))
+	var n atomic.Int32
 	var wg sync.WaitGroup
-	for i, p := range pairs {
+	for _, p := range pairs {
 		wg.Go(func() {
-			md, err := p.peer.LocalMetadata()
-			if err == nil {
-				var name string
-				if name, err = p.loader.LoadRemoteMetadata(md); err == nil {
-					err = warmUpRead(p.loader, name, null)
-					if ierr := p.loader.InvalidateRemoteMetadata(name); err == nil {
-						err = ierr
-					}
-					ok[i] = err == nil
-				}
-			}
-			if err != nil {
+			if err := warmUpPair(p.loader, p.peer, null); err != nil {
 				log.Debug("warming up an agent's UCX worker failed; the first handshake pays its protocol selection",
 					zap.String("agent", p.loader.Name()), zap.Error(err))
+				return
 			}
+			n.Add(1)
 		})
 	}
 	wg.Wait()
-	n := 0
-	for _, o := range ok {
-		if o {
-			n++
-		}
+	return int(n.Load())
+}
+
+// warmUpPair loads peer's metadata into loader, READs null through it (warmUpRead) and forgets it again.
+func warmUpPair(loader, peer *nixl.Agent, null nixl.Desc) error {
+	md, err := peer.LocalMetadata()
+	if err != nil {
+		return err
 	}
-	return n
+	name, err := loader.LoadRemoteMetadata(md)
+	if err != nil {
+		return err
+	}
+	err = warmUpRead(loader, name, null)
+	if ierr := loader.InvalidateRemoteMetadata(name); err == nil {
+		err = ierr
+	}
+	return err
 }
 
 // warmUpRead READs desc from remote into the same addresses of a (warmUpWorkers), bounded by a few seconds.
