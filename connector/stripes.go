@@ -101,18 +101,36 @@ func (r *registered) warmUpWorkers(log *zap.Logger) int {
 	// The first bytes of the null block (block 0 of region 0, which no request names): read from the peer's
 	// registration of the cache into the loader's, the same memory, before any transfer runs.
 	null := nixl.Desc{Addr: r.cache.RegionBases()[0], Len: uint64(min(r.geom.BlockLen(), 4096))}
+	// Each agent is another's peer, and a read agent has no progress thread: one whose own READ is done keeps
+	// progressing its worker (GetNotifications) until every READ is, so a READ of it never waits for a
+	// worker nobody polls (a READ the peer must serve, over TCP or UCX's active messages).
 	var n atomic.Int32
-	var wg sync.WaitGroup
+	var pending, wg sync.WaitGroup
+	all := make(chan struct{})
+	pending.Add(len(pairs))
 	for _, p := range pairs {
 		wg.Go(func() {
-			if err := warmUpPair(p.loader, p.peer, null); err != nil {
+			err := warmUpPair(p.loader, p.peer, null)
+			pending.Done()
+			if err != nil {
 				log.Debug("warming up an agent's UCX worker failed; the first handshake pays its protocol selection",
 					zap.String("agent", p.loader.Name()), zap.Error(err))
-				return
+			} else {
+				n.Add(1)
 			}
-			n.Add(1)
+			for {
+				select {
+				case <-all:
+					return
+				default:
+				}
+				_, _ = p.loader.GetNotifications()
+				poll.Sleep(10 * time.Microsecond)
+			}
 		})
 	}
+	pending.Wait()
+	close(all)
 	wg.Wait()
 	return int(n.Load())
 }
