@@ -42,9 +42,10 @@ type DecodeConfig struct {
 	// ReadAgents is how many NIXL agents of its own, besides the role's, split every READ (stripes.go): each
 	// registers the cache, loads the prefill metadata and polls its share of a READ on its own goroutine, so
 	// a READ from a same-host peer (UCX's cma) copies on that many cores; the notification follows from the
-	// role's agent once all are done. Zero: min(4, runtime.NumCPU()) for a DRAM cache with gonixl's default
-	// UCX backend (DefaultBackends, ParseBackends' "UCX"), none otherwise (a GPU cache; explicit backends;
-	// one CPU). 1 turns them off. NewDecode refuses a negative count.
+	// role's agent once all are done. Zero: 4 for a DRAM cache with gonixl's default UCX backend
+	// (DefaultBackends, ParseBackends' "UCX") on a host of two CPUs or more (more stripes than cores get a READ
+	// more of a CPU that busy peers share), none otherwise (a GPU cache; explicit backends; one CPU). 1 turns
+	// them off. NewDecode refuses a negative count.
 	ReadAgents int
 }
 

@@ -26,8 +26,13 @@ import (
 // a pool agent whose peer died mid-READ can abort the process at Close (docs/measured.md); a read agent's
 // worker is progressed by gonixl until its requests are released and once more before its agent is destroyed.
 
-// maxReadAgents bounds the default number of read agents (DecodeConfig.ReadAgents).
-const maxReadAgents = 4
+// defaultReadAgentCount is the default number of read agents (DecodeConfig.ReadAgents) on a host of two CPUs
+// or more, whatever their count: a stripe's copy is the kernel's (cma), and beside a vLLM worker's busy
+// threads (NIXL's progress thread, OpenMP's spinning workers) four stripes get the READ more of a contended
+// CPU than one per core: on two cores, side by side with vLLM 0.33, gonixl's READ took 23–33 ms with four
+// against 36–40 with two (docs/measured.md, 2026-12-07 18:10); on a quiet host three or four are no slower
+// than two (2026-12-06 17:15).
+const defaultReadAgentCount = 4
 
 // stripeBackoff polls a stripe's READ: the polls are what progresses a read agent's worker (and, over cma,
 // what copies), so it sleeps far less than poll.Default.
@@ -39,16 +44,14 @@ type readAgent struct {
 	reg   *nixl.Registration
 }
 
-// defaultReadAgents is DecodeConfig.ReadAgents' default for a role whose backends registered sized: up to
-// maxReadAgents, one per CPU, for a DRAM cache whose UCX spec gonixl chose (roleBackends); else none.
+// defaultReadAgents is DecodeConfig.ReadAgents' default for a role whose backends registered sized:
+// defaultReadAgentCount for a DRAM cache whose UCX spec gonixl chose (roleBackends) on a host of two CPUs or
+// more; else none.
 func defaultReadAgents(mem nixl.MemType, sized bool) int {
-	if mem != nixl.DRAM || !sized {
+	if mem != nixl.DRAM || !sized || runtime.NumCPU() < 2 {
 		return 0
 	}
-	if n := min(maxReadAgents, runtime.NumCPU()); n >= 2 {
-		return n
-	}
-	return 0
+	return defaultReadAgentCount
 }
 
 // startReadAgents creates n read agents named after the role's agent, each registering the cache. On error

@@ -28,8 +28,8 @@ func TestSplit(t *testing.T) {
 }
 
 func TestDefaultReadAgents(t *testing.T) {
-	want := min(maxReadAgents, runtime.NumCPU())
-	if want < 2 {
+	want := defaultReadAgentCount
+	if runtime.NumCPU() < 2 {
 		want = 0
 	}
 	assert.Equal(t, want, defaultReadAgents(nixl.DRAM, true), "a DRAM cache with gonixl's UCX")

@@ -47,7 +47,7 @@ func orchestrate() error {
 	concurrency := fs.Int("concurrency", 4, "requests in flight at once")
 	where := fs.String("cache", "auto", "decode KV cache: auto (GPU memory when a CUDA GPU is present, else DRAM), gpu, dram, or hostbuf (NIXL into pinned DRAM, then copied to GPU memory)")
 	gpu := fs.Bool("gpu", false, "same as -cache gpu")
-	readAgents := fs.Int("read-agents", 0, "the decode worker's -read-agents: NIXL agents of its own that split each READ (0 = the default: min(4, CPUs) into DRAM, none into GPU memory; 1 = none)")
+	readAgents := fs.Int("read-agents", 0, "the decode worker's -read-agents: NIXL agents of its own that split each READ (0 = the default: 4 into DRAM on two CPUs or more, none into GPU memory; 1 = none)")
 	timeout := fs.Duration("timeout", 5*time.Minute, "bound on the whole run")
 	cudaCtx := fs.String("prefill-cuda-context", "auto", "the prefill worker's -cuda-context: auto (hold a CUDA context when a driver and device are present: needed for reads into a GPU on this host at PCIe speed), on, off")
 	busyPoll := fs.Duration("prefill-busy-poll", 0, "the prefill worker's -busy-poll (0: it polls NIXL back to back while blocks are held)")

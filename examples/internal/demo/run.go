@@ -107,7 +107,7 @@ func RunDecode(ctx context.Context, args []string) error {
 	addr := fs.String("http", "127.0.0.1:8200", "HTTP listen address (OpenAI-compatible API)")
 	where := fs.String("cache", "auto", "where the KV cache lives: auto (GPU memory when a CUDA GPU is present, else DRAM), gpu, dram, or hostbuf (NIXL into pinned DRAM, then copied to GPU memory)")
 	gpu := fs.Bool("gpu", false, "same as -cache gpu")
-	readAgents := fs.Int("read-agents", 0, "NIXL agents of the decode's own that split each READ (connector.DecodeConfig.ReadAgents): 0 = the default (min(4, CPUs) for a DRAM cache, none for GPU memory), 1 = none")
+	readAgents := fs.Int("read-agents", 0, "NIXL agents of the decode's own that split each READ (connector.DecodeConfig.ReadAgents): 0 = the default (4 for a DRAM cache on two CPUs or more, none for GPU memory), 1 = none")
 	w, err := c.start(fs, args)
 	if err != nil {
 		return err
