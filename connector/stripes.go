@@ -30,7 +30,7 @@ import (
 // or more, whatever their count: a stripe's copy is the kernel's (cma), and beside a vLLM worker's busy
 // threads (NIXL's progress thread, OpenMP's spinning workers) four stripes get the READ more of a contended
 // CPU than one per core: on two cores, side by side with vLLM 0.33, gonixl's READ took 23–33 ms with four
-// against 36–40 with two (docs/measured.md, 2026-12-07 18:10); on a quiet host three or four are no slower
+// against 36–40 with two (docs/measured.md, 2026-12-07 17:55–18:47); on a quiet host three or four are no slower
 // than two (2026-12-06 17:15).
 const defaultReadAgentCount = 4
 
@@ -107,35 +107,26 @@ func (r *registered) warmUpWorkers(log *zap.Logger) int {
 	// Each agent is another's peer, and a read agent has no progress thread: one whose own READ is done keeps
 	// progressing its worker (GetNotifications) until every READ is, so a READ of it never waits for a
 	// worker nobody polls (a READ the peer must serve, over TCP or UCX's active messages).
-	var n atomic.Int32
-	var pending, wg sync.WaitGroup
-	all := make(chan struct{})
-	pending.Add(len(pairs))
+	var warm, left atomic.Int32
+	left.Store(int32(len(pairs)))
+	var wg sync.WaitGroup
 	for _, p := range pairs {
 		wg.Go(func() {
-			err := warmUpPair(p.loader, p.peer, null)
-			pending.Done()
-			if err != nil {
+			if err := warmUpPair(p.loader, p.peer, null); err != nil {
 				log.Debug("warming up an agent's UCX worker failed; the first handshake pays its protocol selection",
 					zap.String("agent", p.loader.Name()), zap.Error(err))
 			} else {
-				n.Add(1)
+				warm.Add(1)
 			}
-			for {
-				select {
-				case <-all:
-					return
-				default:
-				}
+			left.Add(-1)
+			for left.Load() > 0 {
 				_, _ = p.loader.GetNotifications()
 				poll.Sleep(10 * time.Microsecond)
 			}
 		})
 	}
-	pending.Wait()
-	close(all)
 	wg.Wait()
-	return int(n.Load())
+	return int(warm.Load())
 }
 
 // warmUpPair loads peer's metadata into loader, READs null through it (warmUpRead) and forgets it again.
