@@ -179,6 +179,12 @@ func TestWriteAndReadWithNotifications(t *testing.T) {
 	require.True(t, bytes.Equal(src, dst), "reposted READ moved the wrong bytes")
 	_, err = p.target.WaitNotification(testenv.Context(t, 30*time.Second), func(n nixl.Notification) bool { return string(n.Msg) == "again" }, nil)
 	require.NoError(t, err)
+	// Once more, waited for by polling back to back.
+	fill(dst, 6)
+	_, err = r.Post()
+	require.NoError(t, err)
+	require.NoError(t, r.WaitBusy(testenv.Context(t, 30*time.Second), 10*time.Millisecond))
+	require.True(t, bytes.Equal(src, dst), "a READ waited for with WaitBusy moved the wrong bytes")
 
 	be, err := r.Backend()
 	require.NoError(t, err)

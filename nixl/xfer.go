@@ -268,8 +268,12 @@ func (x *Xfer) Status() (State, error) {
 // Wait polls Status until the transfer is done, fails, or ctx ends (then it returns ctx's error and the
 // transfer may still be running: Close it to cancel). Polling backs off from a busy spin to 1 ms sleeps.
 func (x *Xfer) Wait(ctx context.Context) error {
+	return x.wait(ctx, poll.Default)
+}
+
+func (x *Xfer) wait(ctx context.Context, b poll.Backoff) error {
 	var err error
-	if cerr := poll.Default.Until(ctx, func() bool {
+	if cerr := b.Until(ctx, func() bool {
 		var st State
 		st, err = x.Status()
 		return err != nil || st == Done
@@ -277,6 +281,16 @@ func (x *Xfer) Wait(ctx context.Context) error {
 		return goErr("wait for transfer", nil, "%v with %s: %w", x.op, x.remote, cerr)
 	}
 	return err
+}
+
+// WaitBusy is Wait polling back to back for up to spin (then backing off as Wait does): each poll
+// progresses the transfer (Status drives NIXL's UCX worker), so a transfer expected within about spin
+// completes on the calling thread without sleeps between polls or a progress thread's wake-ups, at the cost
+// of a busy core meanwhile. spin ≤ 0 is Wait.
+func (x *Xfer) WaitBusy(ctx context.Context, spin time.Duration) error {
+	b := poll.Default
+	b.SpinFor = spin
+	return x.wait(ctx, b)
 }
 
 // Close releases the request.

@@ -20,7 +20,11 @@ import (
 // case, while a delay of at most Slack × the elapsed time overshoots by at most that fraction
 // (BenchmarkUntilOvershoot).
 type Backoff struct {
-	Spins    int
+	Spins int
+	// SpinFor, when positive, keeps polling back to back until that long has passed since the first poll
+	// (besides the Spins polls): for work expected within about that time on a host whose idle cores wake
+	// slowly, where each sleep between polls can cost more than the poll saves.
+	SpinFor  time.Duration
 	Min, Max time.Duration
 	Slack    float64
 }
@@ -36,7 +40,10 @@ var Default = Backoff{Spins: 64, Min: 5 * time.Microsecond, Max: time.Millisecon
 // itself and returns true.
 func (b Backoff) Until(ctx context.Context, done func() bool) error {
 	var delay time.Duration
-	var start time.Time
+	var start, first time.Time
+	if b.SpinFor > 0 {
+		first = time.Now()
+	}
 	for i := 0; ; i++ {
 		if done() {
 			return nil
@@ -44,7 +51,7 @@ func (b Backoff) Until(ctx context.Context, done func() bool) error {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		if i < b.Spins {
+		if i < b.Spins || (b.SpinFor > 0 && time.Since(first) < b.SpinFor) {
 			continue
 		}
 		var waited time.Duration

@@ -154,3 +154,19 @@ func BenchmarkGosched(b *testing.B) {
 	b.ReportMetric(float64(unlocked.Nanoseconds())/n, "unlocked_ns")
 	b.ReportMetric(locked.Seconds()/unlocked.Seconds(), "x_unlocked")
 }
+
+func TestUntilSpinFor(t *testing.T) {
+	// Polls back to back for SpinFor, then sleeps between polls: with Min an hour, the poll after SpinFor
+	// would sleep past the context's end, so done must have come true while spinning.
+	b := Backoff{SpinFor: 20 * time.Millisecond, Min: time.Hour, Max: time.Hour}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	start := time.Now()
+	n := 0
+	require.NoError(t, b.Until(ctx, func() bool { n++; return time.Since(start) > 5*time.Millisecond }))
+	require.Greater(t, n, 100, "polls while spinning")
+	// Past SpinFor it backs off: the context ends during the first sleep.
+	ctx, cancel = context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	require.ErrorIs(t, b.Until(ctx, func() bool { return false }), context.DeadlineExceeded)
+}
