@@ -9,6 +9,7 @@ import (
 
 	"github.com/gonixl/gonixl/connector/protocol"
 	"github.com/gonixl/gonixl/layout"
+	"github.com/gonixl/gonixl/nixl"
 )
 
 // A role without a profile is refused before anything is registered, with the config field to set.
@@ -97,4 +98,12 @@ func TestRoleConfigDeviceContext(t *testing.T) {
 	reg := &registered{device: dc}
 	require.NoError(t, reg.do(func() error { return nil }))
 	assert.Equal(t, 1, calls, "NIXL calls run through the resolved context")
+}
+
+// DecodeConfig.ReadSpin: zero spins DefaultReadSpin into GPU memory and not at all into DRAM; negative never.
+func TestReadSpinResolved(t *testing.T) {
+	require.Equal(t, DefaultReadSpin, readSpin(0, nixl.VRAM))
+	require.Zero(t, readSpin(0, nixl.DRAM))
+	require.Zero(t, readSpin(-time.Nanosecond, nixl.VRAM))
+	require.Equal(t, 3*time.Millisecond, readSpin(3*time.Millisecond, nixl.DRAM))
 }

@@ -47,6 +47,31 @@ type DecodeConfig struct {
 	// more of a CPU that busy peers share), none otherwise (a GPU cache; explicit backends; one CPU). 1 turns
 	// them off. NewDecode refuses a negative count.
 	ReadAgents int
+	// ReadSpin is how long the decode polls a request's READ back to back (each poll progresses it:
+	// nixl.Xfer.WaitBusy) before it backs off to sleeps between polls; read agents keep their own pacing.
+	// Zero: DefaultReadSpin for a cache in GPU memory, none for DRAM (where cores are what the READ's copies
+	// run on). Negative: none (nixl.Xfer.Wait's 64 spins).
+	ReadSpin time.Duration
+}
+
+// DefaultReadSpin is DecodeConfig.ReadSpin's default for a cache in GPU memory: longer than a demo request's
+// READ takes (1–10 ms), so that it completes on the polling thread, which on a host whose idle cores wake
+// slowly (a virtual machine's) would otherwise sleep and wake between polls, as UCX's progress thread would
+// for each of the READ's rendezvous messages (BenchmarkDRAMToVRAM's request shapes: idle_GB/s against
+// idlebusy_GB/s).
+const DefaultReadSpin = 10 * time.Millisecond
+
+// readSpin resolves DecodeConfig.ReadSpin for a cache of memory type mem.
+func readSpin(cfg time.Duration, mem nixl.MemType) time.Duration {
+	switch {
+	case cfg < 0:
+		return 0
+	case cfg > 0:
+		return cfg
+	case mem == nixl.VRAM:
+		return DefaultReadSpin
+	}
+	return 0
 }
 
 // check refuses what the decode's own fields cannot mean, before anything is derived or registered.
@@ -83,6 +108,7 @@ type Decode struct {
 	aliased  bool                    // loadAgent loads each blob under an alias of its own: every backend is UCX
 	aliasSeq int                     // numbers the aliases
 	warmed   int                     // agents whose UCX worker NewDecode warmed up (registered.warmUpWorkers)
+	readSpin time.Duration           // how long a READ is polled back to back (DecodeConfig.ReadSpin, resolved)
 	// loadFailures counts blobs NIXL failed to load; from maxUnprobedFailures on (always when not aliased),
 	// probe checks each new blob before the role's agents load it (remoteagents.go).
 	loadFailures int
@@ -135,7 +161,7 @@ func NewDecode(cfg DecodeConfig) (_ *Decode, err error) {
 	}
 	warmed := reg.warmUpWorkers(core.log)
 	d := &Decode{cfg: cfg, log: core.log, metrics: core.metrics, reg: reg, hash: hash, failLog: sampled(core.log),
-		agents: map[string]*loadedAgent{}, warmed: warmed}
+		agents: map[string]*loadedAgent{}, warmed: warmed, readSpin: readSpin(cfg.ReadSpin, reg.cache.MemType())}
 	d.hs = newHandshakes(d.release)
 	d.closing, d.stop = context.WithCancel(context.Background())
 	d.aliased = allUCX(reg.backends)
@@ -441,7 +467,7 @@ func (d *Decode) post(ctx context.Context, re *remoteEngine, req pullRequest, re
 func (d *Decode) await(ctx context.Context, re *remoteEngine, req pullRequest, xfers []*nixl.Xfer, st *striped, res *Result) error {
 	defer d.heartbeat(ctx, re.agents(), req.kv.RemoteRequestID, false)()
 	for _, x := range xfers {
-		if err := x.Wait(ctx); err != nil {
+		if err := x.WaitBusy(ctx, d.readSpin); err != nil {
 			return err
 		}
 	}

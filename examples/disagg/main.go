@@ -48,6 +48,7 @@ func orchestrate() error {
 	where := fs.String("cache", "auto", "decode KV cache: auto (GPU memory when a CUDA GPU is present, else DRAM), gpu, dram, or hostbuf (NIXL into pinned DRAM, then copied to GPU memory)")
 	gpu := fs.Bool("gpu", false, "same as -cache gpu")
 	readAgents := fs.Int("read-agents", 0, "the decode worker's -read-agents: NIXL agents of its own that split each READ (0 = the default: 4 into DRAM on two CPUs or more, none into GPU memory; 1 = none)")
+	readSpin := fs.Duration("read-spin", 0, "the decode worker's -read-spin: how long it polls a READ back to back before backing off (0 = the default: 10ms into GPU memory, none into DRAM; negative = none)")
 	timeout := fs.Duration("timeout", 5*time.Minute, "bound on the whole run")
 	cudaCtx := fs.String("prefill-cuda-context", "auto", "the prefill worker's -cuda-context: auto (hold a CUDA context when a driver and device are present: needed for reads into a GPU on this host at PCIe speed), on, off")
 	busyPoll := fs.Duration("prefill-busy-poll", 0, "the prefill worker's -busy-poll (0: it polls NIXL back to back while blocks are held)")
@@ -98,7 +99,7 @@ func orchestrate() error {
 	fmt.Printf("starting decode worker (NIXL READ → KV cache: %s) ... ", *where)
 	t0 = time.Now()
 	dec, decURL, decInfo, err := demo.StartWorker(ctx, demo.WorkerSpec{Name: "decode worker", Role: "decode", Env: decEnv,
-		Args: append(append([]string{"-cache", *where, "-read-agents", strconv.Itoa(*readAgents)}, c.WorkerArgs()...), c.TraceArgs("decode")...)})
+		Args: append(append([]string{"-cache", *where, "-read-agents", strconv.Itoa(*readAgents), "-read-spin", readSpin.String()}, c.WorkerArgs()...), c.TraceArgs("decode")...)})
 	if err != nil {
 		return err
 	}

@@ -33,6 +33,8 @@ type DecodeConfig struct {
 	DataDevice string
 	// ReadAgents is connector.DecodeConfig.ReadAgents (0 = the role's default; 1 = none).
 	ReadAgents int
+	// ReadSpin is connector.DecodeConfig.ReadSpin (0 = the role's default; negative = none).
+	ReadSpin time.Duration
 }
 
 // model is the configured model in the configured block order (Order, when set, wins over Model.Order).
@@ -79,7 +81,7 @@ func NewDecodeServer(cfg DecodeConfig) (*DecodeServer, error) {
 	s.pool = connector.NewBlockPool(s.cache.Geometry().NumBlocks)
 	if s.role, err = connector.NewDecode(connector.DecodeConfig{
 		RoleConfig: connector.RoleConfig{VLLMVersion: cfg.VLLMVersion, Model: cfg.Model, Library: cfg.Library, Cache: s.cache, Backends: cfg.Backends, Logger: s.log, DataDevice: cfg.DataDevice},
-		ReadAgents: cfg.ReadAgents,
+		ReadAgents: cfg.ReadAgents, ReadSpin: cfg.ReadSpin,
 	}); err != nil {
 		s.Close()
 		return nil, err

@@ -108,13 +108,14 @@ func RunDecode(ctx context.Context, args []string) error {
 	where := fs.String("cache", "auto", "where the KV cache lives: auto (GPU memory when a CUDA GPU is present, else DRAM), gpu, dram, or hostbuf (NIXL into pinned DRAM, then copied to GPU memory)")
 	gpu := fs.Bool("gpu", false, "same as -cache gpu")
 	readAgents := fs.Int("read-agents", 0, "NIXL agents of the decode's own that split each READ (connector.DecodeConfig.ReadAgents): 0 = the default (4 for a DRAM cache on two CPUs or more, none for GPU memory), 1 = none")
+	readSpin := fs.Duration("read-spin", 0, "how long the decode polls a READ back to back before backing off to sleeps (connector.DecodeConfig.ReadSpin): 0 = the default (10ms into GPU memory, none into DRAM), negative = none")
 	w, err := c.start(fs, args)
 	if err != nil {
 		return err
 	}
 	defer w.stop()
 	log, lib, order := w.log, w.lib, w.order
-	cfg := DecodeConfig{VLLMVersion: c.VLLMVersion, Model: Qwen3_0_6B, NumBlocks: c.NumBlocks, Order: order,
+	cfg := DecodeConfig{ReadSpin: *readSpin, VLLMVersion: c.VLLMVersion, Model: Qwen3_0_6B, NumBlocks: c.NumBlocks, Order: order,
 		Backends: c.BackendSpecs(), Library: lib, Logger: log, DataDevice: c.DataDevice, ReadAgents: *readAgents}
 	if cfg.DataDevice == "" { // the decode worker's peers are where its HTTP API is: loopback in the demo
 		if host, _, err := net.SplitHostPort(*addr); err == nil {
