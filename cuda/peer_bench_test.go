@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/gonixl/gonixl/connector"
 	"github.com/gonixl/gonixl/cuda"
 	"github.com/gonixl/gonixl/internal/benchpeer"
 	"github.com/gonixl/gonixl/internal/nixltest"
@@ -40,6 +41,9 @@ func BenchmarkDRAMToVRAM(b *testing.B) {
 		{name: "gonixl-defaults", opts: def, peer: benchpeer.Options{Device: true}},
 		// A decode role reading into GPU memory runs without the pool (connector.RoleConfig.Backends).
 		{name: "nopool", opts: withThreads(0, 0), peer: benchpeer.Options{Device: true}},
+		// The same with both sides' memory registered as 56 regions, as a KV cache registers each layer's K
+		// and V (Qwen3-0.6B, vLLM 0.16's layout); request shapes only, region r's run in registration r.
+		{name: "nopool/regions=56", opts: withThreads(0, 0), peer: benchpeer.Options{Device: true, Regions: 56}},
 		{name: "peer-pinned", opts: def, peer: benchpeer.Options{Device: true, Pin: true}},
 		{name: "gonixl-defaults/peer-without-cuda", opts: def},
 		{name: "rma-pipeline", opts: nixl.UCXOptions{Engine: rma}, peer: benchpeer.Options{Device: true}},
@@ -104,7 +108,11 @@ func benchDRAMToVRAM(b *testing.B, dev *cuda.Device, lib *nixl.Library, params m
 	ordinal := uint64(dev.Ordinal())
 	var vreg *nixl.Registration
 	require.NoError(b, dev.Do(func() (err error) {
-		vreg, err = a.RegisterMem(nixl.VRAM, []nixl.Desc{{Addr: vram.Ptr(), Len: vram.Len(), DevID: ordinal}})
+		ds := benchpeer.Split(vram.Ptr(), vram.Len(), v.peer.Regions)
+		for i := range ds {
+			ds[i].DevID = ordinal
+		}
+		vreg, err = a.RegisterMem(nixl.VRAM, ds)
 		return err
 	}))
 	defer vreg.Close()
@@ -116,7 +124,13 @@ func benchDRAMToVRAM(b *testing.B, dev *cuda.Device, lib *nixl.Library, params m
 	defer a.InvalidateRemoteMetadata(peer.Agent)
 	s := newStream(b, dev)
 
-	for _, blk := range []int{32 << 10, 2 << 20} {
+	blocks := []int{32 << 10, 2 << 20}
+	stride := 0 // request shapes: blocks from one region's run to the next (0: total/blk/regions)
+	if v.peer.Regions > 1 {
+		blocks = blocks[:1] // 2 MiB blocks would cross the registrations
+		stride = int(benchpeer.Split(0, 2*total, v.peer.Regions)[0].Len) / blocks[0]
+	}
+	for _, blk := range blocks {
 		nb := 2 * total / blk
 		list := func(base, dv uint64) []nixl.Desc {
 			out := make([]nixl.Desc, nb)
@@ -132,6 +146,9 @@ func benchDRAMToVRAM(b *testing.B, dev *cuda.Device, lib *nixl.Library, params m
 		rp, err := a.Prep(peer.Agent, nixl.DRAM, list(peer.Addr, 0))
 		require.NoError(b, err)
 		for _, pat := range []string{"scattered", "contiguous"} {
+			if stride != 0 {
+				break // request shapes only
+			}
 			b.Run(fmt.Sprintf("block=%dKiB/%s", blk>>10, pat), func(b *testing.B) {
 				n := total / blk
 				li, ri := make([]int, n), make([]int, n)
@@ -256,7 +273,7 @@ func benchDRAMToVRAM(b *testing.B, dev *cuda.Device, lib *nixl.Library, params m
 			for _, sh := range requestShapes {
 				b.Run(fmt.Sprintf("block=%dKiB/request=%s", blk>>10, sh), func(b *testing.B) {
 					require.NoError(b, vram.Memset(0, vram.Len(), 0xee))
-					li, ri := benchRequestShape(b, a, dev, vp, rp, sh, blk, total, func() { evictCaches(src.Bytes(), stage.Bytes()) })
+					li, ri := benchRequestShape(b, a, dev, vp, rp, sh, blk, total, stride, func() { evictCaches(src.Bytes(), stage.Bytes()) })
 					checkVRAM(b, vram, li, ri, blk, "request "+sh.String()) // the READ's bytes, once
 				})
 			}
@@ -309,18 +326,23 @@ func (s requestShape) String() string {
 var requestShapes = []requestShape{{28, 21, 64 << 10}, {28, 40, 64 << 10}, {56, 21, 32 << 10}, {56, 40, 32 << 10}}
 
 // benchRequestShape posts and waits for one prepared READ of shape sh (the benchmark's blk-sized descriptor
-// lists vp/rp, each region a contiguous run at its own stride, so NIXL merges a run per region and no two
+// lists vp/rp, each region a contiguous run stride blocks after the last (0: total/blk/Regions; a variant
+// registering regions passes a registration's blocks), so NIXL merges a run per region and no two
 // regions): NIXL's own cost for a request of that shape, without the decode role's planning, notification or
 // heartbeat. Reports nixl_GB/s and the request's microseconds; then, as the decode role posts a request's
 // READ, a request made for each READ and released after it, without (fresh_GB/s) and with the notification
 // vLLM's READ carries (notif_GB/s), and what each adds per READ (fresh_extra_us, notif_extra_us: the
 // difference of the loops' means, so noise can make it negative); and the READ after the CPU caches were
 // evicted (evict, untimed), as a demo request reads blocks staged once where this loop re-reads the same
-// bytes (cold_GB/s; not a baseline internal/measured uses). It returns the descriptor indices read.
-func benchRequestShape(b *testing.B, a *nixl.Agent, dev *cuda.Device, vp, rp *nixl.Prepped, sh requestShape, blk, total int, evict func()) (li, ri []int) {
+// bytes (cold_GB/s; not a baseline internal/measured uses); then the READ polled back to back (busy_GB/s, a
+// baseline) and after an idle spell (idle_GB/s, idlebusy_GB/s; not baselines). It returns the descriptor
+// indices read.
+func benchRequestShape(b *testing.B, a *nixl.Agent, dev *cuda.Device, vp, rp *nixl.Prepped, sh requestShape, blk, total, stride int, evict func()) (li, ri []int) {
 	per := sh.BlockLen / blk * sh.Blocks // descriptors per region
-	stride := total / blk / sh.Regions
-	require.LessOrEqual(b, per, stride, "shape %s does not fit %d bytes", sh, total)
+	if stride == 0 {
+		stride = total / blk / sh.Regions
+	}
+	require.LessOrEqual(b, per+2, stride, "shape %s does not fit %d bytes", sh, total)
 	for r := range sh.Regions {
 		for j := range per {
 			li, ri = append(li, 1+r*stride+j), append(ri, 2+r*stride+j)
@@ -383,6 +405,55 @@ func benchRequestShape(b *testing.B, a *nixl.Agent, dev *cuda.Device, vp, rp *ni
 		run()
 		dC += time.Since(t)
 	}
+	// The same READ waited for by polling back to back (nixl.Xfer.WaitBusy, as the decode role waits for a READ
+	// into GPU memory: connector.DefaultReadSpin), again and again (busy_GB/s); then each after the machine
+	// sat idle as long as a demo request's other phases take, untimed (idle_GB/s waited for as the loop above,
+	// idlebusy_GB/s polled back to back): what a READ loses to idle cores and devices waking up.
+	// GONIXL_BENCH_IDLE=1 adds a shorter idle (idle5ms_GB/s), this process spinning on a CPU instead
+	// (spin_GB/s) and the GPU kept busy by memsets meanwhile (gpubusy_GB/s).
+	busy := func() {
+		if err := dev.Do(func() error { _, err := xf.Post(); return err }); err != nil {
+			b.Fatal(err)
+		}
+		if err := xf.WaitBusy(testenv.Context(b, time.Minute), connector.DefaultReadSpin); err != nil {
+			b.Fatal(err)
+		}
+	}
+	after := func(wait func(), read func()) (d time.Duration) {
+		for range b.N {
+			b.StopTimer()
+			wait()
+			b.StartTimer()
+			t := time.Now()
+			read()
+			d += time.Since(t)
+		}
+		return d
+	}
+	none := func() {}
+	idle := func() { time.Sleep(50 * time.Millisecond) }
+	dB := after(none, busy)
+	dI := after(idle, run)
+	dIB := after(idle, busy)
+	var dI5, dS, dG time.Duration
+	if os.Getenv("GONIXL_BENCH_IDLE") != "" {
+		scratch, err := dev.Alloc(64 << 20)
+		require.NoError(b, err)
+		defer scratch.Close()
+		dI5 = after(func() { time.Sleep(5 * time.Millisecond) }, run)
+		dS = after(func() {
+			for t := time.Now(); time.Since(t) < 50*time.Millisecond; {
+			}
+		}, run)
+		dG = after(func() {
+			for t := time.Now(); time.Since(t) < 50*time.Millisecond; {
+				if err := scratch.Memset(0, scratch.Len(), 1); err != nil {
+					b.Fatal(err)
+				}
+				time.Sleep(100 * time.Microsecond)
+			}
+		}, run)
+	}
 	b.StopTimer()
 	gb := func(d time.Duration) float64 { return float64(bytes) * float64(b.N) / d.Seconds() / 1e9 }
 	b.ReportMetric(gb(d), "nixl_GB/s")
@@ -392,5 +463,13 @@ func benchRequestShape(b *testing.B, a *nixl.Agent, dev *cuda.Device, vp, rp *ni
 	b.ReportMetric(float64(dF-d)/float64(b.N)/1e3, "fresh_extra_us")
 	b.ReportMetric(float64(dN-dF)/float64(b.N)/1e3, "notif_extra_us")
 	b.ReportMetric(gb(dC), "cold_GB/s")
+	b.ReportMetric(gb(dB), "busy_GB/s")
+	b.ReportMetric(gb(dI), "idle_GB/s")
+	b.ReportMetric(gb(dIB), "idlebusy_GB/s")
+	if dS > 0 {
+		b.ReportMetric(gb(dI5), "idle5ms_GB/s")
+		b.ReportMetric(gb(dS), "spin_GB/s")
+		b.ReportMetric(gb(dG), "gpubusy_GB/s")
+	}
 	return li, ri
 }

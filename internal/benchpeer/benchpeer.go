@@ -30,10 +30,11 @@ const Role = "benchpeer"
 
 // The peer's parameters (testenv.PeerParam).
 const (
-	paramDevice = "DEVICE"
-	paramSize   = "BYTES"
-	paramUCX    = "UCX"
-	paramPin    = "PIN"
+	paramDevice  = "DEVICE"
+	paramSize    = "BYTES"
+	paramUCX     = "UCX"
+	paramPin     = "PIN"
+	paramRegions = "REGIONS"
 )
 
 // PinHost, when set (by a package with a GPU, before Main runs), page-locks the peer's DRAM buffer for CUDA
@@ -47,6 +48,27 @@ type Options struct {
 	Device bool
 	// Pin page-locks the peer's buffer for CUDA (PinHost; needs Device).
 	Pin bool
+	// Regions registers the buffer as that many parts (Split), as a KV cache registers one descriptor per
+	// region; 0 or 1: one.
+	Regions int
+}
+
+// RegionAlign is what the parts of Split are a multiple of (every block length a benchmark reads).
+const RegionAlign = 64 << 10
+
+// Split cuts [addr, addr+size) into n parts of a multiple of RegionAlign each (the last takes the rest), as
+// the peer registers its buffer with Options.Regions (n ≤ 1: the whole).
+func Split(addr, size uint64, n int) []nixl.Desc {
+	if n <= 1 {
+		return []nixl.Desc{{Addr: addr, Len: size}}
+	}
+	part := size / uint64(n) / RegionAlign * RegionAlign
+	out := make([]nixl.Desc, n)
+	for i := range out {
+		out[i] = nixl.Desc{Addr: addr + uint64(i)*part, Len: part}
+	}
+	out[n-1].Len = size - uint64(n-1)*part
+	return out
 }
 
 // Hello is the peer's one line on stdout: its agent, NIXL metadata and registered DRAM buffer.
@@ -127,7 +149,8 @@ func serve(sizeS, paramsS string) error {
 	for i := range b {
 		b[i] = Pattern(uint64(i))
 	}
-	reg, err := a.RegisterMem(nixl.DRAM, []nixl.Desc{m.Desc()})
+	regions, _ := strconv.Atoi(testenv.PeerParam(paramRegions))
+	reg, err := a.RegisterMem(nixl.DRAM, Split(m.Addr(), uint64(n), regions))
 	if err != nil {
 		return err
 	}
@@ -193,6 +216,9 @@ func StartWith(tb testing.TB, lib *nixl.Library, size int64, ucxParams map[strin
 	}
 	if o.Pin {
 		params[paramPin] = "1"
+	}
+	if o.Regions > 1 {
+		params[paramRegions] = strconv.Itoa(o.Regions)
 	}
 	cmd := testenv.PeerCommand(context.Background(), Role, params)
 	cmd.Env = append(cmd.Env, "NIXL_LIB_DIR="+lib.Dir(), "NIXL_PLUGIN_DIR="+lib.PluginDir())
