@@ -390,21 +390,26 @@ func benchRequestShape(b *testing.B, a *nixl.Agent, dev *cuda.Device, vp, rp *ni
 		}
 		return time.Since(t)
 	}
-	var dF, dN, dC time.Duration
+	var dF, dN time.Duration
 	for i := range b.N {
 		dF += once()
 		dN += once(nixl.WithNotification([]byte(fmt.Sprintf("bench-%d", i))))
 	}
+	// read's time over b.N READs, each after wait (untimed).
+	after := func(wait func(), read func()) (d time.Duration) {
+		for range b.N {
+			b.StopTimer()
+			wait()
+			b.StartTimer()
+			t := time.Now()
+			read()
+			d += time.Since(t)
+		}
+		return d
+	}
 	// The same READ from a source no CPU cache holds (a demo request reads blocks the prefill staged once):
 	// the caches are evicted, untimed, before each.
-	for range b.N {
-		b.StopTimer()
-		evict()
-		b.StartTimer()
-		t := time.Now()
-		run()
-		dC += time.Since(t)
-	}
+	dC := after(evict, run)
 	// The same READ waited for by polling back to back (nixl.Xfer.WaitBusy, as the decode role waits for a READ
 	// into GPU memory: connector.DefaultReadSpin), again and again (busy_GB/s); then each after the machine
 	// sat idle as long as a demo request's other phases take, untimed (idle_GB/s waited for as the loop above,
@@ -418,17 +423,6 @@ func benchRequestShape(b *testing.B, a *nixl.Agent, dev *cuda.Device, vp, rp *ni
 		if err := xf.WaitBusy(testenv.Context(b, time.Minute), connector.DefaultReadSpin); err != nil {
 			b.Fatal(err)
 		}
-	}
-	after := func(wait func(), read func()) (d time.Duration) {
-		for range b.N {
-			b.StopTimer()
-			wait()
-			b.StartTimer()
-			t := time.Now()
-			read()
-			d += time.Since(t)
-		}
-		return d
 	}
 	none := func() {}
 	idle := func() { time.Sleep(50 * time.Millisecond) }

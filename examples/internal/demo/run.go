@@ -115,8 +115,8 @@ func RunDecode(ctx context.Context, args []string) error {
 	}
 	defer w.stop()
 	log, lib, order := w.log, w.lib, w.order
-	cfg := DecodeConfig{ReadSpin: *readSpin, VLLMVersion: c.VLLMVersion, Model: Qwen3_0_6B, NumBlocks: c.NumBlocks, Order: order,
-		Backends: c.BackendSpecs(), Library: lib, Logger: log, DataDevice: c.DataDevice, ReadAgents: *readAgents}
+	cfg := DecodeConfig{VLLMVersion: c.VLLMVersion, Model: Qwen3_0_6B, NumBlocks: c.NumBlocks, Order: order,
+		Backends: c.BackendSpecs(), Library: lib, Logger: log, DataDevice: c.DataDevice, ReadAgents: *readAgents, ReadSpin: *readSpin}
 	if cfg.DataDevice == "" { // the decode worker's peers are where its HTTP API is: loopback in the demo
 		if host, _, err := net.SplitHostPort(*addr); err == nil {
 			cfg.DataDevice = connector.DataDeviceFor(host)
