@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"strings"
@@ -32,8 +33,23 @@ func prefillPeerMain() int {
 		return fail(err)
 	}
 	defer c.Close()
-	pre, err := NewPrefill(PrefillConfig{RoleConfig: RoleConfig{Profile: p, Library: l, Cache: c, Compat: tinyCompat(p), EngineID: testenv.PeerParam("ENGINE")},
-		Port: testenv.PeerParamInt("PORT"), HoldTimeout: time.Hour})
+	cfg := PrefillConfig{RoleConfig: RoleConfig{Profile: p, Library: l, Cache: c, Compat: tinyCompat(p), EngineID: testenv.PeerParam("ENGINE")},
+		HoldTimeout: time.Hour}
+	if testenv.PeerParam("LISTENER") != "" { // the parent's socket (startPeer's ln), inherited as fd 3
+		f := os.NewFile(3, "side channel")
+		ln, err := net.FileListener(f) // a duplicate of f's descriptor
+		_ = f.Close()
+		if err != nil {
+			return fail(err)
+		}
+		srv, err := sidechannel.NewServer(context.Background(), p, sidechannel.ServerConfig{Listener: ln})
+		if err != nil {
+			return fail(err)
+		}
+		defer srv.Close()
+		cfg.SideChannel = srv
+	}
+	pre, err := NewPrefill(cfg)
 	if err != nil {
 		return fail(err)
 	}
@@ -83,13 +99,26 @@ type peerProc struct {
 	err    error
 }
 
-// startPeer runs the test binary as a prefill server and reads its kv_transfer_params.
-func startPeer(t *testing.T, p protocol.Profile, engine string, port, blocks, tokens, requests, seed int) *peerProc {
+// startPeer runs the test binary as a prefill server and reads its kv_transfer_params. The server serves its
+// side channel on ln when set (a socket of this process, inherited: a peer restarted on it keeps the port,
+// which no other process can take meanwhile), else on a port it binds.
+func startPeer(t *testing.T, p protocol.Profile, engine string, ln *net.TCPListener, blocks, tokens, requests, seed int) *peerProc {
 	t.Helper()
 	dir := testenv.RequireNIXLLibDir(t)
-	cmd := testenv.PeerCommand(context.Background(), "prefill", map[string]string{"PROFILE": p.Name, "LIBDIR": dir, "ENGINE": engine,
-		"PORT": fmt.Sprint(port), "BLOCKS": fmt.Sprint(blocks), "TOKENS": fmt.Sprint(tokens), "REQUESTS": fmt.Sprint(requests),
-		"SEED": fmt.Sprint(seed)})
+	params := map[string]string{"PROFILE": p.Name, "LIBDIR": dir, "ENGINE": engine,
+		"BLOCKS": fmt.Sprint(blocks), "TOKENS": fmt.Sprint(tokens), "REQUESTS": fmt.Sprint(requests), "SEED": fmt.Sprint(seed)}
+	var f *os.File
+	if ln != nil {
+		var err error
+		f, err = ln.File() // a duplicate descriptor: closed here once the child has its own
+		require.NoError(t, err)
+		defer f.Close()
+		params["LISTENER"] = "3"
+	}
+	cmd := testenv.PeerCommand(context.Background(), "prefill", params)
+	if f != nil {
+		cmd.ExtraFiles = []*os.File{f}
+	}
 	child := testenv.StartChild(t, cmd, true)
 	pp := &peerProc{cmd: cmd, stderr: child.Stderr, stdin: child.Stdin}
 	out := child.Stdout
@@ -142,9 +171,14 @@ func TestPrefillKilledMidRead(t *testing.T) {
 			l := testLib(t)
 			const blocks, tokens = 8192, 8000 * tinyBlock // 8000 blocks of 16 KiB: 125 MiB per READ
 			engine := fmt.Sprintf("killed-%s-%d", p.Name, time.Now().UnixNano())
-			peer := startPeer(t, p, engine, 0, blocks, tokens, 1, 7) // the child binds a free port and reports it
+			// The side channel's socket is this process's, kept open through the kill: the restarted engine
+			// serves the same port, which nothing else can bind meanwhile.
+			ln, err := net.ListenTCP("tcp4", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = ln.Close() })
+			peer := startPeer(t, p, engine, ln, blocks, tokens, 1, 7)
 			kv := peer.params[0]
-			port := kv.RemotePort // the restarted engine binds it again (a busy machine could take it meanwhile; nothing else can be done for "the same port")
+			require.Equal(t, ln.Addr().(*net.TCPAddr).Port, kv.RemotePort)
 
 			dlog, dlogs := observed()
 			m := &Metrics{}
@@ -205,7 +239,7 @@ func TestPrefillKilledMidRead(t *testing.T) {
 			assert.NotEmpty(t, dlogs.FilterMessage("pull failed").All())
 
 			// The engine comes back (same id, same port): the next pull handshakes again and succeeds.
-			peer2 := startPeer(t, p, engine, port, blocks, 3*tinyBlock, 1, 50)
+			peer2 := startPeer(t, p, engine, ln, blocks, 3*tinyBlock, 1, 50)
 			kv2 := peer2.params[0]
 			local2 := localBlocks(3, 0)
 			res, err := d.Pull(testenv.Context(t, 10*time.Second), "after-restart", kv2, local2)

@@ -53,6 +53,11 @@ type ServerConfig struct {
 	// Port to bind; 0 picks a free port (see Server.Port). vLLM's default is Profile.SideChannelPort plus
 	// the DP index.
 	Port int
+	// Listener, when set, is served instead of binding Host:Port (which are then ignored): a socket bound
+	// before, e.g. one inherited from a supervisor that keeps the port across restarts. It must be a TCP
+	// listener; the server closes it at Close (after an error from NewServer it is still the caller's). Nil:
+	// the server binds its own.
+	Listener net.Listener
 	// Payloads maps each served (pp, tp) rank to its reply payload (Profile.EncodeHandshake). It can be
 	// replaced later with Server.SetPayloads.
 	Payloads map[protocol.Rank][]byte
@@ -232,13 +237,22 @@ func NewServer(ctx context.Context, p protocol.Profile, cfg ServerConfig) (*Serv
 		stop:     make(chan struct{}),
 		done:     make(chan struct{}),
 	}
-	network, addr := listenAddr(cfg.Host, cfg.Port)
-	ln, err := net.Listen(network, addr)
-	if err != nil {
-		return nil, fmt.Errorf("%w: bind tcp://%s: %v (is the port in use?)", ErrConfig, addr, err)
+	ln := cfg.Listener
+	if ln == nil {
+		network, addr := listenAddr(cfg.Host, cfg.Port)
+		var err error
+		if ln, err = net.Listen(network, addr); err != nil {
+			return nil, fmt.Errorf("%w: bind tcp://%s: %v (is the port in use?)", ErrConfig, addr, err)
+		}
+	}
+	ta, ok := ln.Addr().(*net.TCPAddr)
+	if !ok {
+		return nil, fmt.Errorf("%w: Listener serves %s at %s, not TCP", ErrConfig, ln.Addr().Network(), ln.Addr())
+	}
+	if cfg.Listener != nil {
+		s.cfg.Host = ta.IP.String() // Addr names where it listens
 	}
 	s.ln = ln
-	ta := ln.Addr().(*net.TCPAddr)
 	s.port = ta.Port
 	s.endpoint = "tcp://" + net.JoinHostPort(ta.IP.String(), strconv.Itoa(ta.Port))
 	s.wg.Add(1)

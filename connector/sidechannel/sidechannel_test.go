@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -173,6 +175,29 @@ func TestServerPortInUse(t *testing.T) {
 	p := protocol.Profiles[0]
 	a := startServer(t, p, ServerConfig{})
 	_, err := NewServer(context.Background(), p, ServerConfig{Port: a.Port()})
+	require.ErrorIs(t, err, ErrConfig)
+}
+
+// A listener bound before is served as it is (Host and Port ignored), and closed at Close; one that is not TCP is
+// refused.
+func TestServerListener(t *testing.T) {
+	p := protocol.Profiles[0]
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	require.NoError(t, err)
+	port := ln.Addr().(*net.TCPAddr).Port
+	srv, err := NewServer(context.Background(), p, ServerConfig{Listener: ln, Port: 1, Payloads: servePayloads(t, p, "h", 1, 1)})
+	require.NoError(t, err)
+	require.Equal(t, port, srv.Port())
+	_, err = Fetch(context.Background(), p, srv.Addr(), protocol.Rank{}, fastOpts())
+	require.NoError(t, err)
+	require.NoError(t, srv.Close())
+	_, err = ln.Accept()
+	require.ErrorIs(t, err, net.ErrClosed, "Close closes the listener")
+
+	u, err := net.Listen("unix", filepath.Join(t.TempDir(), "sock"))
+	require.NoError(t, err)
+	defer u.Close()
+	_, err = NewServer(context.Background(), p, ServerConfig{Listener: u})
 	require.ErrorIs(t, err, ErrConfig)
 }
 
