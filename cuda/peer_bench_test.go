@@ -352,14 +352,18 @@ func benchRequestShape(b *testing.B, a *nixl.Agent, dev *cuda.Device, vp, rp *ni
 	var xf *nixl.Xfer
 	require.NoError(b, dev.Do(func() (err error) { xf, err = a.MakeXfer(nixl.Read, vp, li, rp, ri); return err }))
 	defer xf.Close()
-	run := func() {
-		if err := dev.Do(func() error { _, err := xf.Post(); return err }); err != nil {
-			b.Fatal(err)
-		}
-		if err := xf.Wait(testenv.Context(b, time.Minute)); err != nil {
-			b.Fatal(err)
+	// readSpinning posts the READ and waits, polling back to back for up to spin (0: Xfer.Wait's pacing).
+	readSpinning := func(spin time.Duration) func() {
+		return func() {
+			if err := dev.Do(func() error { _, err := xf.Post(); return err }); err != nil {
+				b.Fatal(err)
+			}
+			if err := xf.WaitBusy(testenv.Context(b, time.Minute), spin); err != nil {
+				b.Fatal(err)
+			}
 		}
 	}
+	run := readSpinning(0)
 	run() // warm up
 	b.SetBytes(bytes)
 	b.ResetTimer()
@@ -416,14 +420,7 @@ func benchRequestShape(b *testing.B, a *nixl.Agent, dev *cuda.Device, vp, rp *ni
 	// idlebusy_GB/s polled back to back): what a READ loses to idle cores and devices waking up.
 	// GONIXL_BENCH_IDLE=1 adds a shorter idle (idle5ms_GB/s), this process spinning on a CPU instead
 	// (spin_GB/s) and the GPU kept busy by memsets meanwhile (gpubusy_GB/s).
-	busy := func() {
-		if err := dev.Do(func() error { _, err := xf.Post(); return err }); err != nil {
-			b.Fatal(err)
-		}
-		if err := xf.WaitBusy(testenv.Context(b, time.Minute), connector.DefaultReadSpin); err != nil {
-			b.Fatal(err)
-		}
-	}
+	busy := readSpinning(connector.DefaultReadSpin)
 	none := func() {}
 	idle := func() { time.Sleep(50 * time.Millisecond) }
 	dB := after(none, busy)

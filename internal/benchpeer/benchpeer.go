@@ -149,8 +149,7 @@ func serve(sizeS, paramsS string) error {
 	for i := range b {
 		b[i] = Pattern(uint64(i))
 	}
-	regions, _ := strconv.Atoi(testenv.PeerParam(paramRegions))
-	reg, err := a.RegisterMem(nixl.DRAM, Split(m.Addr(), uint64(n), regions))
+	reg, err := a.RegisterMem(nixl.DRAM, Split(m.Addr(), uint64(n), testenv.PeerParamInt(paramRegions)))
 	if err != nil {
 		return err
 	}
